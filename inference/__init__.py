@@ -1,0 +1,1 @@
+"""triad's inference service: vLLM's OpenAI server plus the `/admin` routes."""

@@ -1,0 +1,115 @@
+"""Start vLLM's OpenAI-compatible server with triad's `/admin` routes.
+
+    triad inference -c config.toml
+
+vLLM's own routes are served unchanged. The app is assembled from vLLM's
+public launcher pieces (engine client, app builder, app state, HTTP server)
+with the admin router added; new weights are loaded by the worker extension
+in `inference.worker_extension`. Sampler logprobs are taken after temperature
+scaling (`--logprobs-mode processed_logprobs`) so they match the trainer's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from argparse import Namespace
+from pathlib import Path
+
+from shared.config import LOOPBACK_HOSTS, TriadConfig
+from shared.errors import TriadError
+from shared.metrics import MetricsWriter
+from shared.rundir import RunDir
+
+WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
+SERVICE = "inference"
+
+
+def check_admin_exposure(cfg: TriadConfig) -> None:
+    if cfg.inference.host not in LOOPBACK_HOSTS and cfg.inference.admin_token is None:
+        raise TriadError(
+            f"inference.host is {cfg.inference.host!r} (not loopback) but no inference.admin_token "
+            "is set: refusing to expose the admin routes without a token"
+        )
+
+
+def model_dtype(requested: str, model_path: str) -> str:
+    """`auto` means the dtype the model's config.json names, as the trainer uses;
+    vLLM's own `auto` would run a float32 model in bfloat16 on CPU."""
+    config = Path(model_path) / "config.json"
+    if requested != "auto" or not config.is_file():
+        return requested
+    raw = json.loads(config.read_text())
+    return str(raw.get("dtype") or raw.get("torch_dtype") or "auto")
+
+
+def vllm_cli_args(cfg: TriadConfig, model_path: str) -> list[str]:
+    inf = cfg.inference
+    return [
+        "--model", model_path,
+        "--host", inf.host,
+        "--port", str(inf.port),
+        "--dtype", model_dtype(inf.dtype, model_path),
+        "--gpu-memory-utilization", str(inf.gpu_memory_utilization),
+        "--seed", str(cfg.seed),
+        "--worker-extension-cls", WORKER_EXTENSION,
+        "--logprobs-mode", "processed_logprobs",
+        "--disable-uvicorn-access-log",
+        *(["--max-model-len", str(inf.max_model_len)] if inf.max_model_len else []),
+        *inf.vllm_args,
+    ]  # fmt: skip
+
+
+def parse_vllm_args(argv: list[str]) -> Namespace:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="triad inference"))
+    args = parser.parse_args(argv)
+    validate_parsed_serve_args(args)
+    return args
+
+
+async def serve(cfg: TriadConfig, args: Namespace) -> None:
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+
+    from inference.admin import WeightManager, add_admin_routes
+
+    token = cfg.inference.admin_token.get_secret_value() if cfg.inference.admin_token else None
+    metrics = MetricsWriter(RunDir(cfg.run_dir).metrics_file(SERVICE))
+    listen_address, sock = setup_server(args, reuse_port=False)
+    async with build_async_engine_client(args) as engine:
+        tasks = await engine.get_supported_tasks()
+        app = build_app(args, tasks, engine.model_config)
+        manager = WeightManager(engine, cfg.run_dir, args.model, metrics)
+        add_admin_routes(app, manager, token)
+        await init_app_state(engine, app.state, args, tasks)
+        metrics.log(0, version=0, path=args.model)
+        shutdown = await serve_http(
+            app,
+            sock=sock,
+            host=args.host,
+            port=args.port,
+            log_level=args.uvicorn_log_level,
+            access_log=False,
+        )
+    try:
+        await shutdown
+    finally:
+        sock.close()
+
+
+def run_inference(cfg: TriadConfig, model_path: str) -> None:
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+
+    check_admin_exposure(cfg)
+    cli_env_setup()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
+    args = parse_vllm_args(vllm_cli_args(cfg, model_path))
+
+    import uvloop
+
+    uvloop.run(serve(cfg, args))

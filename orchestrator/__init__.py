@@ -1,0 +1,1 @@
+"""triad's orchestrator: rollouts, rewards, advantages, the async-level guard, batches."""

@@ -1,0 +1,114 @@
+"""Talking to one inference server: the OpenAI API for rollouts, `/admin` for weights."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import httpx
+import openai
+
+from shared.admin_api import ADMIN_PREFIX, WEIGHTS_ROUTE, LoadWeightsRequest, WeightsInfo
+from shared.errors import TriadError
+from shared.waiting import async_wait_for
+
+log = logging.getLogger("triad.orchestrator")
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    truncated: bool
+
+
+def parse_choice(choice: openai.types.CompletionChoice) -> Completion:
+    """Token ids and sampler logprobs exactly as the server produced them."""
+    extra = choice.model_extra or {}
+    prompt_ids, token_ids = extra.get("prompt_token_ids"), extra.get("token_ids")
+    if prompt_ids is None or token_ids is None:
+        raise TriadError(
+            "the inference server did not return token ids (`return_token_ids`); "
+            "triad needs a vLLM-compatible server that does"
+        )
+    logprobs = choice.logprobs.token_logprobs if choice.logprobs else None
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise TriadError("the inference server did not return one logprob per sampled token")
+    return Completion(
+        prompt_ids=list(prompt_ids),
+        token_ids=list(token_ids),
+        logprobs=[float(x) for x in logprobs],
+        text=choice.text,
+        truncated=choice.finish_reason == "length",
+    )
+
+
+class InferenceClient:
+    def __init__(self, base_url: str, admin_token: str | None, request_timeout: float) -> None:
+        self.base_url = base_url
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=request_timeout)
+        self.openai = openai.AsyncOpenAI(
+            base_url=f"{base_url}/v1", api_key=admin_token or "none", timeout=request_timeout, max_retries=2
+        )
+        self.model: str | None = None
+        self.inflight = 0
+
+    async def _healthy(self) -> bool | None:
+        try:
+            r = await self.http.get("/health", timeout=5)
+            return True if r.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    async def wait_ready(self, timeout: float, model_name: str | None) -> None:
+        await async_wait_for(self._healthy, f"inference server {self.base_url}/health", timeout, poll=1.0)
+        if model_name is None:
+            models = await self.openai.models.list()
+            if not models.data:
+                raise TriadError(f"inference server {self.base_url} serves no model")
+            model_name = models.data[0].id
+        self.model = model_name
+
+    async def complete(self, prompt: str, n: int, max_tokens: int, temperature: float) -> list[Completion]:
+        self.inflight += 1
+        try:
+            response = await self.openai.completions.create(
+                model=self.model,
+                prompt=prompt,
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                logprobs=0,
+                extra_body={"return_token_ids": True},
+            )
+        except openai.APIError as e:
+            raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
+        finally:
+            self.inflight -= 1
+        return [parse_choice(c) for c in response.choices]
+
+    async def admin_weights(self) -> WeightsInfo | None:
+        """What the server serves, or None if it has no triad admin routes."""
+        r = await self.http.get(ADMIN_PREFIX + WEIGHTS_ROUTE)
+        if r.status_code == 404:
+            return None
+        self._raise_for(r, "GET")
+        return WeightsInfo.model_validate_json(r.content)
+
+    async def load_weights(self, version: int, path: str, timeout: float) -> WeightsInfo:
+        body = LoadWeightsRequest(version=version, path=path).model_dump()
+        r = await self.http.post(ADMIN_PREFIX + WEIGHTS_ROUTE, json=body, timeout=timeout)
+        self._raise_for(r, "POST")
+        return WeightsInfo.model_validate_json(r.content)
+
+    def _raise_for(self, r: httpx.Response, method: str) -> None:
+        if r.status_code != 200:
+            url = f"{self.base_url}{ADMIN_PREFIX}{WEIGHTS_ROUTE}"
+            raise TriadError(f"{method} {url} answered {r.status_code}: {r.text[:300]}")
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.openai.close()

@@ -1,0 +1,62 @@
+"""Built-in tasks: prompts with a verifiable reward. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.errors import TriadError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    answer: str
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+class Task(Protocol):
+    name: str
+
+    def sample(self, rng: random.Random) -> Prompt: ...
+
+    def reward(self, prompt: Prompt, completion: str) -> float: ...
+
+
+def positional_match(prediction: str, target: str) -> float:
+    """Share of positions where the two strings agree, over the longer length."""
+    longest = max(len(prediction), len(target))
+    if longest == 0:
+        return 1.0
+    return sum(a == b for a, b in zip(prediction, target, strict=False)) / longest
+
+
+@dataclass(frozen=True)
+class ReverseText:
+    """Reverse a short lowercase word; partial credit per matching position."""
+
+    name: str = "reverse"
+    min_len: int = 3
+    max_len: int = 5
+
+    def format(self, word: str) -> Prompt:
+        return Prompt(text=f"reverse {word}: ", answer=word[::-1])
+
+    def sample(self, rng: random.Random) -> Prompt:
+        n = rng.randint(self.min_len, self.max_len)
+        return self.format("".join(rng.choices(string.ascii_lowercase, k=n)))
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return positional_match(completion.strip(), prompt.answer)
+
+
+TASKS: dict[str, Task] = {"reverse": ReverseText()}
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise TriadError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}") from None

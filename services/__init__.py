@@ -1,0 +1,1 @@
+"""The `triad` command: thin entry points that parse config first, import heavy modules late."""

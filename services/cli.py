@@ -1,0 +1,104 @@
+"""The `triad` command.
+
+    triad up [-c cfg.toml] [--set key=value ...]      all three services on this node
+    triad inference -c cfg.toml                       vLLM + /admin routes
+    triad orchestrator -c cfg.toml                    rollouts -> run_dir/rollouts
+    torchrun --nproc-per-node N -m services.cli trainer -c cfg.toml
+
+Config is parsed before anything heavy is imported, so a bad key fails in
+a fraction of a second with one line that names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from shared.config import TriadConfig, load_config
+from shared.errors import TriadError
+
+EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.toml")
+
+
+def run_up(cfg: TriadConfig, args: argparse.Namespace) -> None:
+    from services.up import run_up as up
+
+    up(cfg, args.config, args.overrides)
+
+
+def run_inference(cfg: TriadConfig, _: argparse.Namespace) -> None:
+    from services.models import resolve_model
+
+    model = resolve_model(cfg.model)
+    from inference.server import run_inference as serve
+
+    serve(cfg, model)
+
+
+def run_orchestrator(cfg: TriadConfig, _: argparse.Namespace) -> None:
+    from orchestrator.loop import run_orchestrator as orchestrate
+
+    orchestrate(cfg)
+
+
+def run_trainer(cfg: TriadConfig, _: argparse.Namespace) -> None:
+    from services.models import resolve_model
+
+    model = resolve_model(cfg.model)
+    from trainer.main import run_trainer as train
+
+    train(cfg, model)
+
+
+COMMANDS: dict[str, Callable[[TriadConfig, argparse.Namespace], None]] = {
+    "up": run_up,
+    "inference": run_inference,
+    "orchestrator": run_orchestrator,
+    "trainer": run_trainer,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="triad", description="asynchronous RL post-training")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        s = sub.add_parser(name)
+        s.add_argument("-c", "--config", type=Path, help="TOML config file")
+        s.add_argument(
+            "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+            help="override a config key (dotted for tables: trainer.lr=1e-5)",
+        )  # fmt: skip
+    return p
+
+
+def setup_logging() -> None:
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {prefix}%(name)s %(levelname)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    setup_logging()
+    try:
+        if args.command == "up" and args.config is None:
+            args.config = EMBEDDED_DEFAULT
+        cfg = load_config(args.config, args.overrides)
+        COMMANDS[args.command](cfg, args)
+    except TriadError as e:
+        print(f"triad {args.command}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

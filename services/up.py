@@ -1,0 +1,123 @@
+"""`triad up`: the three services as child processes on this node.
+
+Each child runs the same entry point as its stand-alone command, in its own
+process group, with its output in `run_dir/logs/<service>.log`. The run ends
+when the orchestrator and the trainer have both finished; if any child fails
+the others are stopped and the failing child's last log lines are shown.
+Ctrl-C stops all three.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.models import resolve_model
+from services.progress import ProgressPrinter
+from shared.config import TriadConfig
+from shared.errors import TriadError
+from shared.rundir import RunDir, check_writable, ensure_run
+
+STOP_GRACE_S = 8.0
+TAIL_LINES = 25
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def tail(self, n: int = TAIL_LINES) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[str], model: str) -> dict:
+    args = (["-c", str(config_path)] if config_path else []) + [
+        f"--set={o}" for o in [*overrides, f"model={model}"]
+    ]
+    py = [sys.executable, "-m"]
+    torchrun = [*py, "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.trainer.nproc}"]
+    return {
+        "inference": [*py, "services.cli", "inference", *args],
+        "orchestrator": [*py, "services.cli", "orchestrator", *args],
+        "trainer": [*torchrun, "-m", "services.cli", "trainer", *args],
+    }
+
+
+def start(name: str, cmd: list[str], rundir: RunDir) -> Child:
+    log_path = rundir.log_file(name)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    return Child(name, proc, log_path)
+
+
+def stop_all(children: list[Child]) -> None:
+    """SIGTERM every child's process group, then SIGKILL what is left after a grace period."""
+    for child in children:
+        if child.proc.poll() is None:
+            _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        _signal_group(child, signal.SIGKILL)  # also reaps grandchildren left behind
+        child.proc.wait()
+
+
+def _signal_group(child: Child, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.proc.pid, sig)
+
+
+def supervise(children: dict[str, Child], progress: ProgressPrinter) -> None:
+    finishers = {"orchestrator", "trainer"}
+    while True:
+        progress.poll()
+        for name, child in children.items():
+            code = child.proc.poll()
+            if code is None or (code == 0 and name in finishers):
+                continue
+            raise TriadError(
+                f"{name} exited with code {code}; last lines of {child.log_path}:\n{child.tail()}"
+            )
+        if all(children[n].proc.poll() == 0 for n in finishers):
+            return
+        time.sleep(0.5)
+
+
+def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> None:
+    rundir = RunDir(cfg.run_dir)
+    check_writable(cfg.run_dir)
+    model = resolve_model(cfg.model)
+    run = ensure_run(cfg.run_dir, cfg.public_dict())
+    print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.root / 'logs'}")
+    commands = child_commands(cfg, config_path, overrides, model)
+    children = {name: start(name, cmd, rundir) for name, cmd in commands.items()}
+    progress = ProgressPrinter(rundir, cfg.max_steps)
+    try:
+        supervise(children, progress)
+        progress.poll()
+        progress.summary()
+    except KeyboardInterrupt:
+        print("\ntriad up: interrupted, stopping all services", file=sys.stderr)
+        raise
+    finally:
+        stop_all(list(children.values()))

@@ -1,0 +1,5 @@
+"""The contract between triad's services, in code (see DESIGN.md).
+
+Imports only the standard library, pydantic and pyarrow, so every service,
+including a torch-free orchestrator, can use it.
+"""

@@ -1,0 +1,167 @@
+"""Configuration: one TOML file, `TRIAD_` environment variables, `--set` flags.
+
+Top-level keys are shared by all services; `[inference]`, `[orchestrator]` and
+`[trainer]` are each read by their own service. Precedence, highest first:
+`--set key=value` > `TRIAD_KEY` (tables: `TRIAD_TRAINER__LR`) > TOML > defaults.
+Every service validates the whole file, so a typo anywhere is caught early,
+and an unknown key is an error that names it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from shared.errors import TriadError
+
+BUILTIN_MODEL_PREFIX = "builtin:"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class Table(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InferenceConfig(Table):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    admin_token: SecretStr | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = Field(None, ge=16, description="None: the model's own limit")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on CPU")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
+
+
+class OrchestratorConfig(Table):
+    inference_urls: list[str] = Field(
+        default_factory=list,
+        description="base URLs of the OpenAI-compatible servers; empty: the local [inference] one",
+    )
+    model_name: str | None = Field(None, description="served model name; None: ask /v1/models")
+    task: str = "reverse"
+    batch_size: int = Field(8, ge=1, description="prompts per step")
+    group_size: int = Field(4, ge=1, description="completions per prompt")
+    max_tokens: int = Field(32, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    max_inflight: int = Field(16, ge=1, description="prompt groups generating at once")
+    inference_timeout_s: float = Field(600, gt=0, description="wait for inference to answer")
+    request_timeout_s: float = Field(120, gt=0)
+    weights_timeout_s: float = Field(900, gt=0, description="wait for the trainer's weights")
+    keep_rollouts: int = Field(4, ge=1, description="rollout step directories kept on disk")
+
+
+class TrainerConfig(Table):
+    nproc: int = Field(2, ge=1, description="ranks `triad up` starts under torchrun")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    clip_eps: float = Field(0.2, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
+    keep_weights: int = Field(3, ge=1, description="weight step directories kept on disk")
+
+
+class TriadConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TRIAD_", env_nested_delimiter="__", extra="forbid", toml_file=None
+    )
+
+    run_dir: Path = Path("runs/default")
+    model: str = BUILTIN_MODEL_PREFIX + "tiny-reverse"
+    max_steps: int = Field(20, ge=1)
+    max_async_level: int = Field(1, ge=0)
+    seed: int = 0
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+    def inference_urls(self) -> list[str]:
+        """Where the orchestrator finds inference; the local server by default."""
+        if self.orchestrator.inference_urls:
+            return [u.rstrip("/") for u in self.orchestrator.inference_urls]
+        host = self.inference.host
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return [f"http://{host}:{self.inference.port}"]
+
+    def public_dict(self) -> dict[str, Any]:
+        """The resolved config without secrets, for run.json."""
+        return self.model_dump(mode="json")
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`trainer.lr=1e-5` -> (['trainer', 'lr'], 1e-05); values are TOML, else strings."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise TriadError(f"--set expects key=value, got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def overrides_to_dict(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise TriadError(f"--set {item!r}: {part!r} is not a table")
+        node[path[-1]] = value
+    return out
+
+
+def _read_toml(path: Path) -> None:
+    try:
+        tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise TriadError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TriadError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def _describe(error: dict[str, Any], source: str) -> str:
+    key = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown config key {key!r} ({source})"
+    return f"bad config value for {key!r}: {error['msg']} (got {error.get('input')!r}; {source})"
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> TriadConfig:
+    """Resolve the config; raise TriadError naming the first bad key."""
+    cls = TriadConfig
+    if path is not None:
+        _read_toml(path)
+        cls = type(
+            "TriadConfig", (TriadConfig,), {"model_config": {**TriadConfig.model_config, "toml_file": path}}
+        )
+    source = f"from {path}, TRIAD_* variables or --set" if path else "from TRIAD_* variables or --set"
+    try:
+        return cls(**overrides_to_dict(overrides or []))
+    except ValidationError as e:
+        raise TriadError(_describe(e.errors()[0], source)) from None

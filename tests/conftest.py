@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def triad_cache(tmp_path_factory) -> Path:
+    """A private model cache for the whole session (shared with subprocesses via env)."""
+    cache = Path(os.environ.get("TRIAD_TEST_CACHE") or tmp_path_factory.mktemp("triad-cache"))
+    os.environ["TRIAD_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model(triad_cache) -> str:
+    from services.models import resolve_model
+
+    return resolve_model("builtin:tiny-reverse")

@@ -1,0 +1,57 @@
+"""Bad input gets one clear line naming the problem, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import free_port, run_triad
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(error_lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in error_lines[0], error_lines[0]
+
+
+def test_unknown_config_key(tmp_path):
+    r = run_triad("up", f"--set=run_dir={tmp_path}", "--set=trainer.lrr=1")
+    assert_one_line_error(r, "unknown config key 'trainer.lrr'")
+
+
+def test_missing_model_path(tmp_path):
+    r = run_triad("up", f"--set=run_dir={tmp_path}", "--set=model=/no/such/model")
+    assert_one_line_error(r, "model path /no/such/model does not exist")
+
+
+def test_unwritable_run_dir(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = run_triad("up", f"--set=run_dir={blocker}/run")
+    assert_one_line_error(r, f"run directory {blocker}/run is not writable")
+
+
+def test_inference_that_does_not_answer(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    r = run_triad(
+        "orchestrator",
+        f"--set=run_dir={tmp_path}",
+        f'--set=orchestrator.inference_urls=["{url}"]',
+        "--set=orchestrator.inference_timeout_s=2",
+    )
+    assert_one_line_error(r, f"{url}/health", "gave up after 2 s")
+
+
+@pytest.mark.parametrize("command", ["inference", "trainer"])
+def test_service_commands_check_the_model_first(tmp_path, command):
+    r = run_triad(command, f"--set=run_dir={tmp_path}", "--set=model=./missing-model")
+    assert_one_line_error(r, "missing-model does not exist")
+
+
+def test_admin_token_required_off_loopback(tmp_path, tiny_model):
+    r = run_triad(
+        "inference", f"--set=run_dir={tmp_path}", f"--set=model={tiny_model}", "--set=inference.host=0.0.0.0"
+    )
+    assert_one_line_error(r, "refusing to expose the admin routes without a token")

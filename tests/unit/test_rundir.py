@@ -1,0 +1,108 @@
+import json
+import logging
+
+import pytest
+
+from shared.errors import TriadError, WaitTimeout
+from shared.rundir import (
+    DONE,
+    RunDir,
+    atomic_write_bytes,
+    clear_step_dir,
+    ensure_run,
+    parse_step,
+    prune_steps,
+    read_marker,
+    step_name,
+    write_marker,
+)
+from shared.waiting import wait_for
+from trainer.data import wait_for_batch
+
+
+def test_step_names_round_trip():
+    assert step_name(7) == "step_000007"
+    assert parse_step("step_000007") == 7
+    assert parse_step("step_7") is None and parse_step("other") is None
+
+
+def test_marker_is_written_last_and_read_back(tmp_path):
+    d = tmp_path / "step_000001"
+    d.mkdir()
+    assert read_marker(d, "run-a") is None
+    write_marker(d, "run-a", 1, samples=3)
+    m = read_marker(d, "run-a")
+    assert m is not None and m.step == 1 and m.samples == 3
+    assert json.loads((d / DONE).read_text())["run_id"] == "run-a"
+
+
+def test_marker_of_another_run_is_ignored_and_logged(tmp_path, caplog):
+    d = tmp_path / "step_000001"
+    d.mkdir()
+    write_marker(d, "old-run", 1)
+    with caplog.at_level(logging.WARNING):
+        assert read_marker(d, "new-run") is None
+    assert "old-run" in caplog.text
+
+
+def test_malformed_marker_is_ignored(tmp_path):
+    d = tmp_path / "step_000001"
+    d.mkdir()
+    (d / DONE).write_text("{not json")
+    assert read_marker(d, "run") is None
+    (d / DONE).write_text('{"run_id": "run"}')  # missing fields
+    assert read_marker(d, "run") is None
+
+
+def test_reader_never_opens_a_step_without_done(tmp_path):
+    """A half-written batch (no DONE) is never read: the reader times out naming the file."""
+    rundir = RunDir(tmp_path)
+    rundir.rollout_dir(1).mkdir(parents=True)
+    rundir.batch_file(1).write_bytes(b"PAR1 half-written garbage")
+    with pytest.raises(WaitTimeout, match=r"step_000001/DONE"):
+        wait_for_batch(rundir, 1, "run", timeout=0.3)
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path):
+    target = tmp_path / "f.bin"
+    atomic_write_bytes(target, b"one")
+    with pytest.raises(RuntimeError):
+        from shared.rundir import atomic_path
+
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"two-partial")
+            raise RuntimeError("killed mid-write")
+    assert target.read_bytes() == b"one"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_clear_and_prune(tmp_path):
+    for s in range(1, 7):
+        d = tmp_path / step_name(s)
+        d.mkdir()
+        write_marker(d, "r", s)
+    # steps <= 4 are done with; keep the newest 2 of those, and step 1 is protected
+    assert prune_steps(tmp_path, keep_last=2, done_upto=4, protect=frozenset({1})) == [2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_name(s) for s in (1, 3, 4, 5, 6)]
+    clear_step_dir(tmp_path / step_name(5))
+    assert not (tmp_path / step_name(5)).exists()
+
+
+def test_ensure_run_creates_once(tmp_path):
+    a = ensure_run(tmp_path / "run", {"x": 1})
+    b = ensure_run(tmp_path / "run", {"x": 2})
+    assert a.run_id == b.run_id and b.config == {"x": 1}
+
+
+def test_unwritable_run_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(TriadError, match="is not writable"):
+        ensure_run(blocker / "run", {})
+
+
+def test_wait_for_returns_value_or_times_out_with_message():
+    values = iter([None, None, 5])
+    assert wait_for(lambda: next(values), "five", timeout=5, poll=0.01) == 5
+    with pytest.raises(WaitTimeout, match="waiting for the moon"):
+        wait_for(lambda: None, "the moon", timeout=0.05, poll=0.01)

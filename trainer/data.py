@@ -1,0 +1,73 @@
+"""From a published batch to this rank's tensors: wait, read, balance, pad."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shared.batch import read_batch
+from shared.rundir import Marker, RunDir, read_marker
+from shared.waiting import wait_for
+
+
+def wait_for_batch(rundir: RunDir, step: int, run_id: str, timeout: float) -> tuple[Marker, list[dict]]:
+    """Block until batch `step` of this run is published, then read it."""
+    step_dir = rundir.rollout_dir(step)
+    marker = wait_for(
+        lambda: read_marker(step_dir, run_id), f"{step_dir}/DONE from the orchestrator", timeout
+    )
+    return marker, read_batch(rundir.batch_file(step)).to_pylist()
+
+
+def balance(lengths: list[int], world_size: int) -> list[list[int]]:
+    """Split sample indices across ranks so token counts are as even as possible.
+
+    Greedy longest-first onto the least-loaded rank; deterministic, so every
+    rank computes the same split without talking to the others.
+    """
+    heap = [(0, rank) for rank in range(world_size)]
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        load, rank = heapq.heappop(heap)
+        shares[rank].append(i)
+        heapq.heappush(heap, (load + lengths[i], rank))
+    return [sorted(s) for s in shares]
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T] int64, right-padded
+    attention_mask: torch.Tensor  # [B, T] int64
+    loss_mask: torch.Tensor  # [B, T] bool
+    sampler_logprobs: torch.Tensor  # [B, T] float32
+    advantages: torch.Tensor  # [B] float32
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(**{k: v.to(device) for k, v in vars(self).items()})
+
+
+def collate(rows: list[dict[str, Any]], pad_id: int) -> MicroBatch:
+    """Right-pad rows to one tensor batch; a rank with no rows gets one masked token."""
+    if not rows:
+        rows = [dict(input_ids=[pad_id], loss_mask=[False], logprobs=[0.0], advantage=0.0)]
+    width = max(len(r["input_ids"]) for r in rows)
+
+    def pad(key: str, value: Any) -> list[list[Any]]:
+        return [r[key] + [value] * (width - len(r[key])) for r in rows]
+
+    return MicroBatch(
+        input_ids=torch.tensor(pad("input_ids", pad_id), dtype=torch.long),
+        attention_mask=torch.tensor(
+            [[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows]
+        ),
+        loss_mask=torch.tensor(pad("loss_mask", False), dtype=torch.bool),
+        sampler_logprobs=torch.tensor(pad("logprobs", 0.0), dtype=torch.float32),
+        advantages=torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
+    )
+
+
+def loss_token_count(rows: list[dict[str, Any]]) -> int:
+    return sum(sum(r["loss_mask"]) for r in rows)

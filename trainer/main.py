@@ -1,0 +1,142 @@
+"""The trainer: one optimizer update per batch, new weights after each.
+
+    torchrun --nproc-per-node 2 -m services.cli trainer -c config.toml
+
+For update n = 1..max_steps every rank waits for `rollouts/step_n/DONE`, reads
+the batch and takes its token-balanced share, computes the clipped policy-
+gradient loss against the sampler's logprobs (logits divided by the batch's
+sampling temperature), and steps AdamW on the FSDP2-sharded model. Rank 0 then
+publishes the full weights as version n in `weights/step_n/` (safetensors plus
+config and tokenizer) with a `DONE` marker, which the orchestrator hands to
+inference.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from shared.config import TriadConfig
+from shared.metrics import MetricsWriter
+from shared.rundir import RunDir, ensure_run, read_run
+from trainer.data import balance, collate, loss_token_count, wait_for_batch
+from trainer.loss import clipped_pg_loss, entropy, token_logprobs
+from trainer.parallel import apply_fsdp, init_distributed
+from trainer.publish import export_state_dict, publish_weights
+
+log = logging.getLogger("triad.trainer")
+SERVICE = "trainer"
+
+
+def config_dtype(config) -> torch.dtype:
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+class Trainer:
+    def __init__(self, cfg: TriadConfig, model_path: str, device: torch.device, mesh) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg, self.tc = cfg, cfg.trainer
+        self.device = device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rundir = RunDir(cfg.run_dir)
+        hf_config = AutoConfig.from_pretrained(model_path)
+        self.publish_dtype = config_dtype(hf_config)
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        torch.manual_seed(cfg.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+        apply_fsdp(self.model, mesh, param_dtype=compute, reduce_dtype=torch.float32)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay
+        )
+        self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE)) if self.rank == 0 else None
+
+    def train_step(self, rows: list[dict], temperature: float) -> dict[str, float]:
+        share = balance([len(r["input_ids"]) for r in rows], self.world)[self.rank]
+        batch = collate([rows[i] for i in share], self.pad_id).to(self.device)
+        normalizer = max(loss_token_count(rows), 1)
+        self.model.train()
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logprobs = token_logprobs(logits, batch.input_ids, temperature)
+        parts = clipped_pg_loss(
+            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask,
+            self.tc.clip_eps, normalizer,
+        )  # fmt: skip
+        # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
+        (parts.loss * self.world).backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            ent = (entropy(logits.detach(), temperature) * batch.loss_mask).sum()
+            sums = torch.stack([parts.loss.detach(), parts.clipped_tokens, parts.mismatch_kl_sum, ent]).to(
+                torch.float64
+            )
+            dist.all_reduce(sums)
+        loss, clipped, kl, ent_sum = sums.tolist()
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        return dict(
+            loss=loss,
+            grad_norm=float(grad_norm),
+            tokens=sum(len(r["input_ids"]) for r in rows),
+            loss_tokens=normalizer,
+            clip_frac=clipped / normalizer,
+            mismatch_kl=kl / normalizer,
+            entropy=ent_sum / normalizer,
+        )
+
+    def publish(self, version: int, run_id: str) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)  # collective: every rank
+        if self.rank == 0:
+            exported = export_state_dict(state, self.tied, self.publish_dtype)
+
+            def save_metadata(directory: Path) -> None:
+                self.model.config.save_pretrained(directory)
+                self.tokenizer.save_pretrained(directory)
+                if self.model.generation_config is not None:
+                    self.model.generation_config.save_pretrained(directory)
+
+            publish_weights(self.rundir, run_id, version, exported, save_metadata, self.tc.keep_weights)
+        dist.barrier()
+
+    def run(self, run_id: str) -> None:
+        for step in range(1, self.cfg.max_steps + 1):
+            t0 = time.monotonic()
+            marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s)
+            t1 = time.monotonic()
+            stats = self.train_step(rows, float(getattr(marker, "temperature", 1.0)))
+            t2 = time.monotonic()
+            self.publish(step, run_id)
+            t3 = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.log(
+                    step, **stats, lr=self.tc.lr, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2
+                )
+                log.info(
+                    "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
+                    step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,
+                )  # fmt: skip
+
+
+def run_trainer(cfg: TriadConfig, model_path: str) -> None:
+    device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.batch_timeout_s)
+    try:
+        if dist.get_rank() == 0:
+            ensure_run(cfg.run_dir, cfg.public_dict())
+        dist.barrier()
+        run_id = read_run(cfg.run_dir).run_id
+        Trainer(cfg, model_path, device, mesh).run(run_id)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,43 @@
+"""Publishing weights as a Hugging Face directory that vLLM and transformers load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from shared.rundir import WEIGHTS, RunDir, atomic_path, clear_step_dir, prune_steps, write_marker
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def export_state_dict(state: dict[str, torch.Tensor], tied_embeddings: bool, dtype: torch.dtype) -> dict:
+    """Contiguous CPU tensors in the published dtype; a tied head is stored once."""
+    out = {}
+    for name, tensor in state.items():
+        if tied_embeddings and name == "lm_head.weight":
+            continue
+        out[name] = tensor.detach().to("cpu", dtype).contiguous()
+    return out
+
+
+def publish_weights(
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    state: dict[str, torch.Tensor],
+    save_metadata,
+    keep_last: int,
+) -> Path:
+    """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE`."""
+    step_dir = rundir.weights_dir(version)
+    clear_step_dir(step_dir)
+    step_dir.mkdir(parents=True)
+    save_metadata(step_dir)
+    with atomic_path(step_dir / WEIGHTS_FILE) as tmp:
+        save_file(state, tmp, metadata={"format": "pt"})
+    size = sum(f.stat().st_size for f in step_dir.iterdir())
+    write_marker(step_dir, run_id, version, version=version, bytes=size)
+    prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version)
+    return step_dir

@@ -103,7 +103,12 @@ def supervise(children: dict[str, Child], progress: ProgressPrinter) -> None:
         time.sleep(0.5)
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the children too, like Ctrl-C
     rundir = RunDir(cfg.run_dir)
     check_writable(cfg.run_dir)
     model = resolve_model(cfg.model)

@@ -66,6 +66,7 @@ class WeightManager:
         if path is None and request.version != 0:
             raise AdminError(400, "the base model is version 0")
         source = str(path) if path else None
+        served = path.relative_to(self.run_dir.resolve()).as_posix() if path else self.base_path
         async with self._lock:
             await self.engine.pause_generation(mode="keep", clear_cache=False)
             try:
@@ -73,9 +74,7 @@ class WeightManager:
                 await self.engine.reset_prefix_cache(reset_running_requests=True)
             finally:
                 await self.engine.resume_generation()
-            self.info = WeightsInfo(
-                version=request.version, path=source or self.base_path, base_path=self.base_path
-            )
+            self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)
         log.info("serving weights version %d from %s", request.version, self.info.path)
         self.metrics.log(request.version, version=request.version, path=self.info.path)
         return self.info

@@ -28,7 +28,6 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.advantages import group_advantages
 from orchestrator.client import Completion, InferenceClient
@@ -39,6 +38,7 @@ from shared.batch import write_batch
 from shared.config import TriadConfig
 from shared.errors import TriadError, WaitTimeout
 from shared.metrics import MetricsWriter
+from shared.resume import newest_batch
 from shared.rundir import (
     ROLLOUTS,
     WEIGHTS,
@@ -71,12 +71,13 @@ class Orchestrator:
         self.rundir = RunDir(cfg.run_dir)
         self.clients = clients
         self.task = task
-        self.rng = random.Random(cfg.seed)
+        self.first_step = newest_batch(self.rundir, run_id) + 1  # resume after the newest batch
+        self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
         self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE))
         self.queue: asyncio.Queue[Group] = asyncio.Queue()
         self.changed = asyncio.Condition()
         self.served_version = 0
-        self.step = 1
+        self.step = self.first_step
         self.accepted = 0  # groups accepted into the batch being assembled
         self.pending = 0  # groups generating or queued
         self.dropped_total = 0
@@ -195,7 +196,9 @@ class Orchestrator:
 
     async def run_steps(self) -> None:
         last = time.monotonic()
-        for step in range(1, self.cfg.max_steps + 1):
+        if self.first_step > 1:
+            log.info("resuming: batches 1..%d are already published", self.first_step - 1)
+        for step in range(self.first_step, self.cfg.max_steps + 1):
             batch, dropped = await self.assemble(step)
             rows = self.rows(step, batch)
             tokens = self.publish(step, rows)
@@ -244,7 +247,7 @@ class Orchestrator:
             if version is None:
                 await asyncio.sleep(POLL_S)
                 continue
-            path = str(self.rundir.weights_dir(version))
+            path = self.rundir.relative(self.rundir.weights_dir(version))
             await asyncio.gather(*(self.load(c, version, path) for c in self.clients))
             self.served_version = version
             log.info("inference now serves version %d", version)
@@ -269,7 +272,7 @@ class Orchestrator:
             return info.version == 0
         step_dir = self.rundir.weights_dir(info.version)
         marker = read_marker(step_dir, self.run_id)
-        return marker is not None and Path(info.path).resolve() == step_dir.resolve()
+        return marker is not None and info.path == self.rundir.relative(step_dir)
 
     async def align(self, client: InferenceClient) -> int:
         """Make the server serve this run's newest published weights (or its base)."""
@@ -279,7 +282,10 @@ class Orchestrator:
         if self.is_this_runs(info):
             return info.version
         newest = self.newest_published_version(after=-1)
-        version, path = (newest, str(self.rundir.weights_dir(newest))) if newest else (0, info.base_path)
+        if newest:
+            version, path = newest, self.rundir.relative(self.rundir.weights_dir(newest))
+        else:
+            version, path = 0, info.base_path
         log.info("%s served %s (not this run's): loading version %d", client.base_url, info.path, version)
         await client.load_weights(version, path, self.oc.weights_timeout_s)
         return version

@@ -83,6 +83,8 @@ def setup_logging() -> None:
         format=f"%(asctime)s {prefix}%(name)s %(levelname)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    for noisy in ("httpx", "httpx2", "httpcore", "openai"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,8 @@ from services.models import resolve_model
 from services.progress import ProgressPrinter
 from shared.config import TriadConfig
 from shared.errors import TriadError
-from shared.rundir import RunDir, check_writable, ensure_run
+from shared.resume import discard_after_checkpoint, newest_checkpoint
+from shared.rundir import ROLLOUTS, RunDir, check_writable, ensure_run
 
 STOP_GRACE_S = 8.0
 TAIL_LINES = 25
@@ -114,6 +115,10 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     model = resolve_model(cfg.model)
     run = ensure_run(cfg.run_dir, cfg.public_dict())
     print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.root / 'logs'}")
+    resume_from = newest_checkpoint(rundir, run.run_id)
+    if resume_from or rundir.steps(ROLLOUTS):
+        print(f"triad up: resuming after update {resume_from} (the newest checkpoint)")
+        discard_after_checkpoint(rundir, run.run_id, resume_from)
     commands = child_commands(cfg, config_path, overrides, model)
     children = {name: start(name, cmd, rundir) for name, cmd in commands.items()}
     progress = ProgressPrinter(rundir, cfg.max_steps)

@@ -70,6 +70,8 @@ class TrainerConfig(Table):
     max_grad_norm: float = Field(1.0, gt=0)
     batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
     keep_weights: int = Field(3, ge=1, description="weight step directories kept on disk")
+    checkpoint_every: int = Field(10, ge=0, description="checkpoint every N updates (and the last); 0: never")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
 
 
 class TriadConfig(BaseSettings):

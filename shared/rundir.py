@@ -93,6 +93,18 @@ class RunDir:
     def log_file(self, service: str) -> Path:
         return self.root / LOGS / f"{service}.log"
 
+    def relative(self, path: Path) -> str:
+        """`path` relative to the run directory: how services name files to each
+        other, since each may mount the run directory somewhere else."""
+        return path.relative_to(self.root).as_posix()
+
+    def step_dir(self, kind: str, step: int) -> Path:
+        return self.root / kind / step_name(step)
+
+    def done_steps(self, kind: str, run_id: str) -> list[int]:
+        """Steps under `kind` whose `DONE` marker is valid and of this run, ascending."""
+        return [s for s in self.steps(kind) if read_marker(self.step_dir(kind, s), run_id) is not None]
+
     def steps(self, kind: str) -> list[int]:
         """Step numbers of the directories under `kind` (done or not), ascending."""
         parent = self.root / kind

@@ -25,10 +25,12 @@ def triad_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "services.cli", *args]
 
 
-def run_triad(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_triad(
+    *args: str, timeout: float = 60, env: dict | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         triad_cmd(*args),
-        cwd=REPO,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

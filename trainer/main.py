@@ -22,7 +22,9 @@ import torch.distributed as dist
 
 from shared.config import TriadConfig
 from shared.metrics import MetricsWriter
-from shared.rundir import RunDir, ensure_run, read_run
+from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
+from shared.rundir import RunDir, ensure_run, read_marker, read_run
+from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, wait_for_batch
 from trainer.loss import clipped_pg_loss, entropy, token_logprobs
 from trainer.parallel import apply_fsdp, init_distributed
@@ -108,11 +110,33 @@ class Trainer:
                 if self.model.generation_config is not None:
                     self.model.generation_config.save_pretrained(directory)
 
-            publish_weights(self.rundir, run_id, version, exported, save_metadata, self.tc.keep_weights)
+            protect = checkpointed_steps(self.rundir, run_id)
+            publish_weights(
+                self.rundir, run_id, version, exported, save_metadata, self.tc.keep_weights, protect
+            )
         dist.barrier()
 
+    def resume(self, run_id: str) -> int:
+        """Load the newest checkpoint of this run (if any); return its update number."""
+        found = [newest_checkpoint(self.rundir, run_id) if self.rank == 0 else 0]
+        dist.broadcast_object_list(found, src=0)
+        start = found[0]
+        if start:
+            load_checkpoint(self.rundir, start, self.model, self.optimizer)
+            log.info("resumed from the checkpoint after update %d", start)
+        if self.rank == 0:
+            discard_after_checkpoint(self.rundir, run_id, start)
+        dist.barrier()
+        if start and read_marker(self.rundir.weights_dir(start), run_id) is None:
+            self.publish(start, run_id)  # inference must be able to serve version `start`
+        return start
+
+    def should_checkpoint(self, step: int) -> bool:
+        every = self.tc.checkpoint_every
+        return every > 0 and (step % every == 0 or step == self.cfg.max_steps)
+
     def run(self, run_id: str) -> None:
-        for step in range(1, self.cfg.max_steps + 1):
+        for step in range(self.resume(run_id) + 1, self.cfg.max_steps + 1):
             t0 = time.monotonic()
             marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s)
             t1 = time.monotonic()
@@ -120,6 +144,10 @@ class Trainer:
             t2 = time.monotonic()
             self.publish(step, run_id)
             t3 = time.monotonic()
+            if self.should_checkpoint(step):
+                save_checkpoint(
+                    self.rundir, run_id, step, self.model, self.optimizer, self.tc.keep_checkpoints
+                )
             if self.metrics is not None:
                 self.metrics.log(
                     step, **stats, lr=self.tc.lr, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2

@@ -29,6 +29,7 @@ def publish_weights(
     state: dict[str, torch.Tensor],
     save_metadata,
     keep_last: int,
+    protect: frozenset[int] = frozenset(),
 ) -> Path:
     """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE`."""
     step_dir = rundir.weights_dir(version)
@@ -39,5 +40,5 @@ def publish_weights(
         save_file(state, tmp, metadata={"format": "pt"})
     size = sum(f.stat().st_size for f in step_dir.iterdir())
     write_marker(step_dir, run_id, version, version=version, bytes=size)
-    prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version)
+    prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version, protect=protect)
     return step_dir

@@ -21,8 +21,9 @@ STEPS = 4
 
 
 def triad_up(run_dir: Path, max_async_level: int) -> None:
+    """Run from the run directory's parent with a relative `run_dir`, as a user would."""
     sets = [
-        f"run_dir={run_dir}",
+        f"run_dir={run_dir.name}",
         f"max_steps={STEPS}",
         f"max_async_level={max_async_level}",
         f"inference.port={free_port()}",
@@ -33,7 +34,7 @@ def triad_up(run_dir: Path, max_async_level: int) -> None:
         "trainer.lr=1e-3",
         "trainer.keep_weights=100",
     ]
-    result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900)
+    result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900, cwd=run_dir.parent)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted((run_dir / "logs").glob("*.log")))
     assert result.returncode == 0, f"triad up failed:\n{result.stdout}\n{result.stderr}\n{logs}"
 

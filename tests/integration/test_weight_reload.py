@@ -77,9 +77,13 @@ def test_reloaded_weights_match_a_fresh_server(server: Server, run_dir: Path, ti
     rundir = RunDir(run_dir)
     before = greedy_logprobs(server.url, model_id(server.url))
     step_dir = perturbed_weights(tiny_model, rundir, version=1, seed=1)
-    r = admin(server, "POST", json={"version": 1, "path": str(step_dir)})
+    r = admin(server, "POST", json={"version": 1, "path": "weights/step_000001"})  # relative to run_dir
     assert r.status_code == 200, r.text
-    assert admin(server, "GET").json()["version"] == 1
+    assert admin(server, "GET").json() == {
+        "version": 1,
+        "path": "weights/step_000001",
+        "base_path": tiny_model,
+    }
     reloaded = greedy_logprobs(server.url, model_id(server.url))
 
     fresh = Server(run_dir, str(step_dir), tmp_path / "fresh.log")

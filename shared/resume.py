@@ -1,0 +1,48 @@
+"""What a restarted run keeps: the rules every service applies the same way.
+
+The trainer resumes from its newest valid checkpoint C (the model after update
+C). Weights newer than C, and batches sampled from them, belong to a lineage
+the resumed trainer will not reproduce: they are discarded. Batches sampled
+from versions <= C stay valid and are trained as they are. The orchestrator
+continues after the newest batch that remains.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shared.rundir import CHECKPOINTS, ROLLOUTS, WEIGHTS, RunDir, clear_step_dir, read_marker
+
+log = logging.getLogger("triad.resume")
+
+
+def discard_after_checkpoint(rundir: RunDir, run_id: str, checkpoint_step: int) -> list[str]:
+    """Delete weights newer than `checkpoint_step` and batches sampled from them."""
+    removed = []
+    for step in rundir.steps(WEIGHTS):
+        if step > checkpoint_step:
+            clear_step_dir(rundir.weights_dir(step))
+            removed.append(rundir.relative(rundir.weights_dir(step)))
+    for step in rundir.steps(ROLLOUTS):
+        marker = read_marker(rundir.rollout_dir(step), run_id)
+        newest_version = getattr(marker, "max_policy_version", None) if marker else None
+        if step > checkpoint_step and (newest_version is None or newest_version > checkpoint_step):
+            clear_step_dir(rundir.rollout_dir(step))
+            removed.append(rundir.relative(rundir.rollout_dir(step)))
+    if removed:
+        log.info("resuming after update %d: discarded %s", checkpoint_step, ", ".join(removed))
+    return removed
+
+
+def newest_batch(rundir: RunDir, run_id: str) -> int:
+    """The newest published batch of this run; 0 if none."""
+    return max(rundir.done_steps(ROLLOUTS, run_id), default=0)
+
+
+def newest_checkpoint(rundir: RunDir, run_id: str) -> int:
+    """The newest complete checkpoint of this run; 0 if none."""
+    return max(rundir.done_steps(CHECKPOINTS, run_id), default=0)
+
+
+def checkpointed_steps(rundir: RunDir, run_id: str) -> frozenset[int]:
+    return frozenset(rundir.done_steps(CHECKPOINTS, run_id))

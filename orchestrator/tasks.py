@@ -52,7 +52,22 @@ class ReverseText:
         return positional_match(completion.strip(), prompt.answer)
 
 
-TASKS: dict[str, Task] = {"reverse": ReverseText()}
+@dataclass(frozen=True)
+class Addition:
+    """Add two single digits: "3+5=" -> "8"; reward 1 for the exact answer, else 0."""
+
+    name: str = "addition"
+    max_digit: int = 9
+
+    def sample(self, rng: random.Random) -> Prompt:
+        a, b = rng.randint(0, self.max_digit), rng.randint(0, self.max_digit)
+        return Prompt(text=f"{a}+{b}=", answer=str(a + b))
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return 1.0 if completion.strip() == prompt.answer else 0.0
+
+
+TASKS: dict[str, Task] = {"reverse": ReverseText(), "addition": Addition()}
 
 
 def get_task(name: str) -> Task:

@@ -4,6 +4,8 @@
     triad inference -c cfg.toml                       vLLM + /admin routes
     triad orchestrator -c cfg.toml                    rollouts -> run_dir/rollouts
     torchrun --nproc-per-node N -m services.cli trainer -c cfg.toml
+    triad status RUN_DIR                              where each service is
+    triad plot RUN_DIR                                reward, lag, throughput -> RUN_DIR/plot.png
 
 Config is parsed before anything heavy is imported, so a bad key fails in
 a fraction of a second with one line that names it.
@@ -62,9 +64,26 @@ COMMANDS: dict[str, Callable[[TriadConfig, argparse.Namespace], None]] = {
 }
 
 
+def run_status(args: argparse.Namespace) -> None:
+    from services.report import status_lines
+
+    print("\n".join(status_lines(args.run_dir)))
+
+
+def run_plot(args: argparse.Namespace) -> None:
+    from services.report import plot_run
+
+    print(plot_run(args.run_dir))
+
+
+RUN_DIR_COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {"status": run_status, "plot": run_plot}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triad", description="asynchronous RL post-training")
     sub = p.add_subparsers(dest="command", required=True)
+    for name in RUN_DIR_COMMANDS:
+        sub.add_parser(name).add_argument("run_dir", type=Path)
     for name in COMMANDS:
         s = sub.add_parser(name)
         s.add_argument("-c", "--config", type=Path, help="TOML config file")
@@ -91,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     setup_logging()
     try:
+        if args.command in RUN_DIR_COMMANDS:
+            return RUN_DIR_COMMANDS[args.command](args)
         if args.command == "up" and args.config is None:
             args.config = EMBEDDED_DEFAULT
         cfg = load_config(args.config, args.overrides)

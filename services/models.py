@@ -7,8 +7,6 @@ from pathlib import Path
 from shared.config import BUILTIN_MODEL_PREFIX
 from shared.errors import TriadError
 
-BUILTIN_MODELS = ("tiny-reverse",)
-
 
 def looks_like_path(spec: str) -> bool:
     return spec.startswith(("/", "./", "../", "~")) or Path(spec).exists()
@@ -16,10 +14,11 @@ def looks_like_path(spec: str) -> bool:
 
 def resolve_model(spec: str) -> str:
     if spec.startswith(BUILTIN_MODEL_PREFIX):
+        from services.tiny_model import RECIPES, ensure_tiny_model
+
         name = spec.removeprefix(BUILTIN_MODEL_PREFIX)
-        if name not in BUILTIN_MODELS:
-            raise TriadError(f"unknown built-in model {spec!r}; built-in: {list(BUILTIN_MODELS)}")
-        from services.tiny_model import ensure_tiny_model
+        if name not in RECIPES:
+            raise TriadError(f"unknown built-in model {spec!r}; built-in: {sorted(RECIPES)}")
 
         return str(ensure_tiny_model(name))
     if looks_like_path(spec):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from services.models import resolve_model
 from services.progress import ProgressPrinter
+from services.report import plot_run
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.resume import discard_after_checkpoint, newest_checkpoint
@@ -126,6 +127,7 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         supervise(children, progress)
         progress.poll()
         progress.summary()
+        print(f"plot: {plot_run(cfg.run_dir)}")
     except KeyboardInterrupt:
         print("\ntriad up: interrupted, stopping all services", file=sys.stderr)
         raise

@@ -48,7 +48,7 @@ class OrchestratorConfig(Table):
         description="base URLs of the OpenAI-compatible servers; empty: the local [inference] one",
     )
     model_name: str | None = Field(None, description="served model name; None: ask /v1/models")
-    task: str = "reverse"
+    task: str = "addition"
     batch_size: int = Field(8, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=1, description="completions per prompt")
     max_tokens: int = Field(32, ge=1)
@@ -80,7 +80,7 @@ class TriadConfig(BaseSettings):
     )
 
     run_dir: Path = Path("runs/default")
-    model: str = BUILTIN_MODEL_PREFIX + "tiny-reverse"
+    model: str = BUILTIN_MODEL_PREFIX + "tiny-addition"
     max_steps: int = Field(20, ge=1)
     max_async_level: int = Field(1, ge=0)
     seed: int = 0

@@ -18,4 +18,4 @@ def triad_cache(tmp_path_factory) -> Path:
 def tiny_model(triad_cache) -> str:
     from services.models import resolve_model
 
-    return resolve_model("builtin:tiny-reverse")
+    return resolve_model("builtin:tiny-addition")

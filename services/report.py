@@ -1,0 +1,87 @@
+"""`triad status RUN_DIR` and `triad plot RUN_DIR`: a run, read from its directory alone."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from statistics import mean
+
+from shared.errors import TriadError
+from shared.metrics import read_metrics
+from shared.resume import newest_batch, newest_checkpoint
+from shared.rundir import WEIGHTS, RunDir, read_run
+
+SERVICES = ("orchestrator", "trainer", "inference")
+PLOT_FILE = "plot.png"
+
+
+def rolling_mean(values: list[float], window: int = 10) -> list[float]:
+    return [mean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
+
+
+def describe(service: str, row: dict) -> str:
+    if service == "orchestrator":
+        return f"reward {row['reward_mean']:.3f}, lag {row['lag_mean']:.2f} (max {row['lag_max']})"
+    if service == "trainer":
+        return f"loss {row['loss']:+.4f}, grad norm {row['grad_norm']:.3f}"
+    return f"serving version {row['version']}"
+
+
+def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
+    rundir = RunDir(run_dir)
+    run = read_run(run_dir)
+    now = time.time() if now is None else now
+    lines = [f"run {run.run_id} in {run_dir} (max_steps {run.config.get('max_steps')})"]
+    lines.append(
+        f"  newest batch {newest_batch(rundir, run.run_id)}, "
+        f"newest weights {max(rundir.done_steps(WEIGHTS, run.run_id), default=0)}, "
+        f"newest checkpoint {newest_checkpoint(rundir, run.run_id)}"
+    )
+    for service in SERVICES:
+        rows = read_metrics(rundir.metrics_file(service))
+        if not rows:
+            lines.append(f"  {service:<12} no metrics yet")
+            continue
+        last = rows[-1]
+        age = now - last["time"]
+        detail = {
+            "orchestrator": lambda r: (
+                f"reward {r['reward_mean']:.3f}, lag {r['lag_mean']:.2f} (max {r['lag_max']})"
+            ),
+            "trainer": lambda r: f"loss {r['loss']:+.4f}, grad norm {r['grad_norm']:.3f}",
+            "inference": lambda r: f"serving version {r['version']}",
+        }[service](last)
+        lines.append(f"  {service:<12} step {last['step']:>5}  {detail}  ({age:.0f} s ago)")
+    return lines
+
+
+def plot_run(run_dir: Path) -> Path:
+    """Reward, off-policy lag and throughput over steps, as a PNG in the run directory."""
+    rows = read_metrics(RunDir(run_dir).metrics_file("orchestrator"))
+    if not rows:
+        raise TriadError(f"{run_dir} has no orchestrator metrics to plot yet")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    rewards = [r["reward_mean"] for r in rows]
+    fig, (ax_r, ax_l, ax_t) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    ax_r.plot(steps, rewards, alpha=0.35, label="reward (step mean)")
+    ax_r.plot(steps, rolling_mean(rewards), label="reward (mean of last 10)")
+    ax_r.set_ylabel("reward")
+    ax_r.legend(loc="lower right")
+    ax_l.plot(steps, [r["lag_mean"] for r in rows], label="mean")
+    ax_l.plot(steps, [r["lag_max"] for r in rows], label="max", linestyle="--")
+    ax_l.set_ylabel("off-policy lag")
+    ax_l.legend(loc="upper right")
+    ax_t.plot(steps, rolling_mean([r["samples_per_s"] for r in rows]))
+    ax_t.set_ylabel("samples/s (mean of 10)")
+    ax_t.set_xlabel("step")
+    fig.suptitle(f"triad run {read_run(run_dir).run_id}")
+    fig.tight_layout()
+    out = run_dir / PLOT_FILE
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,74 @@
+"""The embedded default, as a user runs it: it learns, Ctrl-C stops it, `triad up` resumes it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from statistics import mean
+
+import pytest
+
+from shared.metrics import read_metrics
+from shared.resume import newest_checkpoint
+from shared.rundir import RunDir, read_run
+from tests.helpers import free_port, run_triad, triad_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STEPS = 150
+INTERRUPT_AFTER = 50  # checkpoint
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) -> None:
+    run_dir = tmp_path / "demo"
+    sets = [
+        f"--set={s}" for s in (f"run_dir={run_dir}", f"max_steps={STEPS}", f"inference.port={free_port()}")
+    ]
+    sets.append("--set=trainer.checkpoint_every=25")
+    proc = subprocess.Popen(triad_cmd("up", *sets), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    rundir = RunDir(run_dir)
+
+    def checkpointed() -> int:
+        return newest_checkpoint(rundir, read_run(run_dir).run_id) if (run_dir / "run.json").exists() else 0
+
+    deadline = time.monotonic() + 600
+    while checkpointed() < INTERRUPT_AFTER:
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.5)
+
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    start = time.monotonic()
+    first_output = proc.communicate(timeout=30)[0].decode()
+    assert time.monotonic() - start < 10, "triad up took more than 10 s to stop"
+    assert processes_mentioning(str(run_dir)) == [], "a service outlived triad up"
+    assert all(ch == "\n" or ch.isprintable() for ch in first_output), "control characters in piped output"
+
+    resume_from = checkpointed()
+    rows_before = len(read_metrics(rundir.metrics_file("trainer")))
+    resumed = run_triad("up", *sets, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming after update" in resumed.stdout
+
+    trainer_steps = [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))]
+    assert trainer_steps[rows_before:] == list(range(resume_from + 1, STEPS + 1))  # continued, not restarted
+    rewards = [r["reward_mean"] for r in read_metrics(rundir.metrics_file("orchestrator"))]
+    first, last = mean(rewards[:10]), mean(rewards[-10:])
+    assert last - first >= 0.2, f"reward {first:.3f} -> {last:.3f}: no clear rise"
+    assert (run_dir / "plot.png").exists()

@@ -1,0 +1,74 @@
+import io
+from contextlib import redirect_stdout
+
+import pytest
+
+from services.progress import MetricsTail, ProgressPrinter
+from services.report import plot_run, rolling_mean, status_lines
+from shared.errors import TriadError
+from shared.metrics import MetricsWriter
+from shared.rundir import RunDir, ensure_run, write_marker
+
+
+def fake_run(tmp_path, steps: int = 30):
+    run = ensure_run(tmp_path, {"max_steps": steps})
+    rundir = RunDir(tmp_path)
+    orch, trainer = (
+        MetricsWriter(rundir.metrics_file("orchestrator")),
+        MetricsWriter(rundir.metrics_file("trainer")),
+    )
+    for s in range(1, steps + 1):
+        orch.log(s, reward_mean=s / steps, lag_mean=1.0, lag_max=1, served_version=s - 1, samples_per_s=100.0)
+        trainer.log(s, loss=0.1, grad_norm=1.0)
+    for s in (steps - 1, steps):
+        rundir.rollout_dir(s).mkdir(parents=True)
+        write_marker(rundir.rollout_dir(s), run.run_id, s)
+    return rundir
+
+
+def test_rolling_mean():
+    assert rolling_mean([1, 2, 3, 4], window=2) == [1, 1.5, 2.5, 3.5]
+
+
+def test_status_names_each_service_and_the_newest_steps(tmp_path):
+    rundir = fake_run(tmp_path)
+    lines = status_lines(rundir.root, now=rundir.metrics_file("trainer").stat().st_mtime)
+    text = "\n".join(lines)
+    assert "newest batch 30" in text and "newest checkpoint 0" in text
+    assert "orchestrator" in text and "reward 1.000" in text
+    assert "inference    no metrics yet" in text
+
+
+def test_plot_writes_a_png(tmp_path):
+    rundir = fake_run(tmp_path)
+    out = plot_run(rundir.root)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_without_metrics_is_a_clear_error(tmp_path):
+    ensure_run(tmp_path, {})
+    with pytest.raises(TriadError, match="no orchestrator metrics"):
+        plot_run(tmp_path)
+
+
+def test_progress_lines_are_plain_text(tmp_path):
+    rundir = fake_run(tmp_path, steps=12)
+    printer = ProgressPrinter(rundir, max_steps=12)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        printer.poll()
+        printer.summary()
+    text = out.getvalue()
+    assert text.count("\n") == 13 and "step   12/12" in text
+    assert all(ch == "\n" or ch.isprintable() for ch in text)  # no control characters
+    assert "first 10 steps" in text
+
+
+def test_metrics_tail_skips_a_torn_last_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2')
+    tail = MetricsTail(path)
+    assert tail.read() == [{"step": 1}]
+    with open(path, "a") as f:
+        f.write("}\n")
+    assert tail.read() == [{"step": 2}]

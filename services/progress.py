@@ -1,11 +1,19 @@
-"""Progress of a run, read from its metrics files: plain lines, safe for pipes."""
+"""Progress of a run, read from its metrics files.
+
+On a terminal: one live table (rich). Otherwise (CI, pipes, files): one plain
+line per step, with no control characters.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from statistics import mean
 
+from services.exporters import Exporter
 from shared.rundir import RunDir
+
+SERVICES = ("orchestrator", "trainer", "inference")
 
 
 class MetricsTail:
@@ -26,27 +34,87 @@ class MetricsTail:
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
+def format_duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
 class ProgressPrinter:
-    def __init__(self, rundir: RunDir, max_steps: int) -> None:
+    def __init__(
+        self, rundir: RunDir, max_steps: int, exporters: Sequence[Exporter] = (), live: bool = False
+    ) -> None:
         self.max_steps = max_steps
-        self.orchestrator = MetricsTail(rundir.metrics_file("orchestrator"))
-        self.trainer = MetricsTail(rundir.metrics_file("trainer"))
+        self.tails = {s: MetricsTail(rundir.metrics_file(s)) for s in SERVICES}
+        self.exporters = exporters
         self.rewards: list[float] = []
-        self.last_loss: float | None = None
+        self.step_times: list[float] = []
+        self.last: dict[str, dict] = {}
+        self.live = None
+        if live:
+            from rich.live import Live
+
+            self.live = Live(self.table(), refresh_per_second=4)
+            self.live.start()
 
     def poll(self) -> None:
-        for row in self.trainer.read():
-            self.last_loss = row["loss"]
-        for row in self.orchestrator.read():
-            self.rewards.append(row["reward_mean"])
-            recent = mean(self.rewards[-10:])
-            loss = f"{self.last_loss:+.4f}" if self.last_loss is not None else "-"
-            print(
-                f"step {row['step']:>4}/{self.max_steps}  reward {row['reward_mean']:.3f} "
-                f"(last 10: {recent:.3f})  lag {row['lag_mean']:.2f}  served v{row['served_version']}  "
-                f"{row['samples_per_s']:.1f} samples/s  loss {loss}",
-                flush=True,
-            )
+        for service, tail in self.tails.items():
+            for row in tail.read():
+                for exporter in self.exporters:
+                    exporter.write(service, row)
+                self.last[service] = row
+                if service == "orchestrator":
+                    self.on_step(row)
+        if self.live is not None:
+            self.live.update(self.table())
+
+    def on_step(self, row: dict) -> None:
+        self.rewards.append(row["reward_mean"])
+        self.step_times.append(row["time"])
+        if self.live is None:
+            print(self.line(row), flush=True)
+
+    def eta(self, step: int) -> str:
+        recent = self.step_times[-20:]
+        if len(recent) < 2:
+            return "-"
+        per_step = (recent[-1] - recent[0]) / (len(recent) - 1)
+        return format_duration(per_step * (self.max_steps - step))
+
+    def line(self, row: dict) -> str:
+        loss = self.last.get("trainer", {}).get("loss")
+        return (
+            f"step {row['step']:>4}/{self.max_steps}  reward {row['reward_mean']:.3f} "
+            f"(last 10: {mean(self.rewards[-10:]):.3f})  lag {row['lag_mean']:.2f}  "
+            f"served v{row['served_version']}  {row['samples_per_s']:.1f} samples/s  "
+            f"{row['tokens_per_s']:.0f} tokens/s  loss {'-' if loss is None else f'{loss:+.4f}'}  "
+            f"eta {self.eta(row['step'])}"
+        )
+
+    def table(self):
+        from rich.table import Table
+
+        table = Table(title="triad", show_header=False)
+        row = self.last.get("orchestrator")
+        if row is None:
+            table.add_row("waiting for the first batch", "")
+            return table
+        trainer = self.last.get("trainer", {})
+        table.add_row("step", f"{row['step']} / {self.max_steps}  (eta {self.eta(row['step'])})")
+        table.add_row("reward", f"{row['reward_mean']:.3f}  (last 10: {mean(self.rewards[-10:]):.3f})")
+        table.add_row("off-policy lag", f"{row['lag_mean']:.2f} (max {row['lag_max']})")
+        table.add_row(
+            "throughput", f"{row['samples_per_s']:.1f} samples/s, {row['tokens_per_s']:.0f} tokens/s"
+        )
+        table.add_row("served version", str(self.last.get("inference", {}).get("version", "-")))
+        if trainer:
+            table.add_row("trainer", f"step {trainer['step']}, loss {trainer['loss']:+.4f}")
+        return table
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+        for exporter in self.exporters:
+            exporter.close()
 
     def summary(self) -> None:
         if not self.rewards:

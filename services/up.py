@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.exporters import make_exporters
 from services.models import resolve_model
 from services.progress import ProgressPrinter
 from services.report import plot_run
@@ -56,7 +57,13 @@ def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[s
     }
 
 
-def start(name: str, cmd: list[str], rundir: RunDir) -> Child:
+def child_env(cfg: TriadConfig, name: str) -> dict[str, str]:
+    """The child's environment: ours, plus its GPUs when the config pins them."""
+    devices = {"inference": cfg.inference.devices, "trainer": cfg.trainer.devices}.get(name)
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **({"CUDA_VISIBLE_DEVICES": devices} if devices else {})}
+
+
+def start(name: str, cmd: list[str], rundir: RunDir, env: dict[str, str]) -> Child:
     log_path = rundir.log_file(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
@@ -66,7 +73,7 @@ def start(name: str, cmd: list[str], rundir: RunDir) -> Child:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=env,
         )
     return Child(name, proc, log_path)
 
@@ -121,15 +128,18 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         print(f"triad up: resuming after update {resume_from} (the newest checkpoint)")
         discard_after_checkpoint(rundir, run.run_id, resume_from)
     commands = child_commands(cfg, config_path, overrides, model)
-    children = {name: start(name, cmd, rundir) for name, cmd in commands.items()}
-    progress = ProgressPrinter(rundir, cfg.max_steps)
+    children = {name: start(name, cmd, rundir, child_env(cfg, name)) for name, cmd in commands.items()}
+    progress = ProgressPrinter(
+        rundir, cfg.max_steps, make_exporters(cfg, run.run_id), live=sys.stdout.isatty()
+    )
     try:
         supervise(children, progress)
         progress.poll()
-        progress.summary()
-        print(f"plot: {plot_run(cfg.run_dir)}")
     except KeyboardInterrupt:
         print("\ntriad up: interrupted, stopping all services", file=sys.stderr)
         raise
     finally:
+        progress.close()
         stop_all(list(children.values()))
+    progress.summary()
+    print(f"plot: {plot_run(cfg.run_dir)}")

@@ -39,6 +39,7 @@ class InferenceConfig(Table):
     max_model_len: int | None = Field(None, ge=16, description="None: the model's own limit")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on CPU")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for inference under `triad up`")
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
 
 
@@ -63,6 +64,7 @@ class OrchestratorConfig(Table):
 
 class TrainerConfig(Table):
     nproc: int = Field(2, ge=1, description="ranks `triad up` starts under torchrun")
+    devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for the trainer under `triad up`")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -72,6 +74,14 @@ class TrainerConfig(Table):
     keep_weights: int = Field(3, ge=1, description="weight step directories kept on disk")
     checkpoint_every: int = Field(10, ge=0, description="checkpoint every N updates (and the last); 0: never")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+
+
+class MetricsConfig(Table):
+    tensorboard: bool = Field(
+        True, description="event files in run_dir/tensorboard if tensorboard is installed"
+    )
+    wandb_project: str | None = Field(None, description="log to Weights & Biases under this project")
+    wandb_mode: Literal["offline", "online"] = "offline"
 
 
 class TriadConfig(BaseSettings):
@@ -87,6 +97,7 @@ class TriadConfig(BaseSettings):
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -1,3 +1,4 @@
+import importlib.util
 import io
 from contextlib import redirect_stdout
 
@@ -18,7 +19,15 @@ def fake_run(tmp_path, steps: int = 30):
         MetricsWriter(rundir.metrics_file("trainer")),
     )
     for s in range(1, steps + 1):
-        orch.log(s, reward_mean=s / steps, lag_mean=1.0, lag_max=1, served_version=s - 1, samples_per_s=100.0)
+        orch.log(
+            s,
+            reward_mean=s / steps,
+            lag_mean=1.0,
+            lag_max=1,
+            served_version=s - 1,
+            samples_per_s=100.0,
+            tokens_per_s=900.0,
+        )
         trainer.log(s, loss=0.1, grad_norm=1.0)
     for s in (steps - 1, steps):
         rundir.rollout_dir(s).mkdir(parents=True)
@@ -72,3 +81,33 @@ def test_metrics_tail_skips_a_torn_last_line(tmp_path):
     with open(path, "a") as f:
         f.write("}\n")
     assert tail.read() == [{"step": 2}]
+
+
+def test_tensorboard_exporter_writes_the_metrics(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from services.exporters import TensorBoardExporter
+
+    rundir = fake_run(tmp_path / "run", steps=5)
+    exporter = TensorBoardExporter(str(tmp_path / "tb"))
+    printer = ProgressPrinter(rundir, max_steps=5, exporters=[exporter])
+    with redirect_stdout(io.StringIO()):
+        printer.poll()
+    printer.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    rewards = events.Scalars("orchestrator/reward_mean")
+    assert [(e.step, round(e.value, 3)) for e in rewards] == [(s, round(s / 5, 3)) for s in range(1, 6)]
+    assert "trainer/loss" in events.Tags()["scalars"]
+
+
+def test_exporters_follow_config(tmp_path):
+    from services.exporters import TensorBoardExporter, make_exporters
+    from shared.config import load_config
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", "metrics.tensorboard=false"])
+    assert make_exporters(cfg, "run") == []
+    cfg = load_config(None, [f"run_dir={tmp_path}"])
+    kinds = [type(e) for e in make_exporters(cfg, "run")]
+    assert kinds == ([TensorBoardExporter] if importlib.util.find_spec("tensorboard") else [])

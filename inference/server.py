@@ -26,7 +26,7 @@ SERVICE = "inference"
 
 
 def check_admin_exposure(cfg: TriadConfig) -> None:
-    if cfg.inference.host not in LOOPBACK_HOSTS and cfg.inference.admin_token is None:
+    if cfg.inference.host not in LOOPBACK_HOSTS and cfg.inference.token() is None:
         raise TriadError(
             f"inference.host is {cfg.inference.host!r} (not loopback) but no inference.admin_token "
             "is set: refusing to expose the admin routes without a token"
@@ -78,7 +78,7 @@ async def serve(cfg: TriadConfig, args: Namespace) -> None:
 
     from inference.admin import WeightManager, add_admin_routes
 
-    token = cfg.inference.admin_token.get_secret_value() if cfg.inference.admin_token else None
+    token = cfg.inference.token()
     metrics = MetricsWriter(RunDir(cfg.run_dir).metrics_file(SERVICE))
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:

@@ -296,9 +296,8 @@ class Orchestrator:
             await client.wait_ready(self.oc.inference_timeout_s, self.oc.model_name)
             versions.append(await self.align(client))
         self.served_version = min(versions)
-        log.info(
-            "connected to %d inference server(s), serving version %d", len(self.clients), self.served_version
-        )
+        urls = ", ".join(c.base_url for c in self.clients)
+        log.info("connected to inference at %s, serving version %d", urls, self.served_version)
 
     async def run(self) -> None:
         await self.connect()
@@ -323,7 +322,7 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 async def orchestrate(cfg: TriadConfig) -> None:
     run = ensure_run(cfg.run_dir, cfg.public_dict())
-    token = cfg.inference.admin_token.get_secret_value() if cfg.inference.admin_token else None
+    token = cfg.inference.token()
     clients = [
         InferenceClient(url, token, cfg.orchestrator.request_timeout_s) for url in cfg.inference_urls()
     ]

@@ -35,12 +35,26 @@ class InferenceConfig(Table):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     admin_token: SecretStr | None = None
+    admin_token_file: Path | None = Field(None, description="read the admin token from this file (a secret)")
     dtype: str = "auto"
     max_model_len: int | None = Field(None, ge=16, description="None: the model's own limit")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on CPU")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for inference under `triad up`")
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
+
+    def token(self) -> str | None:
+        """The admin token, from `admin_token` or `admin_token_file`."""
+        if self.admin_token is not None:
+            return self.admin_token.get_secret_value()
+        if self.admin_token_file is None:
+            return None
+        try:
+            return self.admin_token_file.read_text().strip() or None
+        except OSError as e:
+            raise TriadError(
+                f"cannot read inference.admin_token_file {self.admin_token_file}: {e.strerror}"
+            ) from None
 
 
 class OrchestratorConfig(Table):

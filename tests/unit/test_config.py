@@ -75,3 +75,13 @@ def test_default_urls_do_not_leak_wildcard_hosts():
     assert cfg.inference_urls() == ["http://127.0.0.1:9000"]
     cfg = load_config(None, ['orchestrator.inference_urls=["http://gpu-1:8000/"]'])
     assert cfg.inference_urls() == ["http://gpu-1:8000"]
+
+
+def test_admin_token_from_a_secret_file(tmp_path):
+    secret = tmp_path / "admin_token"
+    secret.write_text("s3cret\n")
+    assert load_config(None, [f"inference.admin_token_file={secret}"]).inference.token() == "s3cret"
+    assert load_config(None, ["inference.admin_token=direct"]).inference.token() == "direct"
+    assert load_config(None, []).inference.token() is None
+    with pytest.raises(TriadError, match="cannot read inference.admin_token_file"):
+        load_config(None, [f"inference.admin_token_file={tmp_path / 'missing'}"]).inference.token()

@@ -24,15 +24,22 @@ def compose_command() -> list[str] | None:
 
 
 def test_compose_services_run_triad_entry_points():
-    spec = yaml.safe_load((REPO / "compose.yaml").read_text())
-    services = spec["services"]
-    assert set(services) == {"inference", "orchestrator", "trainer"}
+    services = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    assert set(services) == {f"{s}{suffix}" for s in COMMANDS if s != "up" for suffix in ("", "-cuda")}
     for name, service in services.items():
         command = service["command"]
-        assert command[0] == name and name in COMMANDS
-        assert service["volumes"] == ["runs:/runs"], name  # one shared volume
-    assert services["trainer"]["entrypoint"][:3] == ["python", "-m", "torch.distributed.run"]
-    assert services["trainer"]["entrypoint"][-2:] == ["-m", "services.cli"]
+        assert name.removesuffix("-cuda") == command[0] and command[0] in COMMANDS
+        assert "runs:/runs" in service["volumes"], name  # the one shared volume
+        assert service["profiles"] == (["cuda"] if name.endswith("-cuda") else ["cpu"])
+        if command[0] == "trainer":
+            assert service["entrypoint"][:3] == ["python", "-m", "torch.distributed.run"]
+            assert service["entrypoint"][-2:] == ["-m", "services.cli"]
+    for name in ("inference", "orchestrator"):
+        env = services[name]["environment"]
+        assert env["TRIAD_INFERENCE__ADMIN_TOKEN_FILE"] == "/run/secrets/admin_token"
+    cuda_gpus = [services[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n in
+                 ("inference-cuda", "trainer-cuda")]  # fmt: skip
+    assert cuda_gpus == [["0"], ["1"]]  # inference and trainer never share a GPU
 
 
 def test_compose_file_validates_with_docker_compose():
@@ -51,3 +58,81 @@ def test_dockerfiles_copy_every_package(dockerfile):
     for package in ("shared", "inference", "orchestrator", "trainer", "services"):
         assert f"COPY {package} ./{package}" in text
     assert 'ENTRYPOINT ["triad"]' in text
+
+
+KINDS = {
+    "PersistentVolumeClaim": "V1PersistentVolumeClaim",
+    "ConfigMap": "V1ConfigMap",
+    "Secret": "V1Secret",
+    "Deployment": "V1Deployment",
+    "Service": "V1Service",
+    "Job": "V1Job",
+}
+PRIMITIVES = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object, "datetime": str}
+
+
+def check_against_schema(data, type_name: str, where: str) -> None:
+    """Walk a manifest against the Kubernetes API models: unknown fields and wrong types fail."""
+    import kubernetes.client.models as models
+
+    if type_name.startswith("List["):
+        assert isinstance(data, list), where
+        for i, item in enumerate(data):
+            check_against_schema(item, type_name[5:-1], f"{where}[{i}]")
+        return
+    if type_name.startswith("Dict["):
+        assert isinstance(data, dict), where
+        return
+    if type_name in PRIMITIVES:
+        assert isinstance(data, PRIMITIVES[type_name]), f"{where}: expected {type_name}, got {data!r}"
+        return
+    model = getattr(models, type_name)
+    assert isinstance(data, dict), f"{where}: expected an object"
+    fields = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    for key, value in data.items():
+        assert key in fields, f"{where}: unknown field {key!r} for {type_name}"
+        check_against_schema(value, model.openapi_types[fields[key]], f"{where}.{key}")
+
+
+def k8s_docs() -> list[dict]:
+    return list(yaml.safe_load_all((REPO / "deploy" / "k8s" / "triad.yaml").read_text()))
+
+
+def test_kubernetes_manifests_match_the_api_schema():
+    pytest.importorskip("kubernetes")
+    from kubernetes.client import ApiClient
+
+    client = ApiClient()
+    for doc in k8s_docs():
+        type_name = KINDS[doc["kind"]]
+        check_against_schema(doc, type_name, f"{doc['kind']}/{doc['metadata']['name']}")
+        client._ApiClient__deserialize(doc, type_name)  # the client's own required-field checks
+
+
+def test_kubernetes_layout_uses_triad_entry_points_and_one_shared_volume():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_docs()}
+    assert docs[("PersistentVolumeClaim", "triad-runs")]["spec"]["accessModes"] == ["ReadWriteMany"]
+    for kind, name, service in [
+        ("Deployment", "triad-inference", "inference"),
+        ("Deployment", "triad-orchestrator", "orchestrator"),
+        ("Job", "triad-trainer", "trainer"),
+    ]:
+        pod = docs[(kind, name)]["spec"]["template"]["spec"]
+        command = pod["containers"][0]["command"]
+        assert command[:2] == ["triad", service] or command[-4:-2] == ["services.cli", service]
+        claims = [
+            v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v
+        ]
+        assert claims == ["triad-runs"]
+    job = docs[("Job", "triad-trainer")]["spec"]
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"]
+    command = job["template"]["spec"]["containers"][0]["command"]
+    assert f"--nnodes={job['completions']}" in command
+    assert "--rdzv-endpoint=triad-trainer-0.triad-trainer:29500" in command
+
+
+def test_slurm_template_runs_the_trainer_entry_point():
+    text = (REPO / "deploy" / "slurm" / "trainer.sbatch").read_text()
+    assert "-m services.cli trainer" in text and "--rdzv-backend=c10d" in text
+    r = subprocess.run(["bash", "-n", str(REPO / "deploy" / "slurm" / "trainer.sbatch")])
+    assert r.returncode == 0

@@ -82,7 +82,15 @@ class TrainerConfig(Table):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    clip_eps: float = Field(0.2, gt=0)
+    loss: Literal["ppo_clip", "cispo", "gspo"] = "ppo_clip"
+    eps_low: float = Field(0.2, gt=0, description="clip below at 1 - eps_low")
+    eps_high: float = Field(0.2, gt=0, description="clip above at 1 + eps_high (DAPO: 0.28)")
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    norm_length: int = Field(1024, ge=1, description="L of seq_mean_token_sum_norm")
+    importance: Literal["none", "tis", "mis_token", "mis_seq"] = "none"
+    importance_cap: float = Field(2.0, gt=0)
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the sampler's policy")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     max_grad_norm: float = Field(1.0, gt=0)
     batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
     keep_weights: int = Field(3, ge=1, description="weight step directories kept on disk")

@@ -1,21 +1,75 @@
 """Policy-gradient losses as small pure functions on tensors.
 
-Token-level clipped policy gradient (PPO-clip as used by GRPO), against the
-sampler's logprobs as the behaviour policy:
+Notation, per token t of sequence i: `logp` is the trainer's log-probability
+(with gradient), `logq` the sampler's (the behaviour policy), `A_i` the
+sequence's advantage, `m` the loss mask. One optimizer step is taken per batch,
+so the trainer's weights before the update -- AReaL's *proximal* policy -- are
+the current weights: `logp_prox = stop_grad(logp)`, no extra forward pass.
 
-    r_t    = exp(logp_t - logp_sampler_t)
-    loss_t = -min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A)
-    loss   = sum_t(mask_t * loss_t) / normalizer
+Per-token objectives (`kind`):
+- ppo_clip (GRPO; DAPO's clip-higher with eps_high > eps_low):
+      r = exp(logp - logq);  l_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+- cispo (MiniMax-M1): a clipped, stop-gradient importance weight on the log-prob:
+      l_t = -stop_grad(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp
+- gspo (sequence-level ratio): s_i = exp(mean_t(logp - logq)) over the sequence,
+      l_i = -min(s_i A, clip(s_i, 1 - eps_low, 1 + eps_high) A), one term per sequence.
 
-`normalizer` is the number of loss tokens in the whole batch (all ranks), so
-each rank's share adds up to the batch's token mean.
+Importance correction against the sampler (`importance`, for ppo_clip): the
+decoupled form r = exp(logp - logp_prox) with a behaviour weight
+w = exp(logp_prox - logq) that is
+- none:     not used (r is taken against the sampler directly, as above);
+- tis:      truncated, min(w, cap);
+- mis_token: tokens with w > cap are masked out;
+- mis_seq:  sequences whose w_i = exp(sum_t(logp_prox - logq)) > cap are masked out.
+
+Aggregation (`aggregation`), over the whole batch (all ranks):
+- token_mean:               sum_{i,t} m l / sum_{i,t} m
+- seq_mean_token_mean:      mean_i( sum_t m l / sum_t m )
+- seq_mean_token_sum_norm:  mean_i( sum_t m l / L )   (Dr. GRPO; L a constant length)
+
+Optional KL penalty to the sampler, beta * k(logp, logq) per token, with
+k1 = logp - logq, k2 = (logp - logq)^2 / 2, k3 = exp(logq - logp) - 1 - (logq - logp).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+Kind = Literal["ppo_clip", "cispo", "gspo"]
+Importance = Literal["none", "tis", "mis_token", "mis_seq"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    kind: Kind = "ppo_clip"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: Aggregation = "token_mean"
+    norm_length: int = 1024
+    importance: Importance = "none"
+    importance_cap: float = 2.0
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """Batch-wide counts (all ranks), so that each rank's share adds up to the whole."""
+
+    sequences: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class LossParts:
+    loss: torch.Tensor
+    clipped_tokens: torch.Tensor
+    mismatch_kl_sum: torch.Tensor
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -31,35 +85,81 @@ def entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
 
 
-@dataclass(frozen=True)
-class LossParts:
-    loss: torch.Tensor
-    clipped_tokens: torch.Tensor
-    mismatch_kl_sum: torch.Tensor
+def kl_penalty(logp: torch.Tensor, logq: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    diff = logp - logq
+    if estimator == "k1":
+        return diff
+    if estimator == "k2":
+        return 0.5 * diff.square()
+    return torch.exp(-diff) - 1 + diff
 
 
-def clipped_pg_loss(
-    logprobs: torch.Tensor,
-    sampler_logprobs: torch.Tensor,
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, spec: LossSpec, totals: BatchTotals
+) -> torch.Tensor:
+    """This rank's share of the batch aggregate of masked per-token losses."""
+    masked = per_token * mask
+    if spec.aggregation == "token_mean":
+        return masked.sum() / max(totals.tokens, 1)
+    per_seq = masked.sum(-1)
+    if spec.aggregation == "seq_mean_token_mean":
+        per_seq = per_seq / mask.sum(-1).clamp(min=1)
+    else:
+        per_seq = per_seq / spec.norm_length
+    return per_seq.sum() / max(totals.sequences, 1)
+
+
+def _clip(ratio: torch.Tensor, spec: LossSpec) -> torch.Tensor:
+    return torch.clamp(ratio, 1 - spec.eps_low, 1 + spec.eps_high)
+
+
+def _behaviour_weight(
+    logp: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor, spec: LossSpec
+) -> torch.Tensor:
+    """w = pi_prox / pi_sampler per token, truncated or masked as `spec.importance` says."""
+    log_w = (logp.detach() - logq) * mask
+    w = torch.exp(log_w)
+    if spec.importance == "tis":
+        return torch.clamp(w, max=spec.importance_cap)
+    if spec.importance == "mis_token":
+        return w * (w <= spec.importance_cap)
+    seq_ok = torch.exp(log_w.sum(-1, keepdim=True)) <= spec.importance_cap
+    return w * seq_ok
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    logq: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_eps: float,
-    normalizer: float,
+    spec: LossSpec,
+    totals: BatchTotals,
 ) -> LossParts:
-    """`advantages` is per sequence [B] or per token [B, T]; `mask` is bool [B, T]."""
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    mask = mask.to(logprobs.dtype)
-    log_ratio = logprobs - sampler_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
+    """`advantages` per sequence [B] or per token [B, T]; `mask` bool [B, T]."""
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    m = mask.to(logp.dtype)
+    log_ratio = logp - logq
+    if spec.kind == "gspo":
+        seq_log_ratio = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+        ratio = torch.exp(seq_log_ratio).expand_as(logp)
+    elif spec.importance != "none":
+        ratio = torch.exp(logp - logp.detach())
+    else:
+        ratio = torch.exp(log_ratio)
+    unclipped, clipped = ratio * adv, _clip(ratio, spec) * adv
+    if spec.kind == "cispo":
+        pg = -_clip(ratio, spec).detach() * adv * logp
+    else:
+        pg = -torch.minimum(unclipped, clipped)
+    if spec.kind == "ppo_clip" and spec.importance != "none":
+        pg = pg * _behaviour_weight(logp, logq, m, spec)
+    if spec.kind == "gspo":  # one term per sequence (the ratio is the same on all its tokens)
+        loss = (pg[:, 0] * (m.sum(-1) > 0)).sum() / max(totals.sequences, 1)
+    else:
+        loss = aggregate(pg, m, spec, totals)
+    if spec.kl_coef:
+        loss = loss + spec.kl_coef * aggregate(kl_penalty(logp, logq, spec.kl_estimator), m, spec, totals)
     with torch.no_grad():
-        was_clipped = (clipped < unclipped).to(mask.dtype) * mask
-        kl_k3 = (ratio - 1 - log_ratio) * mask  # k3 estimate of KL(sampler || trainer)
-    return LossParts(
-        loss=(per_token * mask).sum() / normalizer,
-        clipped_tokens=was_clipped.sum(),
-        mismatch_kl_sum=kl_k3.sum(),
-    )
+        was_clipped = ((clipped < unclipped).to(m.dtype) * m).sum()
+        mismatch = ((torch.exp(log_ratio) - 1 - log_ratio) * m).sum()  # k3 of KL(sampler || trainer)
+    return LossParts(loss=loss, clipped_tokens=was_clipped, mismatch_kl_sum=mismatch)

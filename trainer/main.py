@@ -26,7 +26,7 @@ from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_c
 from shared.rundir import RunDir, ensure_run, read_marker, read_run
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, wait_for_batch
-from trainer.loss import clipped_pg_loss, entropy, token_logprobs
+from trainer.loss import BatchTotals, LossSpec, entropy, policy_loss, token_logprobs
 from trainer.parallel import apply_fsdp, init_distributed
 from trainer.publish import export_state_dict, publish_weights
 
@@ -59,19 +59,22 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay
         )
+        self.loss_spec = LossSpec(
+            **self.tc.model_dump(include=set(LossSpec.__dataclass_fields__) - {"kind"}), kind=self.tc.loss
+        )
         self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE)) if self.rank == 0 else None
 
     def train_step(self, rows: list[dict], temperature: float) -> dict[str, float]:
         share = balance([len(r["input_ids"]) for r in rows], self.world)[self.rank]
         batch = collate([rows[i] for i in share], self.pad_id).to(self.device)
-        normalizer = max(loss_token_count(rows), 1)
+        totals = BatchTotals(sequences=len(rows), tokens=loss_token_count(rows))
+        normalizer = max(totals.tokens, 1)
         self.model.train()
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logprobs = token_logprobs(logits, batch.input_ids, temperature)
-        parts = clipped_pg_loss(
-            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask,
-            self.tc.clip_eps, normalizer,
-        )  # fmt: skip
+        parts = policy_loss(
+            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss_spec, totals
+        )
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
         (parts.loss * self.world).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)

@@ -60,8 +60,12 @@ def hosts():
 @pytest.fixture(scope="module")
 def orchestrator_venv(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("orchestrator-venv")
+    source = tmp_path_factory.mktemp("source")  # build from a copy: no build/ left in the repo
+    for item in ("pyproject.toml", "README.md", "shared", "inference", "orchestrator", "trainer", "services"):
+        copy = shutil.copytree if (REPO / item).is_dir() else shutil.copy
+        copy(REPO / item, source / item)
     sh(sys.executable, "-m", "venv", str(venv))
-    sh(str(venv / "bin" / "pip"), "install", "-q", f"{REPO}[orchestrator]")
+    sh(str(venv / "bin" / "pip"), "install", "-q", f"{source}[orchestrator]")
     for heavy in ("torch", "vllm"):
         probe = subprocess.run([str(venv / "bin" / "python"), "-c", f"import {heavy}"], capture_output=True)
         assert probe.returncode != 0, f"{heavy} is importable in the orchestrator-only environment"

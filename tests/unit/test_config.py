@@ -15,13 +15,13 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_precedence_cli_over_env_over_toml_over_default(tmp_path, monkeypatch):
-    cfg_file = write(tmp_path, "max_steps = 3\n[trainer]\nlr = 0.1\nclip_eps = 0.3\n")
+    cfg_file = write(tmp_path, "max_steps = 3\n[trainer]\nlr = 0.1\neps_low = 0.3\n")
     monkeypatch.setenv("TRIAD_TRAINER__LR", "0.2")
     monkeypatch.setenv("TRIAD_SEED", "7")
-    cfg = load_config(cfg_file, ["trainer.clip_eps=0.4", "seed=9"])
+    cfg = load_config(cfg_file, ["trainer.eps_low=0.4", "seed=9"])
     assert cfg.max_steps == 3  # toml over default
     assert cfg.trainer.lr == 0.2  # env over toml
-    assert cfg.trainer.clip_eps == 0.4  # cli over toml
+    assert cfg.trainer.eps_low == 0.4  # cli over toml
     assert cfg.seed == 9  # cli over env
     assert cfg.trainer.max_grad_norm == 1.0  # default
 

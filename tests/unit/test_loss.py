@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from trainer.loss import clipped_pg_loss, entropy, token_logprobs
+from trainer.loss import BatchTotals, LossSpec, entropy, policy_loss, token_logprobs
 
 
 def test_token_logprobs_match_a_hand_softmax():
@@ -26,57 +26,168 @@ def test_entropy_of_uniform_is_log_vocab():
 
 
 def test_clipped_loss_hand_computed():
-    # two tokens of one sequence with advantage +1 and two of one with -1, eps 0.2
+    # two tokens of one sequence with advantage +1 and one of one with -1, eps 0.2
     lp = torch.tensor([[math.log(1.5), math.log(0.9)], [math.log(0.5), math.log(1.1)]])
-    old = torch.zeros(2, 2)
-    adv = torch.tensor([1.0, -1.0])
     mask = torch.tensor([[True, True], [True, False]])
-    parts = clipped_pg_loss(lp, old, adv, mask, clip_eps=0.2, normalizer=3)
+    parts = policy_loss(lp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), mask, LossSpec(), BatchTotals(2, 3))
     # A=+1: ratio 1.5 -> min(1.5, 1.2) = 1.2; ratio 0.9 -> 0.9.  A=-1: ratio 0.5 -> min(-0.5, -0.8) = -0.8
-    expected = (-1.2 - 0.9 + 0.8) / 3
-    assert parts.loss.item() == pytest.approx(expected, abs=1e-6)
-    assert parts.clipped_tokens.item() == 2  # 1.5 clipped at 1.2 and 0.5 clipped at 0.8
+    assert parts.loss.item() == pytest.approx((-1.2 - 0.9 + 0.8) / 3, abs=1e-6)
+    assert parts.clipped_tokens.item() == 2
 
 
-def reference_loss(lp, old, adv, mask, eps, normalizer):
-    """Float64, loop-by-loop PPO-clip as in the paper."""
-    total = 0.0
-    for b in range(len(lp)):
-        for t in range(len(lp[b])):
-            if mask[b][t]:
-                r = math.exp(lp[b][t] - old[b][t])
-                total += -min(r * adv[b], max(min(r, 1 + eps), 1 - eps) * adv[b])
-    return total / normalizer
+def test_clip_higher_is_asymmetric():
+    lp = torch.tensor([[math.log(1.25)]])
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    one = BatchTotals(1, 1)
+    assert policy_loss(
+        lp, torch.zeros(1, 1), torch.ones(1), mask, LossSpec(), one
+    ).loss.item() == pytest.approx(-1.2)
+    dapo = LossSpec(eps_low=0.2, eps_high=0.28)
+    assert policy_loss(lp, torch.zeros(1, 1), torch.ones(1), mask, dapo, one).loss.item() == pytest.approx(
+        -1.25
+    )
 
 
-def test_clipped_loss_and_gradient_against_float64_reference():
-    gen = torch.Generator().manual_seed(0)
-    lp = (torch.randn(4, 6, generator=gen, dtype=torch.float64) * 0.5).requires_grad_()
-    old = torch.randn(4, 6, generator=gen, dtype=torch.float64) * 0.5
-    adv = torch.randn(4, generator=gen, dtype=torch.float64)
-    mask = torch.rand(4, 6, generator=gen) > 0.3
-    parts = clipped_pg_loss(lp, old, adv, mask, clip_eps=0.2, normalizer=int(mask.sum()))
-    want = reference_loss(lp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, int(mask.sum()))
-    assert parts.loss.item() == pytest.approx(want, abs=1e-10)
-    parts.loss.backward()
-    # gradient: -A * r / N where unclipped term is the minimum, else 0; masked tokens get 0
-    r = torch.exp(lp.detach() - old)
-    a = adv.unsqueeze(-1)
-    active = (r * a) <= (torch.clamp(r, 0.8, 1.2) * a)
-    expected = torch.where(mask & active, -a * r / mask.sum(), torch.zeros_like(r))
-    assert torch.allclose(lp.grad, expected, atol=1e-10)
+# -- an independent float64 reference, one scalar at a time ---------------------------------------
 
 
-def test_edge_cases_all_masked_and_zero_advantage():
+def clip(x, spec):
+    return torch.clamp(x, 1 - spec.eps_low, 1 + spec.eps_high)
+
+
+def kl(lp, lq, estimator):
+    d = lp - lq
+    return {"k1": d, "k2": 0.5 * d * d, "k3": torch.exp(-d) - 1 + d}[estimator]
+
+
+def reference_loss(lp, lq, adv, mask, spec: LossSpec):
+    B, T = lp.shape
+    n_seq, n_tok = B, int(mask.sum())
+    pg_terms, kl_terms = [], []  # per sequence: list of per-token scalars
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(B):
+        toks = [t for t in range(T) if mask[i, t]]
+        a = adv[i]
+        if spec.kind == "gspo" and toks:
+            s = torch.exp(sum(lp[i, t] - lq[i, t] for t in toks) / len(toks))
+            total = total - torch.minimum(s * a, clip(s, spec) * a) / n_seq
+        seq_w = torch.exp(
+            sum((lp[i, t].detach() - lq[i, t] for t in toks), torch.zeros((), dtype=torch.float64))
+        )
+        pg, kls = [], []
+        for t in toks:
+            if spec.kind == "cispo":
+                pg.append(-clip(torch.exp(lp[i, t] - lq[i, t]), spec).detach() * a * lp[i, t])
+            elif spec.kind == "ppo_clip" and spec.importance != "none":
+                r = torch.exp(lp[i, t] - lp[i, t].detach())
+                w = torch.exp(lp[i, t].detach() - lq[i, t])
+                if spec.importance == "tis":
+                    w = torch.clamp(w, max=spec.importance_cap)
+                elif spec.importance == "mis_token":
+                    w = w if w <= spec.importance_cap else w * 0
+                else:
+                    w = w if seq_w <= spec.importance_cap else w * 0
+                pg.append(-torch.minimum(r * a, clip(r, spec) * a) * w)
+            elif spec.kind == "ppo_clip":
+                r = torch.exp(lp[i, t] - lq[i, t])
+                pg.append(-torch.minimum(r * a, clip(r, spec) * a))
+            kls.append(kl(lp[i, t], lq[i, t], spec.kl_estimator))
+        pg_terms.append(pg)
+        kl_terms.append(kls)
+
+    def agg(per_seq):
+        if spec.aggregation == "token_mean":
+            return sum((x for seq in per_seq for x in seq), torch.zeros((), dtype=torch.float64)) / n_tok
+        out = torch.zeros((), dtype=torch.float64)
+        for seq in per_seq:
+            if seq:
+                denom = len(seq) if spec.aggregation == "seq_mean_token_mean" else spec.norm_length
+                out = out + sum(seq) / denom
+        return out / n_seq
+
+    if spec.kind != "gspo":
+        total = total + agg(pg_terms)
+    if spec.kl_coef:
+        total = total + spec.kl_coef * agg(kl_terms)
+    return total
+
+
+SPECS = [
+    LossSpec(),
+    LossSpec(eps_high=0.28, aggregation="seq_mean_token_mean"),
+    LossSpec(aggregation="seq_mean_token_sum_norm", norm_length=7),
+    LossSpec(kind="cispo", eps_low=1.0, eps_high=0.3),
+    LossSpec(kind="gspo", eps_low=3e-3, eps_high=4e-3),
+    LossSpec(importance="tis", importance_cap=1.5),
+    LossSpec(importance="mis_token", importance_cap=1.2),
+    LossSpec(importance="mis_seq", importance_cap=1.3),
+    LossSpec(kl_coef=0.1, kl_estimator="k1"),
+    LossSpec(kl_coef=0.1, kl_estimator="k2", aggregation="seq_mean_token_mean"),
+    LossSpec(kind="gspo", kl_coef=0.05, kl_estimator="k3"),
+]
+
+
+def random_batch(seed: int, scale: float = 0.4):
+    gen = torch.Generator().manual_seed(seed)
+    lp = (torch.randn(5, 7, generator=gen, dtype=torch.float64) * scale - 1).requires_grad_()
+    lq = lp.detach() + torch.randn(5, 7, generator=gen, dtype=torch.float64) * scale
+    adv = torch.randn(5, generator=gen, dtype=torch.float64)
+    mask = torch.rand(5, 7, generator=gen) > 0.3
+    mask[3] = False  # an all-masked row
+    return lp, lq, adv, mask
+
+
+@pytest.mark.parametrize(
+    "spec", SPECS, ids=lambda s: f"{s.kind}-{s.aggregation}-{s.importance}-kl{s.kl_coef}"
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loss_and_gradient_against_float64_reference(spec, seed):
+    lp, lq, adv, mask = random_batch(seed)
+    got = policy_loss(lp, lq, adv, mask, spec, BatchTotals(lp.shape[0], int(mask.sum()))).loss
+    (grad,) = torch.autograd.grad(got, lp)
+    want = reference_loss(lp, lq, adv, mask, spec)
+    (want_grad,) = torch.autograd.grad(want, lp)
+    assert got.item() == pytest.approx(want.item(), abs=1e-10)
+    assert torch.allclose(grad, want_grad, atol=1e-10)
+    assert torch.all(grad[~mask] == 0)  # masked tokens get no gradient
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.aggregation}-{s.importance}")
+def test_extreme_ratios_stay_finite(spec):
+    lp, lq, adv, mask = random_batch(2)
+    lq = lp.detach() + torch.where(torch.rand(lp.shape) > 0.5, 20.0, -20.0).double()  # ratios e^+-20
+    parts = policy_loss(lp, lq, adv, mask, spec, BatchTotals(5, int(mask.sum())))
+    (grad,) = torch.autograd.grad(parts.loss, lp)
+    assert torch.isfinite(parts.loss) and torch.isfinite(grad).all()
+
+
+def test_zero_advantages_and_all_masked_give_zero():
     lp = torch.randn(2, 3, requires_grad=True)
-    none = clipped_pg_loss(lp, torch.zeros(2, 3), torch.ones(2), torch.zeros(2, 3, dtype=torch.bool), 0.2, 1)
-    assert none.loss.item() == 0.0
-    zero = clipped_pg_loss(lp, torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), 0.2, 6)
-    zero.loss.backward()
-    assert zero.loss.item() == 0.0 and torch.all(lp.grad == 0)
+    for spec in (LossSpec(), LossSpec(kind="gspo"), LossSpec(kind="cispo"), LossSpec(importance="tis")):
+        zero = policy_loss(
+            lp, torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), spec, BatchTotals(2, 6)
+        )
+        none = policy_loss(
+            lp, torch.zeros(2, 3), torch.ones(2), torch.zeros(2, 3, dtype=torch.bool), spec, BatchTotals(2, 0)
+        )
+        assert zero.loss.item() == 0.0 and none.loss.item() == 0.0
+
+
+def test_shares_add_up_across_ranks():
+    """Each rank's share, summed, equals the loss of the whole batch on one rank."""
+    lp, lq, adv, mask = random_batch(3)
+    for spec in SPECS:
+        totals = BatchTotals(5, int(mask.sum()))
+        whole = policy_loss(lp, lq, adv, mask, spec, totals).loss
+        shares = sum(
+            policy_loss(lp[s], lq[s], adv[s], mask[s], spec, totals).loss for s in (slice(0, 2), slice(2, 5))
+        )
+        assert shares.item() == pytest.approx(whole.item(), abs=1e-12)
 
 
 def test_mismatch_kl_is_zero_when_policies_agree():
     lp = torch.randn(2, 3)
-    parts = clipped_pg_loss(lp, lp.clone(), torch.ones(2), torch.ones(2, 3, dtype=torch.bool), 0.2, 6)
+    parts = policy_loss(
+        lp, lp.clone(), torch.ones(2), torch.ones(2, 3, dtype=torch.bool), LossSpec(), BatchTotals(2, 6)
+    )
     assert parts.mismatch_kl_sum.item() == pytest.approx(0.0, abs=1e-7)

@@ -82,6 +82,10 @@ class TrainerConfig(Table):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * min_lr_ratio")
+    micro_batch_tokens: int = Field(8192, ge=1, description="padded tokens per micro-batch")
     loss: Literal["ppo_clip", "cispo", "gspo"] = "ppo_clip"
     eps_low: float = Field(0.2, gt=0, description="clip below at 1 - eps_low")
     eps_high: float = Field(0.2, gt=0, description="clip above at 1 + eps_high (DAPO: 0.28)")

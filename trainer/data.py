@@ -37,6 +37,27 @@ def balance(lengths: list[int], world_size: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
+def micro_batches(lengths: list[int], shares: list[list[int]], token_budget: int) -> list[list[list[int]]]:
+    """Split each rank's share into micro-batches of at most `token_budget` padded tokens.
+
+    Longest first, so padding stays small. Every rank gets the same number of
+    micro-batches (FSDP's collectives run once per forward and backward), the
+    short ones padded with empty micro-batches. Returns [rank][micro-batch] -> indices.
+    """
+    per_rank = []
+    for share in shares:
+        batches: list[list[int]] = []
+        for i in sorted(share, key=lambda i: (-lengths[i], i)):
+            current = batches[-1] if batches else None
+            if current and lengths[current[0]] * (len(current) + 1) <= token_budget:
+                current.append(i)
+            else:
+                batches.append([i])
+        per_rank.append(batches)
+    count = max(1, *(len(b) for b in per_rank))
+    return [b + [[] for _ in range(count - len(b))] for b in per_rank]
+
+
 @dataclass
 class MicroBatch:
     input_ids: torch.Tensor  # [B, T] int64, right-padded

@@ -25,10 +25,11 @@ from shared.metrics import MetricsWriter
 from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
 from shared.rundir import RunDir, ensure_run, read_marker, read_run
 from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.data import balance, collate, loss_token_count, wait_for_batch
+from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
 from trainer.loss import BatchTotals, LossSpec, entropy, policy_loss, token_logprobs
 from trainer.parallel import apply_fsdp, init_distributed
 from trainer.publish import export_state_dict, publish_weights
+from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
 SERVICE = "trainer"
@@ -64,12 +65,9 @@ class Trainer:
         )
         self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE)) if self.rank == 0 else None
 
-    def train_step(self, rows: list[dict], temperature: float) -> dict[str, float]:
-        share = balance([len(r["input_ids"]) for r in rows], self.world)[self.rank]
-        batch = collate([rows[i] for i in share], self.pad_id).to(self.device)
-        totals = BatchTotals(sequences=len(rows), tokens=loss_token_count(rows))
-        normalizer = max(totals.tokens, 1)
-        self.model.train()
+    def forward_backward(self, rows: list[dict], temperature: float, totals: BatchTotals) -> torch.Tensor:
+        """One micro-batch: its share of the batch loss, backpropagated; returns its statistics."""
+        batch = collate(rows, self.pad_id).to(self.device)
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logprobs = token_logprobs(logits, batch.input_ids, temperature)
         parts = policy_loss(
@@ -77,23 +75,36 @@ class Trainer:
         )
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
         (parts.loss * self.world).backward()
+        with torch.no_grad():
+            ent = (entropy(logits.detach(), temperature) * batch.loss_mask).sum()
+            return torch.stack([parts.loss.detach(), parts.clipped_tokens, parts.mismatch_kl_sum, ent])
+
+    def train_step(self, step: int, rows: list[dict], temperature: float) -> dict[str, float]:
+        lengths = [len(r["input_ids"]) for r in rows]
+        plan = micro_batches(lengths, balance(lengths, self.world), self.tc.micro_batch_tokens)[self.rank]
+        totals = BatchTotals(sequences=len(rows), tokens=loss_token_count(rows))
+        lr = lr_at(step, self.tc.lr, self.tc.warmup_steps, self.cfg.max_steps, self.tc.lr_schedule,
+                   self.tc.min_lr_ratio)  # fmt: skip
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        sums = sum(self.forward_backward([rows[i] for i in mb], temperature, totals) for mb in plan)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            ent = (entropy(logits.detach(), temperature) * batch.loss_mask).sum()
-            sums = torch.stack([parts.loss.detach(), parts.clipped_tokens, parts.mismatch_kl_sum, ent]).to(
-                torch.float64
-            )
-            dist.all_reduce(sums)
+        sums = sums.to(torch.float64)
+        dist.all_reduce(sums)
         loss, clipped, kl, ent_sum = sums.tolist()
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
+        normalizer = max(totals.tokens, 1)
         return dict(
             loss=loss,
             grad_norm=float(grad_norm),
-            tokens=sum(len(r["input_ids"]) for r in rows),
-            loss_tokens=normalizer,
+            lr=lr,
+            tokens=sum(lengths),
+            loss_tokens=totals.tokens,
+            micro_batches=len(plan),
             clip_frac=clipped / normalizer,
             mismatch_kl=kl / normalizer,
             entropy=ent_sum / normalizer,
@@ -143,7 +154,7 @@ class Trainer:
             t0 = time.monotonic()
             marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s)
             t1 = time.monotonic()
-            stats = self.train_step(rows, float(getattr(marker, "temperature", 1.0)))
+            stats = self.train_step(step, rows, float(getattr(marker, "temperature", 1.0)))
             t2 = time.monotonic()
             self.publish(step, run_id)
             t3 = time.monotonic()
@@ -152,9 +163,7 @@ class Trainer:
                     self.rundir, run_id, step, self.model, self.optimizer, self.tc.keep_checkpoints
                 )
             if self.metrics is not None:
-                self.metrics.log(
-                    step, **stats, lr=self.tc.lr, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2
-                )
+                self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2)
                 log.info(
                     "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
                     step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,

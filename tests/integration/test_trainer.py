@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from shared.batch import write_batch
+from shared.metrics import read_metrics
 from shared.rundir import RunDir, ensure_run, write_marker
-from tests.helpers import REPO
+from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.integration
 STEPS = 4
@@ -57,21 +58,24 @@ def make_batches(run_dir: Path, model_dir: str, steps: range, seed: int = 0) -> 
         )  # fmt: skip
 
 
-def trainer_cmd(run_dir: Path, model: str, nproc: int, *sets: str) -> list[str]:
+def trainer_cmd(
+    run_dir: Path, model: str, nproc: int, *sets: str, launch: tuple[str, ...] = ("--standalone",)
+) -> list[str]:
     # A realistic RL learning rate. Adam normalises each gradient element, so float rounding
     # (which differs with the rank count) in near-zero elements becomes an update of up to lr:
     # measured 3.4e-5 apart at lr 1e-4 after 4 steps, so rank equivalence is checked at 1e-5.
     base = [f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.lr=1e-5"]
     base += ["trainer.checkpoint_every=2", "trainer.keep_weights=10", "trainer.batch_timeout_s=120"]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", "torch.distributed.run", *(launch or ("--standalone",)),
+        f"--nproc-per-node={nproc}",
         "-m", "services.cli", "trainer", *[f"--set={s}" for s in [*base, *sets]],
     ]  # fmt: skip
 
 
-def train(run_dir: Path, model: str, nproc: int) -> None:
+def train(run_dir: Path, model: str, nproc: int, *sets: str) -> None:
     r = subprocess.run(
-        trainer_cmd(run_dir, model, nproc), cwd=REPO, capture_output=True, text=True, timeout=300
+        trainer_cmd(run_dir, model, nproc, *sets), cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -119,3 +123,32 @@ def test_killed_and_resumed_equals_straight(straight: Path, tiny_model: str, tmp
     make_batches(run_dir, tiny_model, range(3, STEPS + 1))
     train(run_dir, tiny_model, nproc=2)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6
+
+
+def test_micro_batches_equal_one_batch(straight: Path, tiny_model: str, tmp_path: Path):
+    run_dir = tmp_path / "micro"
+    make_batches(run_dir, tiny_model, range(1, STEPS + 1))
+    train(run_dir, tiny_model, 2, "trainer.micro_batch_tokens=16")  # several micro-batches per rank
+    trainer_rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
+    assert all(r["micro_batches"] > 1 for r in trainer_rows)
+    assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
+
+
+def test_two_nodes_on_one_machine_equal_one_node(straight: Path, tiny_model: str, tmp_path: Path):
+    """`torchrun --nnodes 2` with a c10d rendezvous, both "nodes" on this machine."""
+    run_dir = tmp_path / "two-nodes"
+    make_batches(run_dir, tiny_model, range(1, STEPS + 1))
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            trainer_cmd(run_dir, tiny_model, 1, launch=(
+                "--nnodes=2", f"--node-rank={rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=triad-test",
+            )),
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        for rank in (0, 1)
+    ]  # fmt: skip
+    outputs = [node.communicate(timeout=300)[0].decode() for node in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5

@@ -1,6 +1,6 @@
 import torch
 
-from trainer.data import balance, collate, loss_token_count
+from trainer.data import balance, collate, loss_token_count, micro_batches
 
 
 def test_balance_is_token_even_and_complete():
@@ -38,3 +38,21 @@ def test_collate_empty_share_is_one_masked_token():
     mb = collate([], pad_id=7)
     assert mb.input_ids.tolist() == [[7]] and not mb.loss_mask.any()
     assert mb.advantages.dtype == torch.float32
+
+
+def test_micro_batches_respect_the_token_budget_and_align_ranks():
+    lengths = [10, 9, 8, 3, 2, 1, 7]
+    shares = [[0, 2, 4, 6], [1, 3, 5]]
+    plan = micro_batches(lengths, shares, token_budget=16)
+    assert len(plan[0]) == len(plan[1])  # same number of forward/backward passes on every rank
+    for rank, share in enumerate(shares):
+        assert sorted(i for mb in plan[rank] for i in mb) == sorted(share)
+        for mb in plan[rank]:
+            if mb:
+                assert max(lengths[i] for i in mb) * len(mb) <= 16 or len(mb) == 1
+    assert plan[0] == [[0], [2, 6], [4]] and plan[1] == [[1], [3, 5], []]
+
+
+def test_one_micro_batch_when_the_budget_allows():
+    assert micro_batches([3, 4], [[0, 1]], token_budget=100) == [[[1, 0]]]
+    assert micro_batches([], [[], []], token_budget=10) == [[[]], [[]]]

@@ -86,6 +86,9 @@ class TrainerConfig(Table):
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * min_lr_ratio")
     micro_batch_tokens: int = Field(8192, ge=1, description="padded tokens per micro-batch")
+    mixed_precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA")
+    activation_checkpointing: bool = False
+    compile: bool = Field(False, description="torch.compile each decoder block")
     loss: Literal["ppo_clip", "cispo", "gspo"] = "ppo_clip"
     eps_low: float = Field(0.2, gt=0, description="clip below at 1 - eps_low")
     eps_high: float = Field(0.2, gt=0, description="clip above at 1 + eps_high (DAPO: 0.28)")

@@ -27,7 +27,7 @@ from shared.rundir import RunDir, ensure_run, read_marker, read_run
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
 from trainer.loss import BatchTotals, LossSpec, entropy, policy_loss, token_logprobs
-from trainer.parallel import apply_fsdp, init_distributed
+from trainer.parallel import apply_fsdp, decoder_blocks, init_distributed
 from trainer.publish import export_state_dict, publish_weights
 from trainer.schedule import lr_at
 
@@ -55,8 +55,12 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         torch.manual_seed(cfg.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        compute = torch.bfloat16 if device.type == "cuda" else torch.float32
-        apply_fsdp(self.model, mesh, param_dtype=compute, reduce_dtype=torch.float32)
+        if self.tc.activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.tc.compile:
+            for block in decoder_blocks(self.model):
+                block.compile()
+        apply_fsdp(self.model, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay
         )
@@ -64,6 +68,12 @@ class Trainer:
             **self.tc.model_dump(include=set(LossSpec.__dataclass_fields__) - {"kind"}), kind=self.tc.loss
         )
         self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE)) if self.rank == 0 else None
+
+    def compute_dtype(self) -> torch.dtype:
+        precision = self.tc.mixed_precision
+        if precision == "auto":
+            precision = "bf16" if self.device.type == "cuda" else "fp32"
+        return torch.bfloat16 if precision == "bf16" else torch.float32
 
     def forward_backward(self, rows: list[dict], temperature: float, totals: BatchTotals) -> torch.Tensor:
         """One micro-batch: its share of the batch loss, backpropagated; returns its statistics."""

@@ -152,3 +152,10 @@ def test_two_nodes_on_one_machine_equal_one_node(straight: Path, tiny_model: str
     outputs = [node.communicate(timeout=300)[0].decode() for node in nodes]
     assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
+
+
+def test_activation_checkpointing_changes_nothing(straight: Path, tiny_model: str, tmp_path: Path):
+    run_dir = tmp_path / "checkpointed-activations"
+    make_batches(run_dir, tiny_model, range(1, STEPS + 1))
+    train(run_dir, tiny_model, 2, "trainer.activation_checkpointing=true")
+    assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 from pathlib import Path
 
@@ -50,6 +51,16 @@ def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
     return path
 
 
+def check_marker_version(path: Path, version: int) -> None:
+    """The version asked for must be the one the directory's marker vouches for."""
+    try:
+        marker = json.loads((path / DONE).read_text())
+    except (OSError, ValueError):
+        raise AdminError(400, f"{path.name}/{DONE} is not a valid marker") from None
+    if marker.get("version", marker.get("step")) != version:
+        raise AdminError(400, f"{path.name} holds version {marker.get('version')}, not {version}")
+
+
 class WeightManager:
     """Knows which weights are served and swaps them in place, one load at a time."""
 
@@ -62,16 +73,22 @@ class WeightManager:
         self._lock = asyncio.Lock()
 
     async def load(self, request: LoadWeightsRequest) -> WeightsInfo:
-        path = resolve_weights_dir(self.run_dir, request.path, self.base_path)
-        if path is None and request.version != 0:
-            raise AdminError(400, "the base model is version 0")
-        source = str(path) if path else None
-        served = path.relative_to(self.run_dir.resolve()).as_posix() if path else self.base_path
         async with self._lock:
+            path = resolve_weights_dir(self.run_dir, request.path, self.base_path)
+            if path is None and request.version != 0:
+                raise AdminError(400, "the base model is version 0")
+            if path is not None:
+                check_marker_version(path, request.version)
+            source = str(path) if path else None
+            served = path.relative_to(self.run_dir.resolve()).as_posix() if path else self.base_path
             await self.engine.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self.engine.collective_rpc("triad_load_weights", args=(source,))
                 await self.engine.reset_prefix_cache(reset_running_requests=True)
+            except Exception:
+                # half-loaded weights are no version at all: make every client re-align
+                self.info = WeightsInfo(version=-1, path="", base_path=self.base_path)
+                raise
             finally:
                 await self.engine.resume_generation()
             self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)

@@ -25,10 +25,11 @@ WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
 SERVICE = "inference"
 
 
-def check_admin_exposure(cfg: TriadConfig) -> None:
-    if cfg.inference.host not in LOOPBACK_HOSTS and cfg.inference.token() is None:
+def check_admin_exposure(host: str, token: str | None) -> None:
+    """`host` is the address vLLM will really bind (after `vllm_args`)."""
+    if host not in LOOPBACK_HOSTS and token is None:
         raise TriadError(
-            f"inference.host is {cfg.inference.host!r} (not loopback) but no inference.admin_token "
+            f"inference listens on {host!r} (not loopback) but no inference.admin_token "
             "is set: refusing to expose the admin routes without a token"
         )
 
@@ -105,10 +106,10 @@ async def serve(cfg: TriadConfig, args: Namespace) -> None:
 def run_inference(cfg: TriadConfig, model_path: str) -> None:
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
 
-    check_admin_exposure(cfg)
-    cli_env_setup()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
+    check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())
+    cli_env_setup()
 
     import uvloop
 

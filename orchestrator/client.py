@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import httpx
 import openai
+from pydantic import ValidationError
 
 from shared.admin_api import ADMIN_PREFIX, WEIGHTS_ROUTE, LoadWeightsRequest, WeightsInfo
 from shared.errors import TriadError
@@ -66,7 +67,10 @@ class InferenceClient:
     async def wait_ready(self, timeout: float, model_name: str | None) -> None:
         await async_wait_for(self._healthy, f"inference server {self.base_url}/health", timeout, poll=1.0)
         if model_name is None:
-            models = await self.openai.models.list()
+            try:
+                models = await self.openai.models.list()
+            except openai.APIError as e:
+                raise TriadError(f"GET {self.base_url}/v1/models failed: {e}") from None
             if not models.data:
                 raise TriadError(f"inference server {self.base_url} serves no model")
             model_name = models.data[0].id
@@ -92,22 +96,29 @@ class InferenceClient:
 
     async def admin_weights(self) -> WeightsInfo | None:
         """What the server serves, or None if it has no triad admin routes."""
-        r = await self.http.get(ADMIN_PREFIX + WEIGHTS_ROUTE)
+        r = await self._admin("GET")
         if r.status_code == 404:
             return None
-        self._raise_for(r, "GET")
-        return WeightsInfo.model_validate_json(r.content)
+        return self._parse(r, "GET")
 
     async def load_weights(self, version: int, path: str, timeout: float) -> WeightsInfo:
         body = LoadWeightsRequest(version=version, path=path).model_dump()
-        r = await self.http.post(ADMIN_PREFIX + WEIGHTS_ROUTE, json=body, timeout=timeout)
-        self._raise_for(r, "POST")
-        return WeightsInfo.model_validate_json(r.content)
+        return self._parse(await self._admin("POST", json=body, timeout=timeout), "POST")
 
-    def _raise_for(self, r: httpx.Response, method: str) -> None:
+    async def _admin(self, method: str, **kwargs) -> httpx.Response:
+        try:
+            return await self.http.request(method, ADMIN_PREFIX + WEIGHTS_ROUTE, **kwargs)
+        except httpx.HTTPError as e:
+            raise TriadError(f"{method} {self.base_url}{ADMIN_PREFIX}{WEIGHTS_ROUTE} failed: {e!r}") from None
+
+    def _parse(self, r: httpx.Response, method: str) -> WeightsInfo:
+        url = f"{self.base_url}{ADMIN_PREFIX}{WEIGHTS_ROUTE}"
         if r.status_code != 200:
-            url = f"{self.base_url}{ADMIN_PREFIX}{WEIGHTS_ROUTE}"
             raise TriadError(f"{method} {url} answered {r.status_code}: {r.text[:300]}")
+        try:
+            return WeightsInfo.model_validate_json(r.content)
+        except ValidationError:
+            raise TriadError(f"{method} {url} answered something that is not triad's admin API") from None
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -38,7 +38,7 @@ from shared.batch import write_batch
 from shared.config import TriadConfig
 from shared.errors import TriadError, WaitTimeout
 from shared.metrics import MetricsWriter
-from shared.resume import newest_batch
+from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import (
     ROLLOUTS,
     WEIGHTS,
@@ -71,7 +71,8 @@ class Orchestrator:
         self.rundir = RunDir(cfg.run_dir)
         self.clients = clients
         self.task = task
-        self.first_step = newest_batch(self.rundir, run_id) + 1  # resume after the newest batch
+        # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
+        self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
         self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE))
         self.queue: asyncio.Queue[Group] = asyncio.Queue()
@@ -101,18 +102,23 @@ class Orchestrator:
     # -- producer -----------------------------------------------------------
     async def wait_until_may_start(self) -> None:
         """Block until a group may start; time out if fresh weights never come."""
-        waiting_since = time.monotonic()
+        stalled_since: float | None = None  # since when nothing but new weights can unblock us
         async with self.changed:
             while not self.may_start_group():
                 stalled_on_weights = self.pending == 0 and self.next_group_step() <= self.cfg.max_steps
-                if stalled_on_weights and time.monotonic() - waiting_since > self.oc.weights_timeout_s:
+                if not stalled_on_weights:
+                    stalled_since = None
+                elif stalled_since is None:
+                    stalled_since = time.monotonic()
+                elif time.monotonic() - stalled_since > self.oc.weights_timeout_s:
                     needed = oldest_allowed_version(self.next_group_step(), self.cfg.max_async_level)
                     raise WaitTimeout(
-                        f"no weights of version {needed} after {self.oc.weights_timeout_s:.0f} s: "
+                        f"no weights of version {needed} after {self.oc.weights_timeout_s:g} s: "
                         f"waiting for {self.rundir.weights_dir(needed)}/DONE from the trainer"
                     )
                 try:
-                    async with asyncio.timeout(15):  # not wait_for: it can swallow a cancel on 3.11
+                    # not wait_for: it can swallow a cancel on 3.11
+                    async with asyncio.timeout(min(15, self.oc.weights_timeout_s / 4)):
                         await self.changed.wait()
                 except TimeoutError:
                     if stalled_on_weights:
@@ -251,7 +257,9 @@ class Orchestrator:
             await asyncio.gather(*(self.load(c, version, path) for c in self.clients))
             self.served_version = version
             log.info("inference now serves version %d", version)
-            prune_steps(self.rundir.root / ROLLOUTS, self.oc.keep_rollouts, done_upto=version)
+            # a batch is done with once trained *and* checkpointed: a resumed trainer restarts after C
+            consumed = min(version, newest_checkpoint(self.rundir, self.run_id))
+            prune_steps(self.rundir.root / ROLLOUTS, self.oc.keep_rollouts, done_upto=consumed)
             await self.notify()
 
     async def wait_for_final_weights(self) -> None:

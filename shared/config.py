@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -100,6 +100,7 @@ class TrainerConfig(Table):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     max_grad_norm: float = Field(1.0, gt=0)
     batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
+    collective_timeout_s: float = Field(1800, gt=0, description="longest wait in one collective")
     keep_weights: int = Field(3, ge=1, description="weight step directories kept on disk")
     checkpoint_every: int = Field(10, ge=0, description="checkpoint every N updates (and the last); 0: never")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
@@ -138,6 +139,21 @@ class TriadConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TriadConfig:
+        for url in self.orchestrator.inference_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"orchestrator.inference_urls: {url!r} is not an http(s) URL")
+        tc = self.trainer
+        if tc.keep_weights < self.max_async_level + 2:
+            raise ValueError(
+                f"trainer.keep_weights ({tc.keep_weights}) must be at least max_async_level + 2 "
+                f"({self.max_async_level + 2}): inference may still be loading an older version"
+            )
+        if tc.loss != "ppo_clip" and tc.importance != "none":
+            raise ValueError(f"trainer.importance = {tc.importance!r} needs trainer.loss = 'ppo_clip'")
+        return self
 
     def inference_urls(self) -> list[str]:
         """Where the orchestrator finds inference; the local server by default."""
@@ -189,6 +205,8 @@ def _read_toml(path: Path) -> None:
 
 def _describe(error: dict[str, Any], source: str) -> str:
     key = ".".join(str(p) for p in error["loc"])
+    if not key:  # a rule across keys
+        return f"bad config: {error['msg'].removeprefix('Value error, ')} ({source})"
     if error["type"] == "extra_forbidden":
         return f"unknown config key {key!r} ({source})"
     return f"bad config value for {key!r}: {error['msg']} (got {error.get('input')!r}; {source})"

@@ -17,18 +17,24 @@ log = logging.getLogger("triad.resume")
 
 
 def discard_after_checkpoint(rundir: RunDir, run_id: str, checkpoint_step: int) -> list[str]:
-    """Delete weights newer than `checkpoint_step` and batches sampled from them."""
+    """Delete weights newer than `checkpoint_step`, and every batch after it from the first
+    one that was sampled from such weights (or is incomplete) on, so that the batches
+    left after the checkpoint are an unbroken run C+1, C+2, ... the trainer can consume."""
     removed = []
     for step in rundir.steps(WEIGHTS):
         if step > checkpoint_step:
             clear_step_dir(rundir.weights_dir(step))
             removed.append(rundir.relative(rundir.weights_dir(step)))
-    for step in rundir.steps(ROLLOUTS):
+    expected = checkpoint_step + 1
+    for step in (s for s in rundir.steps(ROLLOUTS) if s > checkpoint_step):
         marker = read_marker(rundir.rollout_dir(step), run_id)
         newest_version = getattr(marker, "max_policy_version", None) if marker else None
-        if step > checkpoint_step and (newest_version is None or newest_version > checkpoint_step):
-            clear_step_dir(rundir.rollout_dir(step))
-            removed.append(rundir.relative(rundir.rollout_dir(step)))
+        if step == expected and newest_version is not None and newest_version <= checkpoint_step:
+            expected += 1
+            continue
+        expected = -1  # the run is broken: nothing after this point is kept
+        clear_step_dir(rundir.rollout_dir(step))
+        removed.append(rundir.relative(rundir.rollout_dir(step)))
     if removed:
         log.info("resuming after update %d: discarded %s", checkpoint_step, ", ".join(removed))
     return removed

@@ -38,6 +38,9 @@ LOGS = "logs"
 STEP_PREFIX = "step_"
 STEP_DIGITS = 6
 TMP_PREFIX = ".tmp-"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK  # mkstemp's 0600 would hide files from services running as other users
 
 
 def step_name(step: int) -> str:
@@ -127,6 +130,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it into place on success."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name, dir=path.parent)
+    os.fchmod(fd, FILE_MODE)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -147,10 +151,22 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
+def fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root` to disk."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
 def write_marker(step_dir: Path, run_id: str, step: int, **fields: Any) -> Marker:
-    """Vouch for everything already in `step_dir`: write its `DONE` last."""
+    """Vouch for everything already in `step_dir`: flush it all, then write `DONE` last."""
     marker = Marker(run_id=run_id, step=step, created_at=time.time(), **fields)
-    fsync_dir(step_dir)
+    fsync_tree(step_dir)
     atomic_write_json(step_dir / DONE, marker.model_dump())
     return marker
 
@@ -174,6 +190,9 @@ def read_marker(step_dir: Path, run_id: str) -> Marker | None:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
+        return None
+    except OSError as e:
+        _report_once(path, f"unreadable marker ({e.strerror})")
         return None
     try:
         marker = Marker.model_validate_json(raw)
@@ -222,6 +241,7 @@ def ensure_run(root: Path, config: dict[str, Any]) -> RunInfo:
     if not run_file.exists():
         info = RunInfo(run_id=uuid.uuid4().hex[:12], created_at=time.time(), config=config)
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=root)
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w") as f:
             f.write(info.model_dump_json(indent=1))
         try:

@@ -151,7 +151,9 @@ class Trainer:
         if self.rank == 0:
             discard_after_checkpoint(self.rundir, run_id, start)
         dist.barrier()
-        if start and read_marker(self.rundir.weights_dir(start), run_id) is None:
+        missing = [bool(start) and read_marker(self.rundir.weights_dir(start), run_id) is None]
+        dist.broadcast_object_list(missing, src=0)  # one decision: publish() is collective
+        if missing[0]:
             self.publish(start, run_id)  # inference must be able to serve version `start`
         return start
 
@@ -181,7 +183,7 @@ class Trainer:
 
 
 def run_trainer(cfg: TriadConfig, model_path: str) -> None:
-    device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.batch_timeout_s)
+    device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.collective_timeout_s)
     try:
         if dist.get_rank() == 0:
             ensure_run(cfg.run_dir, cfg.public_dict())

@@ -45,6 +45,9 @@ def test_override_values_are_toml_typed():
         ("max_steps = 'many'\n", [], "bad config value for 'max_steps'"),
         ("", ["max_async_level=-1"], "bad config value for 'max_async_level'"),
         ("max_steps = \n", [], "is not valid TOML"),
+        ("", ['orchestrator.inference_urls=["gpu-1:8000"]'], "is not an http"),
+        ("", ["max_async_level=3", "trainer.keep_weights=3"], "keep_weights .3. must be at least"),
+        ("", ["trainer.loss=cispo", "trainer.importance=tis"], "needs trainer.loss = 'ppo_clip'"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, toml, sets, message):

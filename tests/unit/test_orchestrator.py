@@ -12,6 +12,7 @@ from orchestrator.client import Completion
 from orchestrator.loop import Group, Orchestrator
 from orchestrator.tasks import Prompt, get_task
 from shared.config import load_config
+from shared.errors import WaitTimeout
 from shared.rundir import RunDir, ensure_run, read_marker
 
 
@@ -43,7 +44,13 @@ def make(tmp_path, *sets: str, delay: float = 0.01) -> tuple[Orchestrator, FakeC
 
 
 def test_producer_keeps_max_inflight_busy_and_no_more(tmp_path):
-    orch, client = make(tmp_path, "orchestrator.max_inflight=6", "max_steps=50", "max_async_level=100")
+    orch, client = make(
+        tmp_path,
+        "orchestrator.max_inflight=6",
+        "max_steps=50",
+        "max_async_level=100",
+        "trainer.keep_weights=200",
+    )
 
     async def run() -> None:
         producer = asyncio.create_task(orch.produce())
@@ -112,3 +119,23 @@ def test_resumes_after_the_newest_batch(tmp_path):
     again, _ = make(tmp_path)
     assert again.first_step == 2 and again.step == 2
     assert again.rng.random() != random.Random(f"{again.cfg.seed}-1").random()
+
+
+def test_weights_timeout_counts_only_time_stalled_on_weights(tmp_path):
+    """Generation time is not waiting for the trainer: the clock starts when nothing else is left."""
+    orch, _ = make(
+        tmp_path, "max_async_level=0", "max_steps=10", "orchestrator.weights_timeout_s=0.4", delay=0.6
+    )
+
+    async def run() -> float:
+        producer = asyncio.create_task(orch.produce())
+        await orch.assemble(1)  # its groups took 0.6 s, longer than the weights timeout
+        done = asyncio.get_running_loop().time()
+        with pytest.raises(ExceptionGroup) as caught:  # raised inside the producer's TaskGroup
+            await producer
+        (timeout,) = caught.value.subgroup(WaitTimeout).exceptions
+        assert "version 1" in str(timeout) and "weights/step_000001/DONE" in str(timeout)
+        return asyncio.get_running_loop().time() - done
+
+    waited = asyncio.run(run())
+    assert 0.35 < waited < 1.5

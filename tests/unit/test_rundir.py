@@ -106,3 +106,38 @@ def test_wait_for_returns_value_or_times_out_with_message():
     assert wait_for(lambda: next(values), "five", timeout=5, poll=0.01) == 5
     with pytest.raises(WaitTimeout, match="waiting for the moon"):
         wait_for(lambda: None, "the moon", timeout=0.05, poll=0.01)
+
+
+def test_published_files_are_readable_by_other_users(tmp_path):
+    atomic_write_bytes(tmp_path / "f", b"x")
+    assert (tmp_path / "f").stat().st_mode & 0o044 == 0o044  # not mkstemp's 0600 (umask 022 here)
+
+
+def batch_with_versions(rundir, run_id, step, max_version):
+    rundir.rollout_dir(step).mkdir(parents=True)
+    write_marker(rundir.rollout_dir(step), run_id, step, max_policy_version=max_version)
+
+
+def test_resume_keeps_only_an_unbroken_run_of_batches_after_the_checkpoint(tmp_path):
+    from shared.resume import discard_after_checkpoint
+
+    rundir = RunDir(tmp_path)
+    for step, version in [(9, 8), (10, 9), (11, 9), (12, 10), (13, 11), (14, 10)]:
+        batch_with_versions(rundir, "r", step, version)
+    for v in (10, 11, 12):
+        rundir.weights_dir(v).mkdir(parents=True)
+        write_marker(rundir.weights_dir(v), "r", v)
+    discard_after_checkpoint(rundir, "r", checkpoint_step=10)
+    # 13 was sampled from version 11 (discarded); 14 comes after the break, so it goes too
+    assert rundir.steps("rollouts") == [9, 10, 11, 12]
+    assert rundir.steps("weights") == [10]
+
+
+def test_resume_drops_batches_after_a_gap(tmp_path):
+    from shared.resume import discard_after_checkpoint
+
+    rundir = RunDir(tmp_path)
+    for step in (11, 13):
+        batch_with_versions(rundir, "r", step, 10)
+    discard_after_checkpoint(rundir, "r", checkpoint_step=10)
+    assert rundir.steps("rollouts") == [11]

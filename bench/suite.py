@@ -1,0 +1,181 @@
+"""triad's benchmarks: each figure is a ratio measured in one run, against a goal.
+
+    bench/run [--steps 60]
+
+1. asynchrony: samples/s at max_async_level 1 and 2 against 0, and against the
+   ideal overlap bound (T_gen + T_train) / max(T_gen, T_train) from the
+   synchronous run's own phase times.
+2. weight hand-off: trainer publishing version V -> inference serving V, against
+   writing and reading the same safetensors bytes on the same disk.
+3. trainer throughput: tokens/s of the 1-rank torchrun trainer against a plain
+   single-process PyTorch loop on the same model and batches.
+Median over steps after a warm-up; spread as the interquartile range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from shared.metrics import read_metrics
+from shared.rundir import RunDir
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+WARMUP_STEPS = 5
+
+
+def quartiles(values: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "n": len(values)}
+
+
+def triad_up(run_dir: Path, eta: int, steps: int) -> None:
+    sets = [
+        f"run_dir={run_dir}",
+        f"max_steps={steps}",
+        f"max_async_level={eta}",
+        f"trainer.keep_weights={eta + 3}",
+        "trainer.checkpoint_every=0",
+        "inference.port=8417",
+    ]
+    cmd = [sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]]
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+
+
+def steady(rows: list[dict], key: str) -> list[float]:
+    return [r[key] for r in rows[WARMUP_STEPS:]]
+
+
+def run_asynchrony(workdir: Path, steps: int) -> tuple[dict, dict[int, Path]]:
+    runs, rates = {}, {}
+    for eta in (0, 1, 2):
+        run_dir = workdir / f"eta{eta}"
+        triad_up(run_dir, eta, steps)
+        runs[eta] = run_dir
+        rows = read_metrics(RunDir(run_dir).metrics_file("orchestrator"))
+        span = rows[-1]["time"] - rows[WARMUP_STEPS]["time"]
+        rates[eta] = sum(r["samples"] for r in rows[WARMUP_STEPS + 1 :]) / span
+    trainer = read_metrics(RunDir(runs[0]).metrics_file("trainer"))
+    t_train = statistics.median(steady(trainer, "train_s")) + statistics.median(steady(trainer, "publish_s"))
+    cycle = statistics.median(
+        steady(read_metrics(RunDir(runs[0]).metrics_file("orchestrator")), "step_time_s")
+    )
+    t_gen = max(cycle - t_train, 1e-9)
+    bound = (t_gen + t_train) / max(t_gen, t_train)
+    figure = {
+        "samples_per_s": rates,
+        "phase_s": {"generate": t_gen, "train_and_publish": t_train, "sync_cycle": cycle},
+        "ideal_speedup": bound,
+        "speedup_eta1": rates[1] / rates[0],
+        "speedup_eta2": rates[2] / rates[0],
+        "fraction_of_bound_eta1": (rates[1] / rates[0]) / bound,
+        "goal": "eta=1 reaches >= 0.8 of the ideal overlap bound",
+    }
+    return figure, runs
+
+
+def run_handoff(run_dir: Path) -> dict:
+    rundir = RunDir(run_dir)
+    published = {r["step"]: r["time"] for r in read_metrics(rundir.metrics_file("trainer"))}
+    served = {r["version"]: r["time"] for r in read_metrics(rundir.metrics_file("inference"))}
+    latencies = [served[v] - published[v] for v in sorted(published) if v in served and v > WARMUP_STEPS]
+    weights = next(iter(sorted((run_dir / "weights").glob("step_*/model.safetensors"))))
+    raw = raw_io_seconds(weights.read_bytes())
+    handoff = quartiles(latencies)
+    return {
+        "handoff_s": handoff,
+        "raw_write_read_s": raw,
+        "bytes": weights.stat().st_size,
+        "ratio_to_raw_plus_100ms": handoff["median"] / (1.5 * raw + 0.1),
+        "goal": "hand-off <= 1.5 x raw + 100 ms (ratio <= 1)",
+        "note": "publish is timed from the trainer's metrics row (written right after DONE)",
+    }
+
+
+def raw_io_seconds(data: bytes, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        with tempfile.NamedTemporaryFile(dir=REPO / "bench" / "results", delete=True) as f:
+            start = time.perf_counter()
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            f.seek(0)
+            f.read()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_trainer_throughput(workdir: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.trainer_throughput", str(workdir / "trainer")],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def markdown(results: dict) -> str:
+    a, h, t = results["asynchrony"], results["handoff"], results["trainer"]
+    rows = [
+        (
+            "asynchrony: samples/s eta=1 / eta=0",
+            f"{a['speedup_eta1']:.2f}x",
+            f"bound {a['ideal_speedup']:.2f}x",
+            f"{a['fraction_of_bound_eta1']:.2f} of bound (goal >= 0.8)",
+        ),
+        (
+            "asynchrony: samples/s eta=2 / eta=0",
+            f"{a['speedup_eta2']:.2f}x",
+            f"bound {a['ideal_speedup']:.2f}x",
+            "-",
+        ),
+        (
+            "weight hand-off (median)",
+            f"{h['handoff_s']['median'] * 1000:.0f} ms",
+            f"raw {h['raw_write_read_s'] * 1000:.1f} ms",
+            f"{h['ratio_to_raw_plus_100ms']:.2f} (goal <= 1)",
+        ),
+        ("trainer tokens/s, 1 rank / plain loop", f"{t['ratio']:.2f}x", "-", "goal >= 0.9"),
+    ]
+    lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
+    lines += [f"| {' | '.join(r)} |" for r in rows]
+    return f"Benchmarks ({results['machine']}, {results['date']})\n\n" + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    random.seed(0)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="triad-bench-") as tmp:
+        workdir = Path(tmp)
+        asynchrony, runs = run_asynchrony(workdir, args.steps)
+        results = {
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
+            "steps": args.steps,
+            "asynchrony": asynchrony,
+            "handoff": run_handoff(runs[1]),
+            "trainer": run_trainer_throughput(workdir),
+        }
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / "latest.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

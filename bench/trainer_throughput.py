@@ -1,0 +1,100 @@
+"""Trainer tokens/s: the 1-rank torchrun FSDP2 trainer against a plain PyTorch loop.
+
+    python -m bench.trainer_throughput WORKDIR     (prints one JSON line)
+
+Both train the embedded tiny model on the same synthetic batches with AdamW, on
+the same number of threads; the trainer's time is its `train_s` (no publishing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from services.models import resolve_model
+from shared.batch import write_batch
+from shared.metrics import read_metrics
+from shared.rundir import RunDir, ensure_run, write_marker
+from trainer.data import collate
+from trainer.loss import BatchTotals, LossSpec, policy_loss, token_logprobs
+
+STEPS, WARMUP, THREADS = 10, 3, 2
+
+
+def batches(seed: int = 0) -> list[list[dict]]:
+    rng = random.Random(seed)
+    out = []
+    for step in range(1, STEPS + 1):
+        rows = []
+        for i in range(64):
+            n_prompt, n_completion = rng.randint(8, 24), rng.randint(16, 48)
+            ids = [rng.randrange(256) for _ in range(n_prompt + n_completion)]
+            mask = [False] * n_prompt + [True] * n_completion
+            rows.append(dict(
+                sample_id=f"{step}-{i}", group_id=f"{step}-{i // 8}", step=step, policy_version=0,
+                input_ids=ids, loss_mask=mask, logprobs=[-5.5 if m else 0.0 for m in mask],
+                advantage=rng.uniform(-1, 1), reward=0.0, truncated=False, env="bench", metrics="{}",
+            ))  # fmt: skip
+        out.append(rows)
+    return out
+
+
+def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]]) -> float:
+    run_id = ensure_run(workdir, {}).run_id
+    rundir = RunDir(workdir)
+    for step, rows in enumerate(data, start=1):
+        write_batch(rundir.batch_file(step), rows)
+        write_marker(rundir.rollout_dir(step), run_id, step, temperature=1.0, max_policy_version=0)
+    sets = [f"run_dir={workdir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint_every=0"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+           "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    rows = read_metrics(rundir.metrics_file("trainer"))[WARMUP:]
+    return sum(r["tokens"] for r in rows) / sum(r["train_s"] for r in rows)
+
+
+def plain_tokens_per_s(model_dir: str, data: list[list[dict]]) -> float:
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(THREADS)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    spec, tokens, seconds = LossSpec(), 0, 0.0
+    for step, rows in enumerate(data):
+        start = time.perf_counter()
+        batch = collate(rows, pad_id=0)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logp = token_logprobs(logits, batch.input_ids, 1.0)
+        totals = BatchTotals(len(rows), int(batch.loss_mask.sum()))
+        policy_loss(
+            logp, batch.sampler_logprobs, batch.advantages, batch.loss_mask, spec, totals
+        ).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= WARMUP:
+            seconds += time.perf_counter() - start
+            tokens += sum(len(r["input_ids"]) for r in rows)
+    return tokens / seconds
+
+
+def main() -> None:
+    workdir = Path(sys.argv[1])
+    model = resolve_model("builtin:tiny-addition")
+    data = batches()
+    trainer = trainer_tokens_per_s(workdir, model, data)
+    plain = plain_tokens_per_s(model, data)
+    print(json.dumps({"trainer_tokens_per_s": trainer, "plain_tokens_per_s": plain, "ratio": trainer / plain,
+                      "model": "builtin:tiny-addition (0.5M parameters)", "threads": THREADS}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,14 @@ from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_c
 from shared.rundir import RunDir, ensure_run, read_marker, read_run
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
-from trainer.loss import BatchTotals, LossSpec, entropy, policy_loss, token_logprobs
+from trainer.loss import (
+    BatchTotals,
+    LossSpec,
+    next_token_log_softmax,
+    pick_token_logprobs,
+    policy_loss,
+    token_entropy,
+)
 from trainer.parallel import apply_fsdp, decoder_blocks, init_distributed
 from trainer.publish import export_state_dict, publish_weights
 from trainer.schedule import lr_at
@@ -79,14 +86,15 @@ class Trainer:
         """One micro-batch: its share of the batch loss, backpropagated; returns its statistics."""
         batch = collate(rows, self.pad_id).to(self.device)
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logprobs = token_logprobs(logits, batch.input_ids, temperature)
+        log_probs = next_token_log_softmax(logits, temperature)  # once, for the loss and the entropy
+        logprobs = pick_token_logprobs(log_probs, batch.input_ids)
         parts = policy_loss(
             logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss_spec, totals
         )
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
         (parts.loss * self.world).backward()
         with torch.no_grad():
-            ent = (entropy(logits.detach(), temperature) * batch.loss_mask).sum()
+            ent = (token_entropy(log_probs.detach()) * batch.loss_mask).sum()
             return torch.stack([parts.loss.detach(), parts.clipped_tokens, parts.mismatch_kl_sum, ent])
 
     def train_step(self, step: int, rows: list[dict], temperature: float) -> dict[str, float]:

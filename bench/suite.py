@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from shared.metrics import read_metrics
-from shared.rundir import RunDir
+from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -62,14 +62,12 @@ def run_asynchrony(workdir: Path, steps: int) -> tuple[dict, dict[int, Path]]:
         run_dir = workdir / f"eta{eta}"
         triad_up(run_dir, eta, steps)
         runs[eta] = run_dir
-        rows = read_metrics(RunDir(run_dir).metrics_file("orchestrator"))
+        rows = read_metrics(RunDir(run_dir).metrics_file(ORCHESTRATOR))
         span = rows[-1]["time"] - rows[WARMUP_STEPS]["time"]
         rates[eta] = sum(r["samples"] for r in rows[WARMUP_STEPS + 1 :]) / span
-    trainer = read_metrics(RunDir(runs[0]).metrics_file("trainer"))
+    trainer = read_metrics(RunDir(runs[0]).metrics_file(TRAINER))
     t_train = statistics.median(steady(trainer, "train_s")) + statistics.median(steady(trainer, "publish_s"))
-    cycle = statistics.median(
-        steady(read_metrics(RunDir(runs[0]).metrics_file("orchestrator")), "step_time_s")
-    )
+    cycle = statistics.median(steady(read_metrics(RunDir(runs[0]).metrics_file(ORCHESTRATOR)), "step_time_s"))
     t_gen = max(cycle - t_train, 1e-9)
     bound = (t_gen + t_train) / max(t_gen, t_train)
     figure = {
@@ -86,8 +84,8 @@ def run_asynchrony(workdir: Path, steps: int) -> tuple[dict, dict[int, Path]]:
 
 def run_handoff(run_dir: Path) -> dict:
     rundir = RunDir(run_dir)
-    published = {r["step"]: r["time"] for r in read_metrics(rundir.metrics_file("trainer"))}
-    served = {r["version"]: r["time"] for r in read_metrics(rundir.metrics_file("inference"))}
+    published = {r["step"]: r["time"] for r in read_metrics(rundir.metrics_file(TRAINER))}
+    served = {r["version"]: r["time"] for r in read_metrics(rundir.metrics_file(INFERENCE))}
     latencies = [served[v] - published[v] for v in sorted(published) if v in served and v > WARMUP_STEPS]
     weights = next(iter(sorted((run_dir / "weights").glob("step_*/model.safetensors"))))
     raw = raw_io_seconds(weights.read_bytes())

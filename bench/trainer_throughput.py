@@ -23,7 +23,7 @@ import torch
 from services.models import resolve_model
 from shared.batch import write_batch
 from shared.metrics import read_metrics
-from shared.rundir import RunDir, ensure_run, write_marker
+from shared.rundir import TRAINER, RunDir, ensure_run, write_marker
 from trainer.data import collate
 from trainer.loss import BatchTotals, LossSpec, policy_loss, token_logprobs
 
@@ -59,7 +59,7 @@ def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]]) -> f
            "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
     subprocess.run(cmd, check=True, capture_output=True, env=env)
-    rows = read_metrics(rundir.metrics_file("trainer"))[WARMUP:]
+    rows = read_metrics(rundir.metrics_file(TRAINER))[WARMUP:]
     return statistics.median(r["tokens"] / r["train_s"] for r in rows)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from shared.admin_api import (
     WeightsInfo,
 )
 from shared.metrics import MetricsWriter
-from shared.rundir import DONE
+from shared.rundir import DONE, Marker
 
 log = logging.getLogger("triad.inference")
 
@@ -54,11 +53,12 @@ def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
 def check_marker_version(path: Path, version: int) -> None:
     """The version asked for must be the one the directory's marker vouches for."""
     try:
-        marker = json.loads((path / DONE).read_text())
-    except (OSError, ValueError):
+        marker = Marker.model_validate_json((path / DONE).read_bytes())
+    except (OSError, ValidationError):
         raise AdminError(400, f"{path.name}/{DONE} is not a valid marker") from None
-    if marker.get("version", marker.get("step")) != version:
-        raise AdminError(400, f"{path.name} holds version {marker.get('version')}, not {version}")
+    held = getattr(marker, "version", marker.step)
+    if held != version:
+        raise AdminError(400, f"{path.name} holds version {held}, not {version}")
 
 
 class WeightManager:

@@ -19,10 +19,9 @@ from pathlib import Path
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
 from shared.metrics import MetricsWriter
-from shared.rundir import RunDir
+from shared.rundir import INFERENCE, RunDir
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
-SERVICE = "inference"
 
 
 def check_admin_exposure(host: str, token: str | None) -> None:
@@ -80,7 +79,7 @@ async def serve(cfg: TriadConfig, args: Namespace) -> None:
     from inference.admin import WeightManager, add_admin_routes
 
     token = cfg.inference.token()
-    metrics = MetricsWriter(RunDir(cfg.run_dir).metrics_file(SERVICE))
+    metrics = MetricsWriter(RunDir(cfg.run_dir).metrics_file(INFERENCE))
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
         tasks = await engine.get_supported_tasks()

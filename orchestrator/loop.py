@@ -40,6 +40,7 @@ from shared.errors import TriadError, WaitTimeout
 from shared.metrics import MetricsWriter
 from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import (
+    ORCHESTRATOR,
     ROLLOUTS,
     WEIGHTS,
     RunDir,
@@ -51,7 +52,6 @@ from shared.rundir import (
 )
 
 log = logging.getLogger("triad.orchestrator")
-SERVICE = "orchestrator"
 POLL_S = 0.1
 
 
@@ -74,7 +74,7 @@ class Orchestrator:
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
-        self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE))
+        self.metrics = MetricsWriter(self.rundir.metrics_file(ORCHESTRATOR))
         self.queue: asyncio.Queue[Group] = asyncio.Queue()
         self.changed = asyncio.Condition()
         self.served_version = 0
@@ -328,14 +328,14 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
     return group.exceptions[0]
 
 
-async def orchestrate(cfg: TriadConfig) -> None:
+async def orchestrate(cfg: TriadConfig, task: Task) -> None:
     run = ensure_run(cfg.run_dir, cfg.public_dict())
     token = cfg.inference.token()
     clients = [
         InferenceClient(url, token, cfg.orchestrator.request_timeout_s) for url in cfg.inference_urls()
     ]
     try:
-        await Orchestrator(cfg, run.run_id, clients, get_task(cfg.orchestrator.task)).run()
+        await Orchestrator(cfg, run.run_id, clients, task).run()
     except BaseExceptionGroup as group:
         raise first_user_error(group) from None
     finally:
@@ -344,5 +344,5 @@ async def orchestrate(cfg: TriadConfig) -> None:
 
 
 def run_orchestrator(cfg: TriadConfig) -> None:
-    get_task(cfg.orchestrator.task)  # an unknown task fails before any waiting
-    asyncio.run(orchestrate(cfg))
+    task = get_task(cfg.orchestrator.task)  # an unknown task fails before any waiting
+    asyncio.run(orchestrate(cfg, task))

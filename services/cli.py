@@ -22,6 +22,7 @@ from pathlib import Path
 
 from shared.config import TriadConfig, load_config
 from shared.errors import TriadError
+from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.toml")
 
@@ -58,9 +59,9 @@ def run_trainer(cfg: TriadConfig, _: argparse.Namespace) -> None:
 
 COMMANDS: dict[str, Callable[[TriadConfig, argparse.Namespace], None]] = {
     "up": run_up,
-    "inference": run_inference,
-    "orchestrator": run_orchestrator,
-    "trainer": run_trainer,
+    INFERENCE: run_inference,
+    ORCHESTRATOR: run_orchestrator,
+    TRAINER: run_trainer,
 }
 
 

@@ -11,9 +11,7 @@ from collections.abc import Sequence
 from statistics import mean
 
 from services.exporters import Exporter
-from shared.rundir import RunDir
-
-SERVICES = ("orchestrator", "trainer", "inference")
+from shared.rundir import INFERENCE, ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
 
 class MetricsTail:
@@ -62,7 +60,7 @@ class ProgressPrinter:
                 for exporter in self.exporters:
                     exporter.write(service, row)
                 self.last[service] = row
-                if service == "orchestrator":
+                if service == ORCHESTRATOR:
                     self.on_step(row)
         if self.live is not None:
             self.live.update(self.table())
@@ -81,7 +79,7 @@ class ProgressPrinter:
         return format_duration(per_step * (self.max_steps - step))
 
     def line(self, row: dict) -> str:
-        loss = self.last.get("trainer", {}).get("loss")
+        loss = self.last.get(TRAINER, {}).get("loss")
         return (
             f"step {row['step']:>4}/{self.max_steps}  reward {row['reward_mean']:.3f} "
             f"(last 10: {mean(self.rewards[-10:]):.3f})  lag {row['lag_mean']:.2f}  "
@@ -94,18 +92,18 @@ class ProgressPrinter:
         from rich.table import Table
 
         table = Table(title="triad", show_header=False)
-        row = self.last.get("orchestrator")
+        row = self.last.get(ORCHESTRATOR)
         if row is None:
             table.add_row("waiting for the first batch", "")
             return table
-        trainer = self.last.get("trainer", {})
+        trainer = self.last.get(TRAINER, {})
         table.add_row("step", f"{row['step']} / {self.max_steps}  (eta {self.eta(row['step'])})")
         table.add_row("reward", f"{row['reward_mean']:.3f}  (last 10: {mean(self.rewards[-10:]):.3f})")
         table.add_row("off-policy lag", f"{row['lag_mean']:.2f} (max {row['lag_max']})")
         table.add_row(
             "throughput", f"{row['samples_per_s']:.1f} samples/s, {row['tokens_per_s']:.0f} tokens/s"
         )
-        table.add_row("served version", str(self.last.get("inference", {}).get("version", "-")))
+        table.add_row("served version", str(self.last.get(INFERENCE, {}).get("version", "-")))
         if trainer:
             table.add_row("trainer", f"step {trainer['step']}, loss {trainer['loss']:+.4f}")
         return table

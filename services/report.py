@@ -9,9 +9,8 @@ from statistics import mean
 from shared.errors import TriadError
 from shared.metrics import read_metrics
 from shared.resume import newest_batch, newest_checkpoint
-from shared.rundir import WEIGHTS, RunDir, read_run
+from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, WEIGHTS, RunDir, read_run
 
-SERVICES = ("orchestrator", "trainer", "inference")
 PLOT_FILE = "plot.png"
 
 
@@ -20,9 +19,9 @@ def rolling_mean(values: list[float], window: int = 10) -> list[float]:
 
 
 def describe(service: str, row: dict) -> str:
-    if service == "orchestrator":
+    if service == ORCHESTRATOR:
         return f"reward {row['reward_mean']:.3f}, lag {row['lag_mean']:.2f} (max {row['lag_max']})"
-    if service == "trainer":
+    if service == TRAINER:
         return f"loss {row['loss']:+.4f}, grad norm {row['grad_norm']:.3f}"
     return f"serving version {row['version']}"
 
@@ -44,20 +43,13 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
             continue
         last = rows[-1]
         age = now - last["time"]
-        detail = {
-            "orchestrator": lambda r: (
-                f"reward {r['reward_mean']:.3f}, lag {r['lag_mean']:.2f} (max {r['lag_max']})"
-            ),
-            "trainer": lambda r: f"loss {r['loss']:+.4f}, grad norm {r['grad_norm']:.3f}",
-            "inference": lambda r: f"serving version {r['version']}",
-        }[service](last)
-        lines.append(f"  {service:<12} step {last['step']:>5}  {detail}  ({age:.0f} s ago)")
+        lines.append(f"  {service:<12} step {last['step']:>5}  {describe(service, last)}  ({age:.0f} s ago)")
     return lines
 
 
 def plot_run(run_dir: Path) -> Path:
     """Reward, off-policy lag and throughput over steps, as a PNG in the run directory."""
-    rows = read_metrics(RunDir(run_dir).metrics_file("orchestrator"))
+    rows = read_metrics(RunDir(run_dir).metrics_file(ORCHESTRATOR))
     if not rows:
         raise TriadError(f"{run_dir} has no orchestrator metrics to plot yet")
     import matplotlib

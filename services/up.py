@@ -25,7 +25,7 @@ from services.report import plot_run
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.resume import discard_after_checkpoint, newest_checkpoint
-from shared.rundir import ROLLOUTS, RunDir, check_writable, ensure_run
+from shared.rundir import INFERENCE, ORCHESTRATOR, ROLLOUTS, TRAINER, RunDir, check_writable, ensure_run
 
 STOP_GRACE_S = 8.0
 TAIL_LINES = 25
@@ -51,15 +51,15 @@ def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[s
     py = [sys.executable, "-m"]
     torchrun = [*py, "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.trainer.nproc}"]
     return {
-        "inference": [*py, "services.cli", "inference", *args],
-        "orchestrator": [*py, "services.cli", "orchestrator", *args],
-        "trainer": [*torchrun, "-m", "services.cli", "trainer", *args],
+        INFERENCE: [*py, "services.cli", INFERENCE, *args],
+        ORCHESTRATOR: [*py, "services.cli", ORCHESTRATOR, *args],
+        TRAINER: [*torchrun, "-m", "services.cli", TRAINER, *args],
     }
 
 
 def child_env(cfg: TriadConfig, name: str) -> dict[str, str]:
     """The child's environment: ours, plus its GPUs when the config pins them."""
-    devices = {"inference": cfg.inference.devices, "trainer": cfg.trainer.devices}.get(name)
+    devices = {INFERENCE: cfg.inference.devices, TRAINER: cfg.trainer.devices}.get(name)
     return {**os.environ, "PYTHONUNBUFFERED": "1", **({"CUDA_VISIBLE_DEVICES": devices} if devices else {})}
 
 
@@ -97,7 +97,7 @@ def _signal_group(child: Child, sig: int) -> None:
 
 
 def supervise(children: dict[str, Child], progress: ProgressPrinter) -> None:
-    finishers = {"orchestrator", "trainer"}
+    finishers = {ORCHESTRATOR, TRAINER}
     while True:
         progress.poll()
         for name, child in children.items():

@@ -35,12 +35,12 @@ WEIGHTS = "weights"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics"
 LOGS = "logs"
+INFERENCE, ORCHESTRATOR, TRAINER = "inference", "orchestrator", "trainer"
+SERVICES = (ORCHESTRATOR, TRAINER, INFERENCE)  # also the names of their metrics and log files
 STEP_PREFIX = "step_"
 STEP_DIGITS = 6
 TMP_PREFIX = ".tmp-"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-FILE_MODE = 0o666 & ~_UMASK  # mkstemp's 0600 would hide files from services running as other users
+FILE_MODE = 0o644  # mkstemp's 0600 would hide published files from services running as other users
 
 
 def step_name(step: int) -> str:

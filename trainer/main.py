@@ -23,7 +23,7 @@ import torch.distributed as dist
 from shared.config import TriadConfig
 from shared.metrics import MetricsWriter
 from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
-from shared.rundir import RunDir, ensure_run, read_marker, read_run
+from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
 from trainer.loss import (
@@ -39,7 +39,6 @@ from trainer.publish import export_state_dict, publish_weights
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
-SERVICE = "trainer"
 
 
 def config_dtype(config) -> torch.dtype:
@@ -74,7 +73,7 @@ class Trainer:
         self.loss_spec = LossSpec(
             **self.tc.model_dump(include=set(LossSpec.__dataclass_fields__) - {"kind"}), kind=self.tc.loss
         )
-        self.metrics = MetricsWriter(self.rundir.metrics_file(SERVICE)) if self.rank == 0 else None
+        self.metrics = MetricsWriter(self.rundir.metrics_file(TRAINER)) if self.rank == 0 else None
 
     def compute_dtype(self) -> torch.dtype:
         precision = self.tc.mixed_precision

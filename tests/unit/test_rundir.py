@@ -110,7 +110,7 @@ def test_wait_for_returns_value_or_times_out_with_message():
 
 def test_published_files_are_readable_by_other_users(tmp_path):
     atomic_write_bytes(tmp_path / "f", b"x")
-    assert (tmp_path / "f").stat().st_mode & 0o044 == 0o044  # not mkstemp's 0600 (umask 022 here)
+    assert (tmp_path / "f").stat().st_mode & 0o044 == 0o044  # not mkstemp's 0600
 
 
 def batch_with_versions(rundir, run_id, step, max_version):

@@ -1,4 +1,4 @@
-"""Group-relative advantages: one reward per sample, samples grouped by prompt.
+"""Group-relative advantages and reward shaping: pure functions, one reward per sample.
 
 - grpo:    A_i = (r_i - mean(r)) / (std(r) + eps), std over the group (ddof=0)
 - dr_grpo: A_i = r_i - mean(r)                      (Dr. GRPO: no std division)
@@ -27,3 +27,19 @@ def group_advantages(rewards: Sequence[float], kind: str) -> list[float]:
     if kind == "rloo":
         return [c * n / (n - 1) for c in centered] if n > 1 else [0.0]
     raise ValueError(f"unknown advantage kind {kind!r} (grpo, dr_grpo, rloo)")
+
+
+def has_signal(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards differ: a zero-variance group has all advantages 0."""
+    return len(rewards) > 0 and max(rewards) - min(rewards) > EPS
+
+
+def overlong_penalty(length: int, max_length: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment, added to the reward:
+
+    0 for length <= max_length - buffer, then falling linearly to -factor at max_length.
+    """
+    start = max_length - buffer
+    if buffer <= 0 or length <= start:
+        return 0.0
+    return -factor * min(length - start, buffer) / buffer

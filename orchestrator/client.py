@@ -16,6 +16,10 @@ from shared.waiting import async_wait_for
 log = logging.getLogger("triad.orchestrator")
 
 
+class RequestRejected(TriadError):
+    """The server refused the request itself (4xx): retrying elsewhere will not help."""
+
+
 @dataclass(frozen=True)
 class Completion:
     prompt_ids: list[int]
@@ -52,8 +56,8 @@ class InferenceClient:
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=request_timeout)
         self.openai = openai.AsyncOpenAI(
-            base_url=f"{base_url}/v1", api_key=admin_token or "none", timeout=request_timeout, max_retries=2
-        )
+            base_url=f"{base_url}/v1", api_key=admin_token or "none", timeout=request_timeout, max_retries=0
+        )  # the server pool retries, on another server
         self.model: str | None = None
         self.inflight = 0
 
@@ -76,7 +80,10 @@ class InferenceClient:
             model_name = models.data[0].id
         self.model = model_name
 
-    async def complete(self, prompt: str, n: int, max_tokens: int, temperature: float) -> list[Completion]:
+    async def complete(
+        self, prompt: str | list[int], n: int, max_tokens: int, temperature: float
+    ) -> list[Completion]:
+        """`n` samples of `prompt` (text, or token ids to continue exactly)."""
         self.inflight += 1
         try:
             response = await self.openai.completions.create(
@@ -88,11 +95,34 @@ class InferenceClient:
                 logprobs=0,
                 extra_body={"return_token_ids": True},
             )
+        except openai.APITimeoutError:
+            raise TriadError(f"rollout request to {self.base_url} timed out") from None
+        except openai.APIStatusError as e:
+            if 400 <= e.status_code < 500 and e.status_code not in (408, 429):
+                raise RequestRejected(f"{self.base_url} rejected a rollout request: {e}") from None
+            raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
         except openai.APIError as e:
             raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
         finally:
             self.inflight -= 1
         return [parse_choice(c) for c in response.choices]
+
+    async def healthy(self) -> bool:
+        return bool(await self._healthy())
+
+    async def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` as the server's tokenizer makes them (no special tokens)."""
+        body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+        try:
+            r = await self.http.post("/tokenize", json=body)
+        except httpx.HTTPError as e:
+            raise TriadError(f"POST {self.base_url}/tokenize failed: {e!r}") from None
+        if r.status_code != 200:
+            raise TriadError(
+                f"POST {self.base_url}/tokenize answered {r.status_code}: multi-turn environments need "
+                "a server with vLLM's /tokenize route"
+            )
+        return list(r.json()["tokens"])
 
     async def admin_weights(self) -> WeightsInfo | None:
         """What the server serves, or None if it has no triad admin routes."""

@@ -85,9 +85,9 @@ def warm_up(model, tokenizer, task_name: str, steps: int, lr: float, seed: int, 
     """Teach the answer format by supervised steps on the task; returns the last loss."""
     import torch
 
-    from orchestrator.tasks import get_task
+    from orchestrator.envs import BUILTIN
 
-    task, rng = get_task(task_name), random.Random(seed)
+    task, rng = BUILTIN[task_name](), random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     loss = torch.tensor(0.0)

@@ -63,7 +63,12 @@ class OrchestratorConfig(Table):
         description="base URLs of the OpenAI-compatible servers; empty: the local [inference] one",
     )
     model_name: str | None = Field(None, description="served model name; None: ask /v1/models")
-    task: str = "addition"
+    env: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
+    env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")
+    env_timeout_s: float = Field(60, gt=0, description="bound on one reward or respond call")
+    backend: Literal["auto", "triad", "sglang", "none"] = Field(
+        "auto", description="how servers load new weights; none: the policy stays frozen"
+    )
     batch_size: int = Field(8, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=1, description="completions per prompt")
     max_tokens: int = Field(32, ge=1)
@@ -72,6 +77,20 @@ class OrchestratorConfig(Table):
     max_inflight: int = Field(16, ge=1, description="prompt groups generating at once")
     inference_timeout_s: float = Field(600, gt=0, description="wait for inference to answer")
     request_timeout_s: float = Field(120, gt=0)
+    max_retries: int = Field(3, ge=0, description="retries of a failed request, on another server")
+    retry_backoff_s: float = Field(0.5, ge=0, description="first backoff; doubles per retry")
+    max_server_failures: int = Field(3, ge=1, description="failures in a row that take a server out")
+    health_interval_s: float = Field(5, gt=0)
+    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal")
+    max_filtered_groups: int = Field(64, ge=0, description="per step; then equal-reward groups are kept")
+    overlong: Literal["none", "mask", "penalty"] = Field(
+        "none", description="truncated samples: train as is, mask out, or DAPO's soft length penalty"
+    )
+    overlong_buffer: int = Field(8, ge=1, description="penalty ramps over the last N tokens of max_tokens")
+    overlong_penalty: float = Field(1.0, ge=0, description="penalty at max_tokens")
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps and at the end; 0: never")
+    eval_size: int = Field(32, ge=1, description="held-out prompts per evaluation")
+    eval_k: int = Field(4, ge=1, description="samples per prompt: pass@1 and pass@k")
     weights_timeout_s: float = Field(900, gt=0, description="wait for the trainer's weights")
     keep_rollouts: int = Field(4, ge=1, description="rollout step directories kept on disk")
 

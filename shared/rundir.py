@@ -37,6 +37,7 @@ METRICS = "metrics"
 LOGS = "logs"
 INFERENCE, ORCHESTRATOR, TRAINER = "inference", "orchestrator", "trainer"
 SERVICES = (ORCHESTRATOR, TRAINER, INFERENCE)  # also the names of their metrics and log files
+EVAL = "eval"  # the orchestrator's evaluation metrics: metrics/eval.jsonl
 STEP_PREFIX = "step_"
 STEP_DIGITS = 6
 TMP_PREFIX = ".tmp-"

@@ -1,141 +1,311 @@
-"""The orchestrator's scheduling and staleness logic, against a fake inference client."""
+"""The orchestrator's scheduling, retries and staleness, against fake OpenAI-compatible servers."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.client import Completion
+from orchestrator.client import Completion, InferenceClient
+from orchestrator.environments import Prompt, load_environment
 from orchestrator.loop import Group, Orchestrator
-from orchestrator.tasks import Prompt, get_task
+from orchestrator.pool import RolloutFailed, Server, ServerPool
+from orchestrator.rollout import Sample, single_turn
+from shared.admin_api import WeightsInfo
 from shared.config import load_config
-from shared.errors import WaitTimeout
+from shared.errors import TriadError, WaitTimeout
 from shared.rundir import RunDir, ensure_run, read_marker
+from tests.fake_openai import FakeServer
 
 
-class FakeClient:
-    """Answers after `delay` seconds; records how many requests overlap."""
+class FakeBackend:
+    """Loads instantly; what a server 'serves' is its `Server.version`."""
 
-    def __init__(self, delay: float = 0.01) -> None:
-        self.base_url, self.delay = "fake://inference", delay
-        self.inflight = self.peak = self.calls = 0
+    kind, updates = "fake", True
 
-    async def complete(self, prompt: str, n: int, max_tokens: int, temperature: float) -> list[Completion]:
-        self.inflight += 1
-        self.calls += 1
-        self.peak = max(self.peak, self.inflight)
-        try:
-            await asyncio.sleep(self.delay)
-        finally:
-            self.inflight -= 1
-        return [Completion([1, 2], [3, 4], [-0.5, -0.25], str(i), False) for i in range(n)]
+    def __init__(self) -> None:
+        self.loads: list[int] = []
+        self.version = 0
+
+    async def current(self) -> WeightsInfo:
+        return WeightsInfo(version=self.version, path="base", base_path="base")
+
+    async def load(self, version: int, path: str) -> None:
+        self.loads.append(version)
+        self.version = version
 
 
-def make(tmp_path, *sets: str, delay: float = 0.01) -> tuple[Orchestrator, FakeClient]:
+def make(tmp_path, urls: list[str], *sets: str) -> Orchestrator:
     cfg = load_config(
-        None, [f"run_dir={tmp_path}", "orchestrator.batch_size=4", "orchestrator.group_size=2", *sets]
+        None,
+        [
+            f"run_dir={tmp_path}",
+            "orchestrator.batch_size=4",
+            "orchestrator.group_size=2",
+            "orchestrator.retry_backoff_s=0.01",
+            *sets,
+        ],
     )
     run = ensure_run(tmp_path, {})
-    client = FakeClient(delay)
-    return Orchestrator(cfg, run.run_id, [client], get_task(cfg.orchestrator.task)), client
+    oc = cfg.orchestrator
+    servers = [Server(InferenceClient(url, None, oc.request_timeout_s), FakeBackend()) for url in urls]
+    for server in servers:
+        server.client.model = "fake"
+    env = load_environment(oc.env, oc.env_args)
+    return Orchestrator(cfg, run.run_id, ServerPool(servers, oc), env)
 
 
-def test_producer_keeps_max_inflight_busy_and_no_more(tmp_path):
-    orch, client = make(
-        tmp_path,
-        "orchestrator.max_inflight=6",
-        "max_steps=50",
-        "max_async_level=100",
-        "trainer.keep_weights=200",
-    )
+async def close(orch: Orchestrator) -> None:
+    for server in orch.pool.servers:
+        await server.client.close()
 
-    async def run() -> None:
-        producer = asyncio.create_task(orch.produce())
-        for step in range(1, 6):
-            await orch.assemble(step)
-        producer.cancel()
 
-    asyncio.run(run())
-    assert client.peak == 6  # the bound is reached...
-    assert orch.pending <= 6  # ...and never exceeded
+async def stop(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def set_version(orch: Orchestrator, version: int) -> None:
+    for server in orch.pool.servers:
+        server.version = version
+
+
+def test_producer_keeps_max_inflight_requests_busy_and_no_more(tmp_path):
+    with FakeServer() as fake:
+        fake.state.delay = 0.05
+
+        async def run() -> None:
+            orch = make(tmp_path, [fake.url], "orchestrator.max_inflight=6", "max_steps=50",
+                        "max_async_level=100", "trainer.keep_weights=200")  # fmt: skip
+            producer = asyncio.create_task(orch.produce())
+            for step in range(1, 9):
+                await orch.assemble(step)
+            await stop(producer)
+            assert orch.pending <= 6
+            await close(orch)
+
+        asyncio.run(run())
+    assert fake.state.peak == 6  # the bound is reached, never exceeded
+    # between the first and last request the server was busy with 6 almost all the time
+    changes = fake.state.busy_since
+    busy = sum(t1 - t0 for (t0, n), (t1, _) in zip(changes, changes[1:], strict=False) if n >= 5)
+    assert busy / (changes[-1][0] - changes[0][0]) > 0.7
 
 
 def test_generation_waits_for_fresh_weights(tmp_path):
     """With eta = 0 nothing for batch 2 starts until version 1 is served."""
-    orch, client = make(tmp_path, "orchestrator.max_inflight=100", "max_steps=10", "max_async_level=0")
+    with FakeServer() as fake:
 
-    async def run() -> None:
-        producer = asyncio.create_task(orch.produce())
-        await orch.assemble(1)
-        await asyncio.sleep(0.1)
-        assert client.calls == 4  # batch 1 only: batch 2 needs version 1
-        orch.served_version = 1
-        await orch.notify()
-        await orch.assemble(2)
-        producer.cancel()
+        async def run() -> None:
+            orch = make(tmp_path, [fake.url], "orchestrator.max_inflight=100", "max_steps=10",
+                        "max_async_level=0")  # fmt: skip
+            producer = asyncio.create_task(orch.produce())
+            await orch.assemble(1)
+            await asyncio.sleep(0.2)
+            assert fake.state.requests == 4  # batch 1 only: batch 2 needs version 1
+            set_version(orch, 1)
+            await orch.notify()
+            await orch.assemble(2)
+            await stop(producer)
+            await close(orch)
 
-    asyncio.run(run())
+        asyncio.run(run())
+
+
+def test_a_failing_server_is_retried_elsewhere_then_taken_out(tmp_path, caplog):
+    with FakeServer() as bad, FakeServer() as good:
+        bad.state.mode = "fail"
+
+        async def run() -> list[Group]:
+            orch = make(tmp_path, [bad.url, good.url], "orchestrator.max_server_failures=2", "max_steps=10",
+                        "orchestrator.max_inflight=1")  # fmt: skip
+            producer = asyncio.create_task(orch.produce())
+            batch, _, _ = await orch.assemble(1)
+            await stop(producer)
+            assert [s.healthy for s in orch.pool.servers] == [False, True]
+            await close(orch)
+            return batch
+
+        with caplog.at_level(logging.WARNING, logger="triad.orchestrator"):
+            batch = asyncio.run(run())
+    assert len(batch) == 4 and bad.state.requests == 2  # then no more requests go there
+    (message,) = [r.getMessage() for r in caplog.records if "out of rotation" in r.getMessage()]
+    assert bad.url in message and "2 failed requests in a row" in message and "500" in message
+
+
+def test_a_server_that_times_out_is_taken_out(tmp_path, caplog):
+    with FakeServer() as slow, FakeServer() as good:
+        slow.state.mode = "hang"
+
+        async def run() -> None:
+            orch = make(tmp_path, [slow.url, good.url], "orchestrator.max_server_failures=1",
+                        "orchestrator.request_timeout_s=0.3", "orchestrator.max_inflight=1")  # fmt: skip
+            completions, server, _ = await orch.pool.complete("1+1=", 2)
+            assert server.url == good.url and len(completions) == 2
+            assert not orch.pool.servers[0].healthy
+            await close(orch)
+
+        with caplog.at_level(logging.WARNING, logger="triad.orchestrator"):
+            asyncio.run(run())
+    assert any("timed out" in r.getMessage() and slow.url in r.getMessage() for r in caplog.records)
+
+
+def test_when_every_server_fails_the_group_is_dropped_then_the_run_stops(tmp_path):
+    with FakeServer() as bad:
+        bad.state.mode = "fail"
+
+        async def run() -> None:
+            orch = make(tmp_path, [bad.url], "orchestrator.max_server_failures=2",
+                        "orchestrator.max_retries=1", "orchestrator.inference_timeout_s=0.3")  # fmt: skip
+            with pytest.raises(RolloutFailed, match="failed 2 times.*500"):
+                await orch.pool.complete("1+1=", 2)
+            with pytest.raises(TriadError, match=f"no inference server healthy for 0.3 s.*{bad.url}.*500"):
+                await orch.pool.complete("1+1=", 2)
+            await close(orch)
+
+        asyncio.run(run())
+    assert bad.state.requests == 2
+
+
+def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_path):
+    with FakeServer() as fake:
+
+        async def run() -> None:
+            orch = make(tmp_path, [fake.url], "orchestrator.health_interval_s=0.05")
+            server = orch.pool.servers[0]
+            realigned: list[int] = []
+
+            async def realign(s: Server) -> None:
+                realigned.append(s.version)
+                s.version = s.backend.version = 7
+
+            watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            fake.state.healthy = False
+            await asyncio.sleep(0.3)
+            assert not server.healthy and "health" in server.why_out
+            server.version = 3  # what it served before it went away
+            fake.state.healthy = True
+            await asyncio.sleep(0.3)
+            assert server.healthy and server.version == 7 and realigned == [3]
+            await stop(watcher)
+            await close(orch)
+
+        asyncio.run(run())
 
 
 def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):
-    orch, _ = make(tmp_path, "max_async_level=1", "max_steps=10")
-    prompt = Prompt("1+1=", "2")
-    completions = [Completion([1], [2], [-0.1], "2", False)] * 2
+    """Groups made by version 0 wait in the queue while the trainer moves on: batch 4 drops them."""
+    with FakeServer() as fake:
+
+        async def run() -> tuple[list[Group], int, int]:
+            orch = make(tmp_path, [fake.url], "max_async_level=1", "max_steps=10",
+                        "orchestrator.max_inflight=3")  # fmt: skip
+            orch.step = 4  # as if batches 1-3 were taken; their groups were generated at version 0
+            orch.pending = 3
+            for _ in range(3):
+                await orch.generate_group(Prompt("1+1=", "2"))
+            set_version(orch, 3)  # the bound for batch 4 is version 2
+            producer = asyncio.create_task(orch.produce())
+            out = await orch.assemble(4)
+            await stop(producer)
+            await close(orch)
+            return out
+
+        batch, dropped, _ = asyncio.run(run())
+    assert [g.version for g in batch] == [3, 3, 3, 3] and dropped == 3 * 2
+
+
+def samples(rewards: list[float], version: int = 0) -> list[Sample]:
+    out = []
+    for r in rewards:
+        s = single_turn(Completion([1, 2], [3], [-0.5], "x", False), version)
+        s.reward = r
+        out.append(s)
+    return out
+
+
+def test_dynamic_sampling_skips_equal_reward_groups(tmp_path):
+    orch = make(tmp_path, ["http://127.0.0.1:9"], "orchestrator.dynamic_sampling=true",
+                "orchestrator.batch_size=2")  # fmt: skip
 
     async def run():
-        for version in (1, 2, 3, 3, 3, 3):  # batch 4 accepts versions >= 2
+        for rewards in ([1, 1], [0, 1], [0, 0], [1, 0]):
             orch.pending += 1
-            await orch.queue.put(Group(f"g{version}", prompt, version, completions, [1.0, 0.0]))
-        return await orch.assemble(4)
+            await orch.queue.put(Group("g", Prompt("1+1=", "2"), samples(rewards)))
+        return await orch.assemble(1)
 
-    batch, dropped = asyncio.run(run())
-    assert [g.version for g in batch] == [2, 3, 3, 3] and dropped == 2
-    assert orch.dropped_total == 2
+    batch, dropped, filtered = asyncio.run(run())
+    assert [g.rewards for g in batch] == [[0, 1], [1, 0]] and filtered == 2 and dropped == 0
+
+
+def test_overlong_mask_and_penalty(tmp_path):
+    long = Sample(input_ids=[1] * 10, loss_mask=[False] * 2 + [True] * 8, logprobs=[0.0] * 10,
+                  truncated=True, reward=1.0)  # fmt: skip
+    short = Sample(input_ids=[1] * 4, loss_mask=[False] * 2 + [True] * 2, logprobs=[0.0] * 4, reward=1.0)
+    group = Group("g", Prompt("p", "a"), [long, short])
+    masked = make(tmp_path, ["http://127.0.0.1:9"], 'orchestrator.overlong="mask"').rows(1, [group])
+    assert masked[0]["loss_mask"] == [False] * 10 and masked[1]["loss_mask"] == short.loss_mask
+    penalised = make(tmp_path, ["http://127.0.0.1:9"], "orchestrator.overlong=\"penalty\"",
+                     "orchestrator.max_tokens=8", "orchestrator.overlong_buffer=4")  # fmt: skip
+    penalised = penalised.rows(1, [group])
+    assert [r["reward"] for r in penalised] == [0.0, 1.0]  # 8 tokens: the full penalty of 1
+    assert penalised[0]["advantage"] < 0 < penalised[1]["advantage"]
 
 
 def test_published_batch_has_advantages_versions_and_marker(tmp_path):
-    orch, _ = make(tmp_path, "max_async_level=1", "max_steps=10")
-    prompt = Prompt("1+1=", "2")
-    group = Group("g", prompt, 3, [Completion([7, 8], [9], [-0.7], "2", False)] * 2, [1.0, 0.0])
-    rows = orch.rows(4, [group])
-    orch.publish(4, rows)
+    orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=1", "max_steps=10")
+    group = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0], version=3))
+    orch.publish(4, orch.rows(4, [group]))
     table = pq.read_table(RunDir(tmp_path).batch_file(4)).to_pylist()
     assert [r["advantage"] for r in table] == pytest.approx([1.0, -1.0], abs=1e-5)  # grpo on rewards 1, 0
-    assert table[0]["input_ids"] == [7, 8, 9] and table[0]["loss_mask"] == [False, False, True]
-    assert table[0]["logprobs"] == pytest.approx([0.0, 0.0, -0.7])
+    assert table[0]["input_ids"] == [1, 2, 3] and table[0]["loss_mask"] == [False, False, True]
+    assert table[0]["logprobs"] == pytest.approx([0.0, 0.0, -0.5])
     marker = read_marker(RunDir(tmp_path).rollout_dir(4), orch.run_id)
     assert marker.min_policy_version == 3 and marker.samples == 2 and marker.temperature == 1.0
 
 
 def test_resumes_after_the_newest_batch(tmp_path):
-    orch, _ = make(tmp_path)
-    orch.publish(
-        1,
-        orch.rows(1, [Group("g", Prompt("1+1=", "2"), 0, [Completion([1], [2], [-0.1], "2", False)], [1.0])]),
-    )
-    again, _ = make(tmp_path)
+    orch = make(tmp_path, ["http://127.0.0.1:9"])
+    orch.publish(1, orch.rows(1, [Group("g", Prompt("1+1=", "2"), samples([1.0]))]))
+    again = make(tmp_path, ["http://127.0.0.1:9"])
     assert again.first_step == 2 and again.step == 2
     assert again.rng.random() != random.Random(f"{again.cfg.seed}-1").random()
 
 
 def test_weights_timeout_counts_only_time_stalled_on_weights(tmp_path):
     """Generation time is not waiting for the trainer: the clock starts when nothing else is left."""
-    orch, _ = make(
-        tmp_path, "max_async_level=0", "max_steps=10", "orchestrator.weights_timeout_s=0.4", delay=0.6
-    )
+    with FakeServer() as fake:
+        fake.state.delay = 0.6
 
-    async def run() -> float:
-        producer = asyncio.create_task(orch.produce())
-        await orch.assemble(1)  # its groups took 0.6 s, longer than the weights timeout
-        done = asyncio.get_running_loop().time()
-        with pytest.raises(ExceptionGroup) as caught:  # raised inside the producer's TaskGroup
-            await producer
-        (timeout,) = caught.value.subgroup(WaitTimeout).exceptions
-        assert "version 1" in str(timeout) and "weights/step_000001/DONE" in str(timeout)
-        return asyncio.get_running_loop().time() - done
+        async def run() -> float:
+            orch = make(tmp_path, [fake.url], "max_async_level=0", "max_steps=10",
+                        "orchestrator.weights_timeout_s=0.4")  # fmt: skip
+            producer = asyncio.create_task(orch.produce())
+            await orch.assemble(1)  # its groups took 0.6 s, longer than the weights timeout
+            done = asyncio.get_running_loop().time()
+            with pytest.raises(ExceptionGroup) as caught:  # raised inside the producer's TaskGroup
+                await producer
+            (timeout,) = caught.value.subgroup(WaitTimeout).exceptions
+            assert "version 1" in str(timeout) and "weights/step_000001/DONE" in str(timeout)
+            waited = asyncio.get_running_loop().time() - done
+            await close(orch)
+            return waited
 
-    waited = asyncio.run(run())
+        waited = asyncio.run(run())
     assert 0.35 < waited < 1.5
+
+
+def test_frozen_backend_paces_rollouts_by_the_trainer_and_skips_the_staleness_drop(tmp_path):
+    from orchestrator.backends import Frozen
+
+    orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=0", "max_steps=10")
+    orch.pool.servers[0].backend = Frozen()
+    orch2 = Orchestrator(orch.cfg, orch.run_id, orch.pool, orch.env)
+    assert orch2.frozen and orch2.served_version == 0
+    orch2.trainer_version = 5
+    assert orch2.served_version == 5
+    old = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0], version=0))
+    assert orch2.accepts(old, step=9, filtered=0) is None

@@ -1,28 +1,12 @@
-"""Built-in tasks: prompts with a verifiable reward. Pure functions, no I/O."""
+"""Reverse-text and addition: procedural single-turn tasks with verifiable rewards."""
 
 from __future__ import annotations
 
 import random
 import string
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
-from shared.errors import TriadError
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str
-    answer: str
-    meta: dict[str, str] = field(default_factory=dict)
-
-
-class Task(Protocol):
-    name: str
-
-    def sample(self, rng: random.Random) -> Prompt: ...
-
-    def reward(self, prompt: Prompt, completion: str) -> float: ...
+from orchestrator.environments import Prompt
 
 
 def positional_match(prediction: str, target: str) -> float:
@@ -65,13 +49,3 @@ class Addition:
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         return 1.0 if completion.strip() == prompt.answer else 0.0
-
-
-TASKS: dict[str, Task] = {"reverse": ReverseText(), "addition": Addition()}
-
-
-def get_task(name: str) -> Task:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise TriadError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}") from None

@@ -1,0 +1,142 @@
+"""The environment API: what a task must provide, and how triad finds one.
+
+An environment is any object with
+
+    name: str
+    def sample(self, rng: random.Random) -> Prompt
+    def reward(self, prompt: Prompt, completion: str) -> float          # or async
+
+and, optionally,
+
+    max_turns: int                                   # > 1: a multi-turn environment
+    def respond(self, prompt, completion) -> str | None   # or async: the environment's
+        # next message after a model turn, appended to the conversation as tokens the
+        # model did not sample (loss_mask false); None ends the episode
+    def eval_prompts(self) -> list[Prompt]           # a held-out set for evaluation
+
+`completion` is the conversation after the prompt as text: model turns and the
+environment's messages in order. Rewards and responses may be coroutines, and
+may call out (a subprocess, a sandbox); each call is bounded by
+`orchestrator.env_timeout_s`.
+
+`orchestrator.env` names the environment: a built-in (see `BUILTIN`), the name
+of an entry point in the group `triad.environments` of an installed package, or
+`module:attribute`. If the object found is a class or function it is called with
+`orchestrator.env_args` as keyword arguments to make the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from shared.errors import TriadError
+
+ENTRY_POINT_GROUP = "triad.environments"
+EVAL_SEED = "held-out"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    answer: str
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    name: str
+
+    def sample(self, rng: random.Random) -> Prompt: ...
+
+    def reward(self, prompt: Prompt, completion: str) -> float | Awaitable[float]: ...
+
+
+def max_turns(env: Environment) -> int:
+    return int(getattr(env, "max_turns", 1))
+
+
+async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -> Any:
+    async with asyncio.timeout(timeout):
+        try:
+            result = fn(*args)
+            return await result if inspect.isawaitable(result) else result
+        except TimeoutError:
+            raise
+        except Exception as e:
+            raise TriadError(f"{what} raised {type(e).__name__}: {e}") from e
+
+
+async def score(env: Environment, prompt: Prompt, completion: str, timeout: float) -> float:
+    """The environment's reward, as a float; a reward that times out scores 0."""
+    try:
+        value = await _call(env.reward, timeout, f"environment {env.name!r}: reward", prompt, completion)
+    except TimeoutError:
+        return 0.0
+    return float(value)
+
+
+async def respond(env: Environment, prompt: Prompt, completion: str, timeout: float) -> str | None:
+    reply = await _call(env.respond, timeout, f"environment {env.name!r}: respond", prompt, completion)
+    if reply is not None and not isinstance(reply, str):
+        raise TriadError(f"environment {env.name!r}: respond returned {type(reply).__name__}, not str/None")
+    return reply
+
+
+def eval_prompts(env: Environment, size: int) -> list[Prompt]:
+    """The environment's held-out set, or `size` prompts from a fixed seed."""
+    if hasattr(env, "eval_prompts"):
+        return list(env.eval_prompts())[:size]
+    rng = random.Random(EVAL_SEED)
+    return [env.sample(rng) for _ in range(size)]
+
+
+def _find(ref: str) -> Any:
+    from orchestrator.envs import BUILTIN
+
+    if ref in BUILTIN:
+        return BUILTIN[ref]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == ref:
+            try:
+                return ep.load()
+            except Exception as e:
+                raise TriadError(f"entry point {ref!r} ({ep.value}) failed to load: {e!r}") from None
+    module_name, sep, attr = ref.partition(":")
+    if not sep:
+        plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        raise TriadError(
+            f"unknown environment {ref!r}: not a built-in {sorted(BUILTIN)}, not an entry point in "
+            f"{ENTRY_POINT_GROUP!r} {plugins}, and not module:attribute"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TriadError(f"environment {ref!r}: cannot import {module_name!r}: {e}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise TriadError(f"environment {ref!r}: module {module_name!r} has no {attr!r}") from None
+
+
+def load_environment(ref: str, args: dict[str, Any] | None = None) -> Environment:
+    found = _find(ref)
+    if inspect.isclass(found) or (callable(found) and not isinstance(found, Environment)):
+        try:
+            found = found(**(args or {}))
+        except TypeError as e:
+            raise TriadError(f"environment {ref!r}: bad orchestrator.env_args: {e}") from None
+    elif args:
+        raise TriadError(f"environment {ref!r} is an object, not a factory: it takes no env_args")
+    if not isinstance(found, Environment):
+        what = type(found).__name__
+        raise TriadError(f"environment {ref!r} has no name, sample() and reward(): got a {what}")
+    if max_turns(found) > 1 and not hasattr(found, "respond"):
+        raise TriadError(f"environment {ref!r} has max_turns > 1 but no respond()")
+    return found

@@ -1,0 +1,63 @@
+"""Evaluation on a held-out set: pass@1 and pass@k, without blocking training.
+
+For each prompt `k` samples are drawn; with `c` of them correct (reward >= 1),
+pass@1 = c / k and pass@k = 1 - C(k - c, k) / C(k, k), i.e. 1 if any is correct.
+The general unbiased estimator (Chen et al., 2021) for n >= k samples is
+1 - C(n - c, k) / C(n, k); `pass_at_k` computes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from math import comb
+
+from orchestrator.environments import Environment, Prompt
+from orchestrator.pool import RolloutFailed, ServerPool
+from orchestrator.rollout import rollout_group
+from shared.metrics import MetricsWriter
+
+log = logging.getLogger("triad.orchestrator")
+SOLVED = 1.0 - 1e-9
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+async def evaluate(
+    env: Environment, prompts: list[Prompt], pool: ServerPool, k: int, env_timeout: float
+) -> dict[str, float]:
+    groups = await asyncio.gather(
+        *(rollout_group(env, p, pool, k, env_timeout) for p in prompts), return_exceptions=True
+    )
+    scored = [g for g in groups if not isinstance(g, BaseException)]
+    for g in groups:
+        if isinstance(g, BaseException) and not isinstance(g, RolloutFailed):
+            raise g
+    if not scored:
+        return {"eval_failed_prompts": float(len(prompts))}
+    correct = [sum(s.reward >= SOLVED for s in g) for g in scored]
+    rewards = [s.reward for g in scored for s in g]
+    return {
+        "eval_reward_mean": sum(rewards) / len(rewards),
+        "eval_pass@1": sum(pass_at_k(k, c, 1) for c in correct) / len(correct),
+        f"eval_pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(correct),
+        "eval_prompts": float(len(scored)),
+        "eval_failed_prompts": float(len(prompts) - len(scored)),
+    }
+
+
+async def evaluate_and_log(
+    step: int, env: Environment, prompts: list[Prompt], pool: ServerPool, k: int, env_timeout: float,
+    writer: MetricsWriter,
+) -> None:  # fmt: skip
+    versions = sorted({s.version for s in pool.healthy()})
+    result = await evaluate(env, prompts, pool, k, env_timeout)
+    writer.log(step, policy_versions=versions, **result)
+    summary = ", ".join(f"{name} {value:.3f}" for name, value in result.items())
+    log.info("eval after step %d: %s", step, summary)

@@ -1,0 +1,124 @@
+"""Several inference servers behind one call: balancing, retries, health checks.
+
+A request goes to the healthy server with the fewest requests in flight (or the
+one a multi-turn episode already uses). A failed or timed-out request is
+retried on another server after an exponential backoff; a server that fails
+`max_server_failures` times in a row is taken out of rotation with a warning.
+The health watcher polls every server: one that stops answering is taken out,
+one that comes back (a restart, say) is given the run's current weights before
+it serves rollouts again. With no healthy server for `inference_timeout_s` the
+orchestrator stops with an error that names each server and why it is out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from orchestrator.backends import WeightBackend
+from orchestrator.client import Completion, InferenceClient, RequestRejected
+from shared.config import OrchestratorConfig
+from shared.errors import TriadError
+
+log = logging.getLogger("triad.orchestrator")
+MAX_BACKOFF_S = 30.0
+
+
+class RolloutFailed(TriadError):
+    """Every attempt at a request failed; the group it belongs to is dropped."""
+
+
+@dataclass
+class Server:
+    client: InferenceClient
+    backend: WeightBackend
+    version: int = 0  # the weights version it serves
+    healthy: bool = True
+    failures: int = 0  # consecutive
+    why_out: str = ""
+    loading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight load at a time
+
+    @property
+    def url(self) -> str:
+        return self.client.base_url
+
+
+class ServerPool:
+    def __init__(self, servers: list[Server], oc: OrchestratorConfig) -> None:
+        self.servers, self.oc = servers, oc
+        self.latencies: list[float] = []  # of successful requests since the last `take_latencies`
+
+    def healthy(self) -> list[Server]:
+        return [s for s in self.servers if s.healthy]
+
+    def take_out(self, server: Server, why: str) -> None:
+        if server.healthy:
+            log.warning("taking inference server %s out of rotation: %s", server.url, why)
+        server.healthy, server.why_out = False, why
+
+    async def pick(self, prefer: Server | None = None) -> Server:
+        deadline = time.monotonic() + self.oc.inference_timeout_s
+        while True:
+            if prefer is not None and prefer.healthy:
+                return prefer
+            healthy = self.healthy()
+            if healthy:
+                return min(healthy, key=lambda s: s.client.inflight)
+            if time.monotonic() > deadline:
+                out = "; ".join(f"{s.url}: {s.why_out}" for s in self.servers)
+                raise TriadError(f"no inference server healthy for {self.oc.inference_timeout_s:g} s ({out})")
+            await asyncio.sleep(0.1)
+
+    async def complete(
+        self, prompt: str | list[int], n: int, prefer: Server | None = None
+    ) -> tuple[list[Completion], Server, int]:
+        """Completions, the server that made them, and the version it served when asked."""
+        error: TriadError | None = None
+        for attempt in range(self.oc.max_retries + 1):
+            server = await self.pick(prefer)
+            version, started = server.version, time.monotonic()
+            try:
+                out = await server.client.complete(prompt, n, self.oc.max_tokens, self.oc.temperature)
+            except RequestRejected:
+                raise
+            except TriadError as e:
+                error, prefer = e, None
+                server.failures += 1
+                if server.failures >= self.oc.max_server_failures:
+                    self.take_out(server, f"{server.failures} failed requests in a row, the last: {e}")
+                await asyncio.sleep(min(self.oc.retry_backoff_s * 2**attempt, MAX_BACKOFF_S))
+                continue
+            server.failures = 0
+            self.latencies.append(time.monotonic() - started)
+            return out, server, version
+        raise RolloutFailed(f"a rollout failed {self.oc.max_retries + 1} times; the last error: {error}")
+
+    def take_latencies(self) -> list[float]:
+        out, self.latencies = self.latencies, []
+        return out
+
+    async def watch_health(self, realign: Callable[[Server], Awaitable[None]]) -> None:
+        """Forever: take out servers that stop answering, re-align and re-admit those back."""
+        while True:
+            await asyncio.sleep(self.oc.health_interval_s)
+            await asyncio.gather(*(self._check(s, realign) for s in self.servers))
+
+    async def _check(self, server: Server, realign: Callable[[Server], Awaitable[None]]) -> None:
+        if not await server.client.healthy():
+            self.take_out(server, "its /health does not answer")
+            return
+        if server.loading.locked():
+            return
+        try:
+            served = (await server.backend.current()).version
+            if not server.healthy or served != server.version:
+                await realign(server)
+        except TriadError as e:
+            self.take_out(server, f"could not give it the current weights: {e}")
+            return
+        if not server.healthy:
+            log.info("inference server %s is back, serving version %d", server.url, server.version)
+            server.healthy, server.failures, server.why_out = True, 0, ""

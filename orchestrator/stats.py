@@ -1,0 +1,44 @@
+"""Small measurements for the orchestrator's metrics: percentiles and event-loop lag."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+LAG_PROBE_S = 0.05
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    return {f"{prefix}_p{q}": percentile(values, q) for q in (50, 90, 99)}
+
+
+class LoopLag:
+    """How late the event loop wakes a task that sleeps LAG_PROBE_S: a busy loop delays everything."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.samples.append(max(0.0, time.perf_counter() - start - LAG_PROBE_S))
+
+    def take(self) -> dict[str, float]:
+        samples, self.samples = self.samples, []
+        return {
+            "loop_lag_mean_s": sum(samples) / len(samples) if samples else 0.0,
+            "loop_lag_max_s": max(samples, default=0.0),
+        }

@@ -1,0 +1,122 @@
+"""A fake OpenAI-compatible completions server over real HTTP, for orchestrator unit tests.
+
+Tokens are the prompt's bytes (as with the tiny models' byte-level tokenizer).
+Each server's behaviour is switched through its `state`: answer normally after
+`delay`, fail with 500, hang (to make clients time out), or report unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tests.helpers import free_port
+
+
+@dataclass
+class FakeState:
+    mode: str = "ok"  # ok | fail | hang
+    healthy: bool = True
+    delay: float = 0.01
+    answer: str = "2"
+    inflight: int = 0
+    peak: int = 0
+    requests: int = 0
+    busy_since: list[tuple[float, int]] = field(default_factory=list)  # (time, inflight) at each change
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def make_app(state: FakeState) -> Starlette:
+    def track(delta: int) -> None:
+        state.inflight += delta
+        state.peak = max(state.peak, state.inflight)
+        state.busy_since.append((time.monotonic(), state.inflight))
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({}, status_code=200 if state.healthy else 503)
+
+    async def models(request: Request) -> JSONResponse:
+        card = {"id": "fake", "object": "model", "created": 0, "owned_by": "tests"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def tokenize(request: Request) -> JSONResponse:
+        return JSONResponse({"tokens": encode((await request.json())["prompt"])})
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        state.requests += 1
+        track(+1)
+        try:
+            if state.mode == "fail":
+                return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+            await asyncio.sleep(3600 if state.mode == "hang" else state.delay)
+        finally:
+            track(-1)
+        prompt = body["prompt"]
+        prompt_ids = prompt if isinstance(prompt, list) else encode(prompt)
+        ids = encode(state.answer)
+        choices = [
+            {
+                "index": i,
+                "text": state.answer,
+                "finish_reason": "stop",
+                "logprobs": {
+                    "tokens": list(state.answer),
+                    "token_logprobs": [-0.5] * len(ids),
+                    "top_logprobs": None,
+                    "text_offset": list(range(len(ids))),
+                },
+                "prompt_token_ids": prompt_ids,
+                "token_ids": ids,
+            }  # fmt: skip
+            for i in range(body.get("n", 1))
+        ]
+        return JSONResponse(
+            {"id": "x", "object": "text_completion", "created": 0, "model": "fake", "choices": choices}
+        )
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ]
+    )
+
+
+class FakeServer:
+    def __init__(self) -> None:
+        self.state = FakeState()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = make_app(self.state)
+        config = uvicorn.Config(
+            app, port=self.port, log_level="error", lifespan="off", timeout_graceful_shutdown=1
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)

@@ -1,0 +1,190 @@
+"""Environments: built-ins, answer checking, loading user environments, multi-turn rollouts."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import textwrap
+from fractions import Fraction
+
+import pytest
+
+from orchestrator.advantages import has_signal, overlong_penalty
+from orchestrator.client import InferenceClient
+from orchestrator.environments import eval_prompts, load_environment, score
+from orchestrator.envs.basic import ReverseText, positional_match
+from orchestrator.envs.calculator import Calculator, evaluate
+from orchestrator.envs.grade_school import GradeSchoolMath, extract_answer, is_correct
+from orchestrator.evaluation import pass_at_k
+from orchestrator.pool import Server, ServerPool
+from orchestrator.rollout import rollout_group
+from orchestrator.stats import percentile
+from shared.config import load_config
+from shared.errors import TriadError
+from tests.fake_openai import FakeServer, encode
+
+
+def test_positional_match_gives_partial_credit():
+    assert positional_match("dcba", "dcba") == 1.0
+    assert positional_match("dcxa", "dcba") == 0.75
+    assert positional_match("dc", "dcba") == 0.5
+    assert positional_match("dcbaaa", "dcba") == pytest.approx(4 / 6)
+    assert positional_match("", "") == 1.0
+
+
+def test_reverse_task_prompts_and_reward():
+    env = ReverseText()
+    p = env.sample(random.Random(0))
+    word = p.text.removeprefix("reverse ").removesuffix(": ")
+    assert 3 <= len(word) <= 5 and p.answer == word[::-1]
+    assert env.reward(p, f" {p.answer}\n") == 1.0
+
+
+@pytest.mark.parametrize(
+    "completion, answer",
+    [
+        ("so the total is 1,234 dollars", Fraction(1234)),
+        ("5 * 3 = 15. 15 - 4 = 11.\n#### 11", Fraction(11)),
+        ("The answer is $5.50.", Fraction(11, 2)),
+        ("answer: -3 (I think 4 is wrong)", Fraction(-3)),
+        ("\\boxed{3/4} but 7 appears later", Fraction(3, 4)),
+        ("no number here", None),
+    ],
+)
+def test_grade_school_answer_extraction(completion, answer):
+    assert extract_answer(completion) == answer
+
+
+def test_grade_school_checks_values_not_strings_and_holds_out_its_eval_set():
+    assert is_correct("answer: 12.0", "12") and is_correct("#### 1,000", "1000")
+    assert not is_correct("answer: 13", "12") and not is_correct("", "12")
+    env = GradeSchoolMath(eval_size=40)
+    held_out = {p.text for p in env.eval_prompts()}
+    rng = random.Random(0)
+    trained = {env.sample(rng).text for _ in range(2000)}
+    assert len(held_out) == 40 and not held_out & trained
+    item = env.items[0]
+    assert env.reward(env.sample(random.Random(1)), "nothing") == 0.0
+    assert env.reward(env._prompt(item), f"answer: {item['answer']}") == 1.0
+
+
+def test_grade_school_reads_gsm8k_layout_and_reports_bad_lines(tmp_path):
+    data = tmp_path / "gsm.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "1 + 1 = 2\\n#### 2"}\n' * 3)
+    env = GradeSchoolMath(path=data, eval_size=1)
+    assert env.items[0]["answer"] == "2"
+    data.write_text('{"question": "1+1?"}\n')
+    with pytest.raises(TriadError, match=f"{data}:1: expected JSON"):
+        GradeSchoolMath(path=data)
+
+
+def test_calculator_evaluates_only_integer_arithmetic():
+    assert evaluate("12*(3+4)-5//2") == 82
+    for bad in ("__import__('os')", "2**1000", "1/0", "9" * 20 + "*" + "9" * 20, "x"):
+        with pytest.raises(ValueError):
+            evaluate(bad)
+
+
+def test_calculator_responds_to_tool_calls_and_scores_the_final_answer():
+    env = Calculator()
+    p = env.sample(random.Random(0))
+    assert env.respond(p, "let me calc(6*7)") == "\n= 42\n"
+    assert env.respond(p, "calc(6*7)\n= 42\nthen calc(42+1)") == "\n= 43\n"  # the last turn only
+    assert env.respond(p, "calc(6*7)\n= 42\nhmm") == "\n= no tool call\n"
+    assert env.respond(p, f"answer: {p.answer}") is None
+    assert env.reward(p, f"calc(1)\n= 1\nanswer: {p.answer}") == 1.0
+    assert env.reward(p, "answer: 0") == 0.0
+
+
+def test_shaping_and_pass_at_k_values():
+    assert has_signal([0, 1]) and not has_signal([0.5, 0.5]) and not has_signal([])
+    assert overlong_penalty(10, max_length=16, buffer=4, factor=1.0) == 0.0
+    assert overlong_penalty(14, max_length=16, buffer=4, factor=1.0) == -0.5
+    assert overlong_penalty(16, max_length=16, buffer=4, factor=2.0) == -2.0
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(4, 1, 1) == 0.25
+    assert pass_at_k(10, 3, 2) == pytest.approx(1 - (7 * 6) / (10 * 9))
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 90) == 0.0
+
+
+def test_builtin_names_and_errors():
+    assert load_environment("calculator").max_turns == 3
+    assert load_environment("grade_school_math", {"eval_size": 10}).eval_size == 10
+    with pytest.raises(TriadError, match="unknown environment 'chess'.*reverse"):
+        load_environment("chess")
+    with pytest.raises(TriadError, match="bad orchestrator.env_args"):
+        load_environment("addition", {"colour": "red"})
+    with pytest.raises(TriadError, match="cannot import 'nowhere'"):
+        load_environment("nowhere:Env")
+
+
+def write_plugin(root, package: str, entry_name: str) -> None:
+    """An installed distribution on `root`: a package plus a dist-info with an entry point."""
+    (root / package).mkdir()
+    (root / package / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            import asyncio
+            from orchestrator.environments import Prompt
+
+            class Echo:
+                def __init__(self, word="hi"):
+                    self.name, self.word = "echo", word
+
+                def sample(self, rng):
+                    return Prompt(text=f"say {self.word}: ", answer=self.word)
+
+                async def reward(self, prompt, completion):
+                    await asyncio.sleep(0)
+                    return float(completion.strip() == prompt.answer)
+            """
+        )
+    )
+    info = root / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[triad.environments]\n{entry_name} = {package}:Echo\n")
+
+
+def test_user_environments_load_by_entry_point_and_by_module_attribute(tmp_path, monkeypatch):
+    write_plugin(tmp_path, "echo_env_pkg", "echo")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = load_environment("echo", {"word": "yo"})
+    assert env.name == "echo" and env.sample(random.Random(0)).text == "say yo: "
+    assert asyncio.run(score(env, env.sample(random.Random(0)), " yo", timeout=1)) == 1.0
+    assert load_environment("echo_env_pkg:Echo").word == "hi"
+    sys.modules.pop("echo_env_pkg", None)
+
+
+def test_eval_prompts_fall_back_to_a_fixed_seed():
+    env = load_environment("addition")
+    assert eval_prompts(env, 5) == eval_prompts(env, 5) and len(eval_prompts(env, 5)) == 5
+
+
+def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
+    cfg = load_config(None, ['orchestrator.env="calculator"', "orchestrator.group_size=3"])
+    env = Calculator(max_turns=3)
+    prompt = env.sample(random.Random(0))
+    with FakeServer() as fake:
+        fake.state.answer = "calc(2*3)"
+
+        async def run():
+            client = InferenceClient(fake.url, None, 5)
+            client.model = "fake"
+            pool = ServerPool([Server(client, backend=None)], cfg.orchestrator)  # type: ignore[arg-type]
+            out = await rollout_group(env, prompt, pool, 3, env_timeout=5)
+            await client.close()
+            return out
+
+        group = asyncio.run(run())
+    reply = "\n= 6\n"
+    turn, env_part = encode("calc(2*3)"), encode(reply)
+    expected = encode(prompt.text) + turn + env_part + turn + env_part + turn
+    for sample in group:
+        assert sample.input_ids == expected and sample.turns == 3
+        assert sample.completion == "calc(2*3)" + reply + "calc(2*3)" + reply + "calc(2*3)"
+        sampled = [False] * len(encode(prompt.text)) + ([True] * len(turn) + [False] * len(env_part)) * 2
+        assert sample.loss_mask == sampled + [True] * len(turn)
+        assert sample.logprobs == [0.0 if not m else -0.5 for m in sample.loss_mask]
+        assert sample.reward == 0.0

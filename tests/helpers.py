@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -38,17 +39,30 @@ def run_triad(
     )
 
 
-class Server:
-    """`triad inference` in a subprocess, with its log in a file."""
+def plain_vllm_cmd(model: str, port: int) -> list[str]:
+    """vLLM's own OpenAI server, without triad's admin routes."""
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
+        "--max-model-len", "256", "--disable-uvicorn-access-log",
+    ]  # fmt: skip
 
-    def __init__(self, run_dir: Path, model: str, log_path: Path, *extra: str) -> None:
+
+class Server:
+    """`triad inference` (or with `plain`, vLLM's own server) in a subprocess, logging to a file."""
+
+    def __init__(self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         sets = [f"run_dir={run_dir}", f"model={model}", f"inference.port={self.port}", *extra]
+        cmd = triad_cmd("inference", *[f"--set={s}" for s in sets])
+        if plain:
+            cmd = plain_vllm_cmd(model, self.port)
         self.log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
-            triad_cmd("inference", *[f"--set={s}" for s in sets]),
+            cmd,
+            env={**os.environ, **({"VLLM_CPU_KVCACHE_SPACE": "1"} if plain else {})},
             cwd=REPO,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -80,3 +94,35 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def write_env_plugin(root: Path, package: str, entry_name: str) -> None:
+    """An installed distribution under `root` (put it on sys.path / PYTHONPATH): a package with an
+    environment class `Echo` and a dist-info whose entry point in `triad.environments` names it."""
+    (root / package).mkdir()
+    (root / package / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            import asyncio
+            from orchestrator.environments import Prompt
+
+            class Echo:
+                \"\"\"Say a digit back: '3+0=' -> '3'.\"\"\"
+
+                def __init__(self, word="hi"):
+                    self.name, self.word = "echo", word
+
+                def sample(self, rng):
+                    digit = rng.randint(0, 9)
+                    return Prompt(text=f"{digit}+0=", answer=str(digit))
+
+                async def reward(self, prompt, completion):
+                    await asyncio.sleep(0)  # rewards may be coroutines
+                    return float(completion.strip() == prompt.answer)
+            """
+        )
+    )
+    info = root / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[triad.environments]\n{entry_name} = {package}:Echo\n")

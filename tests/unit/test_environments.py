@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
-import textwrap
 from fractions import Fraction
 
 import pytest
@@ -23,6 +22,7 @@ from orchestrator.stats import percentile
 from shared.config import load_config
 from shared.errors import TriadError
 from tests.fake_openai import FakeServer, encode
+from tests.helpers import write_env_plugin
 
 
 def test_positional_match_gives_partial_credit():
@@ -119,40 +119,13 @@ def test_builtin_names_and_errors():
         load_environment("nowhere:Env")
 
 
-def write_plugin(root, package: str, entry_name: str) -> None:
-    """An installed distribution on `root`: a package plus a dist-info with an entry point."""
-    (root / package).mkdir()
-    (root / package / "__init__.py").write_text(
-        textwrap.dedent(
-            """
-            import asyncio
-            from orchestrator.environments import Prompt
-
-            class Echo:
-                def __init__(self, word="hi"):
-                    self.name, self.word = "echo", word
-
-                def sample(self, rng):
-                    return Prompt(text=f"say {self.word}: ", answer=self.word)
-
-                async def reward(self, prompt, completion):
-                    await asyncio.sleep(0)
-                    return float(completion.strip() == prompt.answer)
-            """
-        )
-    )
-    info = root / f"{package}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[triad.environments]\n{entry_name} = {package}:Echo\n")
-
-
 def test_user_environments_load_by_entry_point_and_by_module_attribute(tmp_path, monkeypatch):
-    write_plugin(tmp_path, "echo_env_pkg", "echo")
+    write_env_plugin(tmp_path, "echo_env_pkg", "echo")
     monkeypatch.syspath_prepend(str(tmp_path))
     env = load_environment("echo", {"word": "yo"})
-    assert env.name == "echo" and env.sample(random.Random(0)).text == "say yo: "
-    assert asyncio.run(score(env, env.sample(random.Random(0)), " yo", timeout=1)) == 1.0
+    assert env.name == "echo" and env.word == "yo"
+    prompt = env.sample(random.Random(0))
+    assert asyncio.run(score(env, prompt, f" {prompt.answer}", timeout=1)) == 1.0
     assert load_environment("echo_env_pkg:Echo").word == "hi"
     sys.modules.pop("echo_env_pkg", None)
 

@@ -1,0 +1,168 @@
+"""Environments against a real vLLM server that has no triad admin routes (vLLM's own).
+
+- the multi-turn calculator environment produces batches whose loss_mask is
+  false exactly on the environment's tokens and whose input_ids re-tokenise to
+  the rendered conversation;
+- a run (orchestrator + torchrun trainer) uses an environment from a separate
+  package found through its `triad.environments` entry point, with this plain
+  server as the rollout backend: the policy stays frozen and the run says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from orchestrator.client import InferenceClient
+from orchestrator.environments import load_environment
+from orchestrator.loop import Group, Orchestrator, connect_servers
+from orchestrator.pool import ServerPool
+from shared.batch import read_batch
+from shared.config import load_config
+from shared.metrics import read_metrics
+from shared.rundir import RunDir, ensure_run, read_marker
+from tests.helpers import REPO, Server, triad_cmd, write_env_plugin
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory, tiny_model):
+    root = tmp_path_factory.mktemp("plain-vllm")
+    server = Server(root, tiny_model, root / "vllm.log", plain=True)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+def runs_of(mask: list[bool], value: bool, start: int) -> list[tuple[int, int]]:
+    """[a, b) index ranges from `start` on where mask == value."""
+    out, a = [], None
+    for i in range(start, len(mask) + 1):
+        inside = i < len(mask) and mask[i] == value
+        if inside and a is None:
+            a = i
+        elif not inside and a is not None:
+            out.append((a, i))
+            a = None
+    return out
+
+
+def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[Group], list[dict]]:
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={run_dir}", f"model={model}", f'orchestrator.inference_urls=["{url}"]',
+            'orchestrator.env="calculator"', "orchestrator.batch_size=3", "orchestrator.group_size=3",
+            "orchestrator.max_tokens=8", "orchestrator.temperature=0.4", "max_steps=2",
+        ],
+    )  # fmt: skip
+    run = ensure_run(run_dir, {})
+
+    async def run_one_batch() -> list[Group]:
+        clients = [InferenceClient(u, None, 60) for u in cfg.inference_urls()]
+        servers = await connect_servers(cfg, clients)
+        assert [s.backend.kind for s in servers] == ["none"]
+        env = load_environment(cfg.orchestrator.env)
+        orch = Orchestrator(cfg, run.run_id, ServerPool(servers, cfg.orchestrator), env)
+        await orch.connect()
+        producer = asyncio.create_task(orch.produce())
+        batch, _, _ = await orch.assemble(1)
+        orch.publish(1, orch.rows(1, batch))
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+        for client in clients:
+            await client.close()
+        return batch
+
+    batch = asyncio.run(run_one_batch())
+    assert read_marker(RunDir(run_dir).rollout_dir(1), run.run_id) is not None
+    return batch, read_batch(RunDir(run_dir).batch_file(1)).to_pylist()
+
+
+def test_multi_turn_batches_mask_exactly_the_environment_tokens(tmp_path, tiny_model, plain_server):
+    batch, rows = collect_calculator_batch(tmp_path, tiny_model, plain_server.url)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    env = load_environment("calculator")
+    samples = [(g.prompt, s) for g in batch for s in g.samples]
+    assert len(rows) == len(samples) == 9
+    replies_seen = retokenised = 0
+    for row, (prompt, sample) in zip(rows, samples, strict=True):
+        ids, mask, logprobs = row["input_ids"], row["loss_mask"], row["logprobs"]
+        assert ids == sample.input_ids and row["env"] == "calculator"
+        # the ids are the rendered conversation, and re-tokenise to themselves (unless the random
+        # model sampled bytes that are not UTF-8: text cannot carry those, token ids do)
+        if "\ufffd" not in tok.decode(ids):
+            assert tok.decode(ids, skip_special_tokens=True) == prompt.text + sample.completion
+            assert tok(tok.decode(ids), add_special_tokens=False).input_ids == ids
+            retokenised += 1
+        n_prompt = len(tok(prompt.text, add_special_tokens=False).input_ids)
+        assert not any(mask[:n_prompt]) and mask[n_prompt]
+        # replay the environment over the model's turns: its replies are exactly the masked runs
+        turns = [tok.decode(ids[a:b], skip_special_tokens=True) for a, b in runs_of(mask, True, n_prompt)]
+        env_runs = runs_of(mask, False, n_prompt)
+        assert len(turns) == sample.turns == row_turns(row) and len(env_runs) == len(turns) - 1
+        conversation = ""
+        for turn, (a, b) in zip(turns, env_runs, strict=False):
+            conversation += turn
+            reply = env.respond(prompt, conversation)
+            assert ids[a:b] == tok(reply, add_special_tokens=False).input_ids, (turn, reply)
+            conversation += reply
+            replies_seen += 1
+        assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
+        assert all(lp < 0.0 for lp, m in zip(logprobs, mask, strict=True) if m)
+    assert retokenised >= len(rows) // 2, retokenised
+    assert replies_seen > 0, "no episode had a second turn: the multi-turn path was not exercised"
+
+
+def row_turns(row: dict) -> int:
+    return json.loads(row["metrics"])["turns"]
+
+
+def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model, plain_server):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    write_env_plugin(plugins, "echo_env_pkg", "echo")
+    run_dir = tmp_path / "run"
+    sets = [
+        f"run_dir={run_dir}", f"model={tiny_model}", "max_steps=3",
+        f'orchestrator.inference_urls=["{plain_server.url}"]', 'orchestrator.env="echo"',
+        "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
+        "trainer.lr=1e-4", "trainer.batch_timeout_s=300", "orchestrator.weights_timeout_s=300",
+    ]  # fmt: skip
+    flags = [f"--set={s}" for s in sets]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}
+    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("orchestrator", "trainer")}  # noqa: SIM115
+    trainer_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+                   "-m", "services.cli", "trainer", *flags]  # fmt: skip
+    procs = {
+        "orchestrator": subprocess.Popen(triad_cmd("orchestrator", *flags), cwd=REPO, env=env,
+                                         stdout=logs["orchestrator"], stderr=subprocess.STDOUT),
+        "trainer": subprocess.Popen(trainer_cmd, cwd=REPO, env=env, stdout=logs["trainer"],
+                                    stderr=subprocess.STDOUT),
+    }  # fmt: skip
+    try:
+        codes = {name: p.wait(timeout=400) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    text = {name: (tmp_path / f"{name}.log").read_text() for name in logs}
+    assert codes == {"orchestrator": 0, "trainer": 0}, text
+    assert text["orchestrator"].count("the policy stays frozen") == 1
+    rundir = RunDir(run_dir)
+    for step in (1, 2, 3):
+        batch = read_batch(rundir.batch_file(step)).to_pylist()
+        assert {r["env"] for r in batch} == {"echo"} and {r["policy_version"] for r in batch} == {0}
+    assert [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))] == [1, 2, 3]
+    orchestrator = read_metrics(rundir.metrics_file("orchestrator"))
+    assert [r["step"] for r in orchestrator] == [1, 2, 3] and "reward/echo" in orchestrator[0]

@@ -69,8 +69,11 @@ SHIPPED = [*sorted((REPO / "configs").glob("*.toml")), REPO / "services" / "embe
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
-def test_every_shipped_config_parses(path):
-    load_config(path)
+def test_every_shipped_config_parses_and_names_a_loadable_environment(path):
+    from orchestrator.environments import load_environment
+
+    oc = load_config(path).orchestrator
+    assert load_environment(oc.env, oc.env_args).name
 
 
 def test_default_urls_do_not_leak_wildcard_hosts():

@@ -71,4 +71,7 @@ def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) ->
     rewards = [r["reward_mean"] for r in read_metrics(rundir.metrics_file("orchestrator"))]
     first, last = mean(rewards[:10]), mean(rewards[-10:])
     assert last - first >= 0.2, f"reward {first:.3f} -> {last:.3f}: no clear rise"
+    evals = read_metrics(rundir.metrics_file("eval"))
+    assert evals and evals[-1]["step"] == STEPS, evals  # held-out evaluation ran, the last at the end
+    assert all(0 <= r["eval_pass@1"] <= r["eval_pass@4"] <= 1 for r in evals), evals
     assert (run_dir / "plot.png").exists()

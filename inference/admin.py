@@ -19,8 +19,9 @@ from shared.admin_api import (
     PauseState,
     WeightsInfo,
 )
+from shared.faults import audit_read
 from shared.metrics import MetricsWriter
-from shared.rundir import DONE, Marker
+from shared.rundir import DONE, INFERENCE, Marker
 
 log = logging.getLogger("triad.inference")
 
@@ -79,6 +80,8 @@ class WeightManager:
                 raise AdminError(400, "the base model is version 0")
             if path is not None:
                 check_marker_version(path, request.version)
+            if path is not None:
+                audit_read(path, INFERENCE)
             source = str(path) if path else None
             served = path.relative_to(self.run_dir.resolve()).as_posix() if path else self.base_path
             await self.engine.pause_generation(mode="keep", clear_cache=False)

@@ -51,8 +51,9 @@ from shared.admin_api import WeightsInfo
 from shared.batch import write_batch
 from shared.config import TriadConfig
 from shared.errors import TriadError, WaitTimeout
-from shared.metrics import MetricsWriter
-from shared.resume import newest_batch, newest_checkpoint
+from shared.faults import ORCHESTRATOR_BEFORE_MARKER, failpoint
+from shared.metrics import MetricsWriter, drop_rows_after
+from shared.resume import discard_after_checkpoint, newest_batch, newest_checkpoint
 from shared.rundir import (
     EVAL,
     ORCHESTRATOR,
@@ -68,6 +69,10 @@ from shared.rundir import (
 
 log = logging.getLogger("triad.orchestrator")
 POLL_S = 0.1
+
+
+class TrainerRewound(TriadError):
+    """The trainer restarted from a checkpoint older than the weights being served."""
 
 
 @dataclass
@@ -101,6 +106,7 @@ class Orchestrator:
         self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=self.oc.max_inflight)
         self.changed = asyncio.Condition()
         self.trainer_version = 0  # the newest version the trainer has published
+        self.trainer_version_created = 0.0  # its marker's time: a resumed trainer republishes
         self.step = self.first_step
         self.accepted = 0  # groups accepted into the batch being assembled
         self.pending = 0  # groups generating or queued
@@ -255,6 +261,7 @@ class Orchestrator:
         step_dir = self.rundir.rollout_dir(step)
         clear_step_dir(step_dir)
         write_batch(self.rundir.batch_file(step), rows)
+        failpoint(ORCHESTRATOR_BEFORE_MARKER, step)
         tokens = sum(len(r["input_ids"]) for r in rows)
         versions = [r["policy_version"] for r in rows]
         write_marker(
@@ -375,13 +382,36 @@ class Orchestrator:
             await server.backend.load(newest, path)
             server.version = newest
 
+    def check_trainer_lineage(self) -> None:
+        """A restarted trainer deletes weights newer than its checkpoint: if the newest
+        version we followed is gone, this orchestrator's batches and servers are ahead of it."""
+        if self.trainer_version == 0:
+            return
+        marker = read_marker(self.rundir.weights_dir(self.trainer_version), self.run_id)
+        if marker is None:
+            back_to = self.newest_published_version(after=-1) or 0
+            if back_to < self.trainer_version:
+                raise TrainerRewound(
+                    f"the trainer went back from version {self.trainer_version} to {back_to} "
+                    "(it resumed from a checkpoint): starting over from there"
+                )
+        elif marker.created_at != self.trainer_version_created:
+            raise TrainerRewound(
+                f"version {self.trainer_version} was published again by a resumed trainer: "
+                "starting over from its checkpoint"
+            )
+
     async def follow_weights(self) -> None:
         while True:
+            self.check_trainer_lineage()
             version = self.newest_published_version(after=self.trainer_version)
             if version is None:
                 await asyncio.sleep(POLL_S)
                 continue
-            self.trainer_version = version
+            marker = read_marker(self.rundir.weights_dir(version), self.run_id)
+            if marker is None:  # pruned or discarded between the two reads
+                continue
+            self.trainer_version, self.trainer_version_created = version, marker.created_at
             if not self.frozen:
                 await asyncio.gather(*(self.load(s, version) for s in self.pool.healthy()))
                 log.info("inference now serves version %d", self.served_version)
@@ -444,6 +474,14 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient]) -> l
     return servers
 
 
+def follow_rewound_trainer(rundir: RunDir, run_id: str) -> None:
+    """Apply the resume rules the trainer applied (idempotent), so that the next
+    orchestrator continues after the newest batch the resumed trainer will use."""
+    checkpoint = newest_checkpoint(rundir, run_id)
+    discard_after_checkpoint(rundir, run_id, checkpoint)
+    drop_rows_after(rundir.metrics_file(ORCHESTRATOR), max(newest_batch(rundir, run_id), checkpoint))
+
+
 def first_user_error(group: BaseExceptionGroup) -> BaseException:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
@@ -461,9 +499,16 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
     ]
     try:
         pool = ServerPool(await connect_servers(cfg, clients), cfg.orchestrator)
-        await Orchestrator(cfg, run.run_id, pool, env).run()
-    except BaseExceptionGroup as group:
-        raise first_user_error(group) from None
+        while True:
+            try:
+                await Orchestrator(cfg, run.run_id, pool, env).run()
+                return
+            except BaseExceptionGroup as group:
+                rewound = group.subgroup(TrainerRewound)
+                if rewound is None:
+                    raise first_user_error(group) from None
+            log.warning("%s", first_user_error(rewound))
+            follow_rewound_trainer(RunDir(cfg.run_dir), run.run_id)
     finally:
         for client in clients:
             await client.close()

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.rundir import atomic_write_bytes
+
 
 class MetricsWriter:
     def __init__(self, path: Path) -> None:
@@ -18,6 +20,15 @@ class MetricsWriter:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         return row
+
+
+def drop_rows_after(path: Path, step: int) -> int:
+    """Rewrite `path` without rows of steps after `step` (a resumed lineage); returns how many."""
+    rows = read_metrics(path)
+    kept = [r for r in rows if r.get("step", 0) <= step]
+    if len(kept) < len(rows):
+        atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+    return len(rows) - len(kept)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -51,15 +51,17 @@ def plain_vllm_cmd(model: str, port: int) -> list[str]:
 class Server:
     """`triad inference` (or with `plain`, vLLM's own server) in a subprocess, logging to a file."""
 
-    def __init__(self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False) -> None:
-        self.port = free_port()
+    def __init__(
+        self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False, port: int = 0
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         sets = [f"run_dir={run_dir}", f"model={model}", f"inference.port={self.port}", *extra]
         cmd = triad_cmd("inference", *[f"--set={s}" for s in sets])
         if plain:
             cmd = plain_vllm_cmd(model, self.port)
-        self.log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             cmd,
             env={**os.environ, **({"VLLM_CPU_KVCACHE_SPACE": "1"} if plain else {})},
@@ -85,7 +87,15 @@ class Server:
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
+    def kill(self) -> None:
+        """kill -9 the server and every process it started (vLLM's engine core)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
     def stop(self) -> None:
+        if self.log.closed:
+            return
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

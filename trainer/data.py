@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from shared.batch import read_batch
-from shared.rundir import Marker, RunDir, read_marker
+from shared.faults import audit_read
+from shared.rundir import TRAINER, Marker, RunDir, read_marker
 from shared.waiting import wait_for
 
 
@@ -19,6 +20,7 @@ def wait_for_batch(rundir: RunDir, step: int, run_id: str, timeout: float) -> tu
     marker = wait_for(
         lambda: read_marker(step_dir, run_id), f"{step_dir}/DONE from the orchestrator", timeout
     )
+    audit_read(step_dir, TRAINER)
     return marker, read_batch(rundir.batch_file(step)).to_pylist()
 
 

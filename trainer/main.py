@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from shared.config import TriadConfig
-from shared.metrics import MetricsWriter
+from shared.faults import TRAINER_MID_STEP, failpoint
+from shared.metrics import MetricsWriter, drop_rows_after
 from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
 from trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -107,6 +108,7 @@ class Trainer:
         self.model.train()
         sums = sum(self.forward_backward([rows[i] for i in mb], temperature, totals) for mb in plan)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
+        failpoint(TRAINER_MID_STEP, step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         sums = sums.to(torch.float64)
@@ -157,6 +159,8 @@ class Trainer:
             log.info("resumed from the checkpoint after update %d", start)
         if self.rank == 0:
             discard_after_checkpoint(self.rundir, run_id, start)
+            # rows of discarded updates describe weights that no longer exist
+            drop_rows_after(self.rundir.metrics_file(TRAINER), start)
         dist.barrier()
         missing = [bool(start) and read_marker(self.rundir.weights_dir(start), run_id) is None]
         dist.broadcast_object_list(missing, src=0)  # one decision: publish() is collective

@@ -1,0 +1,36 @@
+"""Fault injection and read auditing for the fault tests; both inert unless their variable is set.
+
+- `TRIAD_FAILPOINT=<name>:<step>` makes the process kill itself with SIGKILL when it
+  reaches that point (e.g. `orchestrator.before_marker:5`: batch 5 written, its
+  `DONE` not yet), so a test can crash a service at an exact, otherwise unlikely moment.
+- `TRIAD_AUDIT_READS=<file>` appends one JSON line per step payload a service opens
+  (a batch, a weights directory), saying whether its `DONE` marker was there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+FAILPOINT_VAR = "TRIAD_FAILPOINT"
+AUDIT_VAR = "TRIAD_AUDIT_READS"
+ORCHESTRATOR_BEFORE_MARKER = "orchestrator.before_marker"
+TRAINER_MID_STEP = "trainer.mid_step"
+
+
+def failpoint(name: str, step: int) -> None:
+    if os.environ.get(FAILPOINT_VAR) == f"{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def audit_read(step_dir: Path, reader: str) -> None:
+    path = os.environ.get(AUDIT_VAR)
+    if not path:
+        return
+    from shared.rundir import DONE
+
+    line = json.dumps({"reader": reader, "dir": str(step_dir), "done": (step_dir / DONE).is_file()})
+    with open(path, "a") as f:
+        f.write(line + "\n")

@@ -1,0 +1,166 @@
+"""kill -9 one service in the middle of a run, restart it, and the run finishes correctly.
+
+Each test runs the three services as separate processes on one run directory:
+
+- the trainer dies mid-step (after its backward pass, before the optimizer
+  step); it resumes from its last checkpoint, and the orchestrator, seeing the
+  weights it followed disappear, starts over from there;
+- the orchestrator dies while writing a batch (the Parquet file written, its
+  `DONE` not); the restarted one rewrites that batch;
+- the inference server dies mid-generation; the orchestrator retries, takes it
+  out, and when a new server answers on the same address gives it the current
+  weights before it serves rollouts again.
+
+In each: every step 1..N is trained exactly once (the trainer's metrics), every
+batch obeys max_async_level, and no reader ever opened a step without `DONE`
+(`TRIAD_AUDIT_READS` records each open).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from shared.faults import AUDIT_VAR, FAILPOINT_VAR, ORCHESTRATOR_BEFORE_MARKER, TRAINER_MID_STEP
+from shared.metrics import read_metrics
+from shared.rundir import ROLLOUTS, RunDir, read_run
+from tests.helpers import REPO, Server, triad_cmd
+
+pytestmark = pytest.mark.integration
+STEPS = 8
+ASYNC = 1
+
+
+class Run:
+    def __init__(self, root: Path, model: str) -> None:
+        self.root, self.model = root, model
+        self.run_dir = root / "run"
+        self.audit = root / "reads.jsonl"
+        self.inference = Server(self.run_dir, model, root / "inference.log", *self.shared_sets())
+        self.url = self.inference.url
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def shared_sets(self) -> list[str]:
+        return [f"max_steps={STEPS}", f"max_async_level={ASYNC}", "trainer.checkpoint_every=3"]
+
+    def sets(self) -> list[str]:
+        return [
+            f"run_dir={self.run_dir}", f"model={self.model}", *self.shared_sets(),
+            f'orchestrator.inference_urls=["{self.url}"]', "orchestrator.batch_size=4",
+            "orchestrator.group_size=4", "orchestrator.max_tokens=6", "orchestrator.health_interval_s=1",
+            "orchestrator.retry_backoff_s=0.2", "orchestrator.inference_timeout_s=240",
+            "orchestrator.keep_rollouts=100", "trainer.keep_weights=100", "trainer.lr=1e-4",
+        ]  # fmt: skip
+
+    def start(self, service: str, failpoint: str | None = None) -> None:
+        flags = [f"--set={s}" for s in self.sets()]
+        cmd = triad_cmd(service, *flags)
+        if service == "trainer":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+                   "-m", "services.cli", "trainer", *flags]  # fmt: skip
+        env = {**os.environ, AUDIT_VAR: str(self.audit)}
+        env.pop(FAILPOINT_VAR, None)
+        if failpoint:
+            env[FAILPOINT_VAR] = failpoint
+        log = open(self.root / f"{service}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.procs[service] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def log(self, service: str) -> str:
+        return (self.root / f"{service}.log").read_text(errors="replace")
+
+    def wait(self, service: str, timeout: float = 300) -> int:
+        try:
+            return self.procs[service].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{service} did not finish:\n{self.log(service)[-4000:]}") from None
+
+    def finish(self) -> None:
+        for service in ("orchestrator", "trainer"):
+            code = self.wait(service)
+            assert code == 0, f"{service} exited {code}:\n{self.log(service)[-4000:]}"
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.inference.stop()
+
+    def wait_for_batch(self, step: int, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not (RunDir(self.run_dir).rollout_dir(step) / "DONE").exists():
+            assert time.monotonic() < deadline, f"no batch {step}:\n{self.log('orchestrator')[-3000:]}"
+            time.sleep(0.05)
+
+    def check(self) -> None:
+        rundir = RunDir(self.run_dir)
+        trained = [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))]
+        assert trained == list(range(1, STEPS + 1)), trained
+        for step in rundir.steps(ROLLOUTS):
+            versions = pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0)
+            assert all(0 <= step - 1 - v <= ASYNC for v in versions.to_pylist()), (step, versions)
+        reads = [json.loads(line) for line in self.audit.read_text().splitlines()]
+        readers = {r["reader"] for r in reads}
+        assert readers == {"trainer", "inference"}, readers
+        assert all(r["done"] for r in reads), [r for r in reads if not r["done"]]
+        assert read_run(self.run_dir).run_id  # the run directory is still this run's
+
+
+@pytest.fixture
+def run(tmp_path, tiny_model):
+    r = Run(tmp_path, tiny_model)
+    try:
+        r.inference.wait_healthy()
+        yield r
+    finally:
+        r.stop()
+
+
+def test_trainer_killed_mid_step_resumes_and_the_orchestrator_follows(run):
+    run.start("orchestrator")
+    run.start("trainer", failpoint=f"{TRAINER_MID_STEP}:5")
+    assert run.wait("trainer") != 0  # killed by its own SIGKILL after the step-5 backward pass
+    assert [r["step"] for r in read_metrics(RunDir(run.run_dir).metrics_file("trainer"))] == [1, 2, 3, 4]
+    run.start("trainer")
+    run.finish()
+    run.check()
+    assert "resumed from the checkpoint after update 3" in run.log("trainer")
+    assert "the trainer went back from version 4 to 3" in run.log("orchestrator")
+
+
+def test_orchestrator_killed_while_writing_a_batch_is_restarted(run):
+    run.start("trainer")
+    run.start("orchestrator", failpoint=f"{ORCHESTRATOR_BEFORE_MARKER}:5")
+    assert run.wait("orchestrator") != 0
+    step5 = RunDir(run.run_dir).rollout_dir(5)
+    assert (step5 / "batch.parquet").exists() and not (step5 / "DONE").exists()  # half-written
+    run.start("orchestrator")
+    run.finish()
+    run.check()
+    assert "resuming: batches 1..4 are already published" in run.log("orchestrator")
+
+
+def test_inference_killed_mid_generation_is_re_detected_and_realigned(run):
+    run.start("orchestrator")
+    run.start("trainer")
+    run.wait_for_batch(3)
+    run.inference.kill()  # generation for the next batches is in flight
+    served_before = max(r["version"] for r in read_metrics(RunDir(run.run_dir).metrics_file("inference")))
+    time.sleep(3)
+    run.inference = Server(run.run_dir, run.model, run.root / "inference.log", *run.shared_sets(),
+                           port=run.inference.port)  # fmt: skip
+    run.inference.wait_healthy()
+    run.finish()
+    run.check()
+    log = run.log("orchestrator")
+    assert "out of rotation" in log and f"{run.url} is back, serving version" in log
+    loads = [r["version"] for r in read_metrics(RunDir(run.run_dir).metrics_file("inference"))]
+    restart = len(loads) - 1 - loads[::-1].index(0)  # the restarted server's first row: version 0
+    assert loads[restart + 1] >= served_before, loads  # current weights before it served rollouts

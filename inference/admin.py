@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ValidationError
+from safetensors import safe_open
 
 from shared.admin_api import (
     ADMIN_PREFIX,
@@ -51,6 +52,19 @@ def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
     return path
 
 
+def check_safetensors(path: Path) -> None:
+    """Every .safetensors file must have a readable header whose tensors fit in the file:
+    a corrupt or truncated one is refused before the engine is touched."""
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(file, framework="pt") as f:
+                names = list(f.keys())
+        except Exception as e:  # safetensors raises its own error types
+            raise AdminError(400, f"{file.parent.name}/{file.name} is not a valid safetensors file: {e}") from None
+        if not names:
+            raise AdminError(400, f"{file.parent.name}/{file.name} holds no tensors")
+
+
 def check_marker_version(path: Path, version: int) -> None:
     """The version asked for must be the one the directory's marker vouches for."""
     try:
@@ -80,6 +94,7 @@ class WeightManager:
                 raise AdminError(400, "the base model is version 0")
             if path is not None:
                 check_marker_version(path, request.version)
+                check_safetensors(path)
             if path is not None:
                 audit_read(path, INFERENCE)
             source = str(path) if path else None

@@ -65,7 +65,7 @@ class Run:
         if service == "trainer":
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
                    "-m", "services.cli", "trainer", *flags]  # fmt: skip
-        env = {**os.environ, AUDIT_VAR: str(self.audit)}
+        env = {**os.environ}
         env.pop(FAILPOINT_VAR, None)
         if failpoint:
             env[FAILPOINT_VAR] = failpoint
@@ -114,7 +114,8 @@ class Run:
 
 
 @pytest.fixture
-def run(tmp_path, tiny_model):
+def run(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv(AUDIT_VAR, str(tmp_path / "reads.jsonl"))  # inference inherits it too
     r = Run(tmp_path, tiny_model)
     try:
         r.inference.wait_healthy()

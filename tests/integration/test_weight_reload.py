@@ -110,6 +110,11 @@ def test_admin_rejects_bad_requests_and_keeps_weights(server: Server, run_dir: P
     link.symlink_to(outside, target_is_directory=True)
     incomplete = rundir.weights_dir(3)
     incomplete.mkdir(parents=True)
+    truncated = perturbed_weights(tiny_model, rundir, version=4, seed=4)
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    garbage = perturbed_weights(tiny_model, rundir, version=5, seed=5)
+    (garbage / "model.safetensors").write_bytes(b"\x00" * 64)
 
     cases = [
         (dict(token=None, json={"version": 2, "path": str(good)}), 401),
@@ -118,6 +123,9 @@ def test_admin_rejects_bad_requests_and_keeps_weights(server: Server, run_dir: P
         (dict(json={"version": 2, "path": str(run_dir / ".." / "outside")}), 400),
         (dict(json={"version": 2, "path": str(link)}), 400),
         (dict(json={"version": 3, "path": str(incomplete)}), 409),
+        (dict(json={"version": 4, "path": str(truncated)}), 400),
+        (dict(json={"version": 5, "path": str(garbage)}), 400),
+        (dict(json={"version": 4, "path": str(good)}), 400),  # the marker says version 2
         (dict(json={"version": "two", "path": str(good)}), 422),
         (dict(json={"path": str(good)}), 422),
         (dict(json={"version": 2, "path": str(good), "extra": 1}), 422),
@@ -126,6 +134,8 @@ def test_admin_rejects_bad_requests_and_keeps_weights(server: Server, run_dir: P
     for kwargs, status in cases:
         r = admin(server, "POST", **kwargs)
         assert r.status_code == status, (kwargs, r.status_code, r.text)
+        if status == 400 and kwargs["json"]["version"] in (4, 5):
+            assert "not a valid safetensors file" in r.text and "step_00000" in r.text, r.text
         assert admin(server, "GET").json() == served
     assert admin(server, "GET", token=None).status_code == 401
     write_marker(incomplete, "test-run", 3)  # a DONE alone vouches for no weights

@@ -120,3 +120,15 @@ class FakeServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=5)
+
+
+def main() -> None:
+    """`python -m tests.fake_openai PORT`: serve until killed (for benchmarks)."""
+    import sys
+
+    state = FakeState(delay=0.0)
+    uvicorn.run(make_app(state), port=int(sys.argv[1]), log_level="error", lifespan="off")
+
+
+if __name__ == "__main__":
+    main()

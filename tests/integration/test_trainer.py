@@ -159,3 +159,70 @@ def test_activation_checkpointing_changes_nothing(straight: Path, tiny_model: st
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
     train(run_dir, tiny_model, 2, "trainer.activation_checkpointing=true")
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6
+
+
+def checkpointed_model(tiny_model: str, run_dir: Path, step: int) -> torch.nn.Module:
+    """The trainer's own model after update `step`: its DCP checkpoint, loaded unsharded."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    from trainer.checkpoint import TRAINER_STATE
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=RunDir(run_dir).checkpoint_dir(step) / TRAINER_STATE)
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def sequence_logprobs(model: torch.nn.Module, sequences: list[list[int]]) -> list[list[float]]:
+    """log p(token t | tokens < t) for t >= 1, as the trainer computes it."""
+    from trainer.loss import token_logprobs
+
+    out = []
+    with torch.no_grad():
+        for s in sequences:
+            ids = torch.tensor([s])
+            out.append(token_logprobs(model(input_ids=ids).logits, ids, 1.0)[0, 1:].tolist())
+    return out
+
+
+def vllm_prompt_logprobs(url: str, model: str, sequences: list[list[int]]) -> list[list[float]]:
+    import httpx
+
+    out = []
+    for ids in sequences:
+        body = dict(model=model, prompt=ids, max_tokens=1, temperature=1.0, echo=True, logprobs=0)
+        r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        out.append(r.json()["choices"][0]["logprobs"]["token_logprobs"][1 : len(ids)])
+    return out
+
+
+def test_published_weights_give_the_trainers_logprobs_in_transformers_and_vllm(
+    straight: Path, tiny_model: str, tmp_path: Path
+):
+    """weights/step_4 (HF layout) in transformers and in vLLM = the trainer's model after update 4."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import Server
+
+    rng = random.Random(7)
+    sequences = [[rng.randrange(256) for _ in range(rng.randint(4, 12))] for _ in range(6)]
+    published = str(RunDir(straight).weights_dir(STEPS))
+    trainer = sequence_logprobs(checkpointed_model(tiny_model, straight, STEPS), sequences)
+    hf = sequence_logprobs(AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32), sequences)
+    base = sequence_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), sequences)
+    server = Server(tmp_path, published, tmp_path / "vllm.log", plain=True)
+    try:
+        server.wait_healthy()
+        served = vllm_prompt_logprobs(server.url, published, sequences)
+    finally:
+        server.stop()
+
+    def gap(a: list[list[float]], b: list[list[float]]) -> float:
+        return max(abs(x - y) for s, t in zip(a, b, strict=True) for x, y in zip(s, t, strict=True))
+
+    assert gap(hf, trainer) < 1e-5
+    assert gap(served, trainer) < 1e-3
+    assert gap(base, trainer) > 1e-3  # the comparison can tell trained weights from the base model

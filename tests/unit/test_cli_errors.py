@@ -55,3 +55,8 @@ def test_admin_token_required_off_loopback(tmp_path, tiny_model):
         "inference", f"--set=run_dir={tmp_path}", f"--set=model={tiny_model}", "--set=inference.host=0.0.0.0"
     )
     assert_one_line_error(r, "refusing to expose the admin routes without a token")
+
+
+def test_unknown_environment_fails_before_waiting_for_inference(tmp_path):
+    r = run_triad("orchestrator", f"--set=run_dir={tmp_path}", '--set=orchestrator.env="chess"')
+    assert_one_line_error(r, "unknown environment 'chess'", "triad.environments")

@@ -8,6 +8,8 @@ ADMIN_PREFIX = "/admin"
 WEIGHTS_ROUTE = "/weights"
 PAUSE_ROUTE = "/pause"
 RESUME_ROUTE = "/resume"
+BROADCAST_INIT_ROUTE = "/broadcast/init"
+BROADCAST_RECEIVE_ROUTE = "/broadcast/receive"
 
 
 class WeightsInfo(BaseModel):
@@ -25,3 +27,28 @@ class LoadWeightsRequest(BaseModel):
 
 class PauseState(BaseModel):
     paused: bool
+
+
+class BroadcastInit(BaseModel):
+    """Join generation `generation` of the broadcast group at the next receive."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    generation: int = Field(ge=0)
+    world_size: int = Field(ge=2)
+    rank_offset: int = Field(ge=1, description="this server's first worker's rank; the trainer is 0")
+    timeout_s: float = Field(gt=0)
+
+
+class BroadcastState(BaseModel):
+    workers: int = Field(description="ranks this server takes in the group")
+    generation: int | None = None
+
+
+class BroadcastReceive(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=1)
+    path: str = Field(min_length=1, description="weights/step_V, holding SEND_READY")

@@ -123,6 +123,10 @@ class TrainerConfig(Table):
     keep_weights: int = Field(3, ge=1, description="weight step directories kept on disk")
     checkpoint_every: int = Field(10, ge=0, description="checkpoint every N updates (and the last); 0: never")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+    broadcast_host: str = Field("127.0.0.1", description="address inference workers reach trainer rank 0 at")
+    broadcast_port: int = Field(29610, ge=1, le=65535, description="trainer rank 0's TCPStore for broadcasts")
+    broadcast_timeout_s: float = Field(60, gt=0, description="bound on each broadcast step; then files")
+    broadcast_bucket_mb: float = Field(64, gt=0, description="tensors per broadcast call, by dtype")
 
 
 class MetricsConfig(Table):
@@ -142,6 +146,9 @@ class TriadConfig(BaseSettings):
     model: str = BUILTIN_MODEL_PREFIX + "tiny-addition"
     max_steps: int = Field(20, ge=1)
     max_async_level: int = Field(1, ge=0)
+    weight_transport: Literal["filesystem", "broadcast"] = Field(
+        "filesystem", description="how new weights reach inference: safetensors files, or a process group"
+    )
     seed: int = 0
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)

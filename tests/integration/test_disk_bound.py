@@ -77,7 +77,8 @@ def test_run_dir_stays_bounded_over_200_steps(tmp_path, tiny_model):
         ROLLOUTS: (r + e + eta + 2) * batch_size,
     }
     print(f"peak {sampler.peak / MB:.1f} MB; by kind {sampler.peaks}; bound {bound}")
-    assert all(sampler.peaks[kind] <= bound[kind] for kind in bound), (sampler.peaks, bound)
+    # step directories of one kind differ by a few bytes (marker times, metadata): 1% slack
+    assert all(sampler.peaks[kind] <= 1.01 * bound[kind] for kind in bound), (sampler.peaks, bound)
     logs_and_metrics = size(run_dir / "logs") + size(run_dir / "metrics")
     assert logs_and_metrics < STEPS * 4096 + 256 * 1024, logs_and_metrics
     assert sampler.peak < 40 * MB, sampler.peak  # the figure docs/reliability.md gives for this run

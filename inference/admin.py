@@ -13,13 +13,19 @@ from safetensors import safe_open
 
 from shared.admin_api import (
     ADMIN_PREFIX,
+    BROADCAST_INIT_ROUTE,
+    BROADCAST_RECEIVE_ROUTE,
     PAUSE_ROUTE,
     RESUME_ROUTE,
     WEIGHTS_ROUTE,
+    BroadcastInit,
+    BroadcastReceive,
+    BroadcastState,
     LoadWeightsRequest,
     PauseState,
     WeightsInfo,
 )
+from shared.broadcast import SEND_READY, SendReady
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
 from shared.rundir import DONE, INFERENCE, Marker
@@ -33,11 +39,9 @@ class AdminError(Exception):
         self.status, self.detail = status, detail
 
 
-def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
-    """The weights directory `raw` names, if it lies inside `run_dir` and is
-    complete; None for the base model the server started from."""
-    if raw == base_path:
-        return None
+def resolve_inside(run_dir: Path, raw: str) -> Path:
+    """The directory `raw` names (relative to `run_dir`, or absolute), which must lie inside
+    `run_dir` once `..` and symlinks are resolved."""
     root = run_dir.resolve()
     path = Path(raw)
     path = (path if path.is_absolute() else root / path).resolve()
@@ -45,6 +49,15 @@ def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
         raise AdminError(400, f"path {raw!r} is outside the run directory")
     if not path.is_dir():
         raise AdminError(400, f"path {raw!r} is not a directory")
+    return path
+
+
+def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
+    """The weights directory `raw` names, if it lies inside `run_dir` and is
+    complete; None for the base model the server started from."""
+    if raw == base_path:
+        return None
+    path = resolve_inside(run_dir, raw)
     if not (path / DONE).is_file():
         raise AdminError(409, f"path {raw!r} has no {DONE} marker: not published yet")
     if not any(path.glob("*.safetensors")):
@@ -60,9 +73,20 @@ def check_safetensors(path: Path) -> None:
             with safe_open(file, framework="pt") as f:
                 names = list(f.keys())
         except Exception as e:  # safetensors raises its own error types
-            raise AdminError(400, f"{file.parent.name}/{file.name} is not a valid safetensors file: {e}") from None
+            where = f"{file.parent.name}/{file.name}"
+            raise AdminError(400, f"{where} is not a valid safetensors file: {e}") from None
         if not names:
             raise AdminError(400, f"{file.parent.name}/{file.name} holds no tensors")
+
+
+def read_send_ready(path: Path, version: int) -> SendReady:
+    try:
+        ready = SendReady.model_validate_json((path / SEND_READY).read_bytes())
+    except (OSError, ValidationError):
+        raise AdminError(409, f"{path.name} has no valid {SEND_READY}: the trainer is not sending") from None
+    if ready.version != version:
+        raise AdminError(400, f"{path.name}/{SEND_READY} is for version {ready.version}, not {version}")
+    return ready
 
 
 def check_marker_version(path: Path, version: int) -> None:
@@ -86,6 +110,50 @@ class WeightManager:
         self.info = WeightsInfo(version=0, path=base_path, base_path=base_path)
         self.metrics = metrics
         self._lock = asyncio.Lock()
+        self.group: BroadcastInit | None = None
+
+    def workers(self) -> int:
+        parallel = getattr(getattr(self.engine, "vllm_config", None), "parallel_config", None)
+        return int(getattr(parallel, "world_size", 1))
+
+    def broadcast_state(self) -> BroadcastState:
+        return BroadcastState(workers=self.workers(), generation=self.group and self.group.generation)
+
+    def broadcast_init(self, request: BroadcastInit) -> BroadcastState:
+        """Remember the group; workers join it at the next receive (joining waits for the trainer)."""
+        last_rank = request.rank_offset + self.workers() - 1
+        if last_rank >= request.world_size:
+            raise AdminError(400, f"ranks up to {last_rank} do not fit a group of {request.world_size}")
+        self.group = request
+        return self.broadcast_state()
+
+    async def broadcast_receive(self, request: BroadcastReceive) -> WeightsInfo:
+        """Take version V from the trainer's broadcast, in place, as `load` does from files."""
+        async with self._lock:
+            if self.group is None:
+                raise AdminError(409, "no broadcast group: POST /admin/broadcast/init first")
+            path = resolve_inside(self.run_dir, request.path)
+            ready = read_send_ready(path, request.version)
+            spec = {**self.group.model_dump(), **ready.model_dump(include={"tensors", "bucket_bytes"})}
+            served = path.relative_to(self.run_dir.resolve()).as_posix()
+            await self._swap("triad_broadcast_receive", spec)
+            self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)
+        log.info("serving weights version %d (broadcast, generation %d)", request.version, spec["generation"])
+        self.metrics.log(request.version, version=request.version, path=served, transport="broadcast")
+        return self.info
+
+    async def _swap(self, method: str, arg) -> None:
+        """Run a weight-loading worker method with generation paused (requests kept)."""
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self.engine.collective_rpc(method, args=(arg,))
+            await self.engine.reset_prefix_cache(reset_running_requests=True)
+        except Exception:
+            # half-loaded weights are no version at all: make every client re-align
+            self.info = WeightsInfo(version=-1, path="", base_path=self.base_path)
+            raise
+        finally:
+            await self.engine.resume_generation()
 
     async def load(self, request: LoadWeightsRequest) -> WeightsInfo:
         async with self._lock:
@@ -99,16 +167,7 @@ class WeightManager:
                 audit_read(path, INFERENCE)
             source = str(path) if path else None
             served = path.relative_to(self.run_dir.resolve()).as_posix() if path else self.base_path
-            await self.engine.pause_generation(mode="keep", clear_cache=False)
-            try:
-                await self.engine.collective_rpc("triad_load_weights", args=(source,))
-                await self.engine.reset_prefix_cache(reset_running_requests=True)
-            except Exception:
-                # half-loaded weights are no version at all: make every client re-align
-                self.info = WeightsInfo(version=-1, path="", base_path=self.base_path)
-                raise
-            finally:
-                await self.engine.resume_generation()
+            await self._swap("triad_load_weights", source)
             self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)
         log.info("serving weights version %d from %s", request.version, self.info.path)
         self.metrics.log(request.version, version=request.version, path=self.info.path)
@@ -161,6 +220,29 @@ def add_admin_routes(app: FastAPI, manager: WeightManager, token: str | None) ->
             return await manager.load(body)
         except AdminError as e:
             raise HTTPException(status_code=e.status, detail=e.detail) from None
+
+    @router.get(BROADCAST_INIT_ROUTE)
+    async def get_broadcast() -> BroadcastState:
+        return manager.broadcast_state()
+
+    @router.post(BROADCAST_INIT_ROUTE)
+    async def broadcast_init(request: Request) -> BroadcastState:
+        body = parse_body(await request.body(), BroadcastInit)
+        try:
+            return manager.broadcast_init(body)
+        except AdminError as e:
+            raise HTTPException(status_code=e.status, detail=e.detail) from None
+
+    @router.post(BROADCAST_RECEIVE_ROUTE)
+    async def broadcast_receive(request: Request) -> WeightsInfo:
+        body = parse_body(await request.body(), BroadcastReceive)
+        try:
+            return await manager.broadcast_receive(body)
+        except AdminError as e:
+            raise HTTPException(status_code=e.status, detail=e.detail) from None
+        except Exception as e:  # a peer that left, a timeout: the caller falls back to files
+            log.warning("broadcast of version %d failed: %r", body.version, e)
+            raise HTTPException(status_code=502, detail=f"broadcast receive failed: {e!r}"[:500]) from None
 
     @router.post(PAUSE_ROUTE)
     async def pause() -> PauseState:

@@ -1,8 +1,10 @@
 """Methods vLLM adds to each of its workers (`--worker-extension-cls`).
 
-The engine reaches them with `collective_rpc("triad_load_weights", ...)`.
-Weights are read from safetensors only (never pickle) and reloaded in place
-through the model runner, which re-runs each layer's post-load processing.
+The engine reaches them with `collective_rpc("triad_load_weights", ...)` (from
+safetensors files only, never pickle) or `collective_rpc("triad_broadcast_receive",
+...)` (from the trainer over a process group of its own, see `shared/broadcast.py`).
+Either way the tensors stream into the model runner's in-place reload, which re-runs
+each layer's post-load processing.
 """
 
 from __future__ import annotations
@@ -36,6 +38,21 @@ class TriadWorkerExtension:
             self.model_runner.reload_weights(weights_iterator=iter_safetensors(weights_dir))
         self._refresh_cpu_lm_head()
 
+    def triad_broadcast_receive(self, spec: dict) -> None:
+        """Receive a version from the trainer's broadcast (joining the group's generation if
+        new) and stream it into the in-place reload."""
+        if not hasattr(self, "_triad_receiver"):
+            self._triad_receiver = BroadcastReceiver()
+        device = next(self.model_runner.get_model().parameters()).device
+        local_rank = int(getattr(self, "rank", 0))
+        try:
+            group = self._triad_receiver.join(spec, local_rank, device)
+            self.model_runner.reload_weights(weights_iterator=receive_buckets(group, spec, device))
+        except Exception:
+            self._triad_receiver = BroadcastReceiver()  # a broken group is never reused
+            raise
+        self._refresh_cpu_lm_head()
+
     def _refresh_cpu_lm_head(self) -> None:
         """The CPU build keeps a prepacked copy of a tied `lm_head` that the
         reload does not refresh; repack it from the (reloaded) embedding."""
@@ -45,3 +62,44 @@ class TriadWorkerExtension:
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
         dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+
+
+class BroadcastReceiver:
+    """This worker's membership in the trainer's broadcast group, one generation at a time."""
+
+    def __init__(self) -> None:
+        self.generation: int | None = None
+        self.group = None
+
+    def join(self, spec: dict, local_rank: int, device: torch.device):
+        if self.generation == spec["generation"]:
+            return self.group
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        from shared.process_group import generation_store, make_group
+
+        self.group, self.generation = None, None
+        timeout = timedelta(seconds=spec["timeout_s"])
+        store = TCPStore(spec["host"], spec["port"], is_master=False, timeout=timeout)
+        store = generation_store(store, spec["generation"])
+        rank, size = spec["rank_offset"] + local_rank, spec["world_size"]
+        self.group = make_group(store, rank, size, timeout, cuda=device.type == "cuda")
+        self.generation = spec["generation"]
+        return self.group
+
+
+def receive_buckets(group, spec: dict, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors as they arrive from rank 0, bucket by bucket, in the order both sides planned."""
+    import math
+
+    from shared.broadcast import TensorSpec, plan_buckets
+
+    tensors = [TensorSpec(**t) for t in spec["tensors"]]
+    for bucket in plan_buckets(tensors, spec["bucket_bytes"]):
+        sizes = [math.prod(tensors[i].shape) for i in bucket]
+        flat = torch.empty(sum(sizes), dtype=getattr(torch, tensors[bucket[0]].dtype), device=device)
+        group.broadcast(flat, 0).wait()
+        for i, chunk in zip(bucket, flat.split(sizes), strict=True):
+            yield tensors[i].name, chunk.view(tensors[i].shape)

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 import openai
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from shared.admin_api import ADMIN_PREFIX, WEIGHTS_ROUTE, LoadWeightsRequest, WeightsInfo
+from shared.admin_api import (
+    ADMIN_PREFIX,
+    BROADCAST_INIT_ROUTE,
+    BROADCAST_RECEIVE_ROUTE,
+    WEIGHTS_ROUTE,
+    BroadcastInit,
+    BroadcastReceive,
+    BroadcastState,
+    LoadWeightsRequest,
+    WeightsInfo,
+)
 from shared.errors import TriadError
 from shared.waiting import async_wait_for
 
 log = logging.getLogger("triad.orchestrator")
+M = TypeVar("M", bound=BaseModel)
 
 
 class RequestRejected(TriadError):
@@ -135,18 +147,33 @@ class InferenceClient:
         body = LoadWeightsRequest(version=version, path=path).model_dump()
         return self._parse(await self._admin("POST", json=body, timeout=timeout), "POST")
 
-    async def _admin(self, method: str, **kwargs) -> httpx.Response:
-        try:
-            return await self.http.request(method, ADMIN_PREFIX + WEIGHTS_ROUTE, **kwargs)
-        except httpx.HTTPError as e:
-            raise TriadError(f"{method} {self.base_url}{ADMIN_PREFIX}{WEIGHTS_ROUTE} failed: {e!r}") from None
+    async def broadcast_state(self) -> BroadcastState:
+        r = await self._admin("GET", route=BROADCAST_INIT_ROUTE)
+        return self._parse(r, "GET", BroadcastState, BROADCAST_INIT_ROUTE)
 
-    def _parse(self, r: httpx.Response, method: str) -> WeightsInfo:
-        url = f"{self.base_url}{ADMIN_PREFIX}{WEIGHTS_ROUTE}"
+    async def broadcast_init(self, body: BroadcastInit) -> BroadcastState:
+        r = await self._admin("POST", route=BROADCAST_INIT_ROUTE, json=body.model_dump())
+        return self._parse(r, "POST", BroadcastState, BROADCAST_INIT_ROUTE)
+
+    async def broadcast_receive(self, version: int, path: str, timeout: float) -> WeightsInfo:
+        body = BroadcastReceive(version=version, path=path).model_dump()
+        r = await self._admin("POST", route=BROADCAST_RECEIVE_ROUTE, json=body, timeout=timeout)
+        return self._parse(r, "POST", WeightsInfo, BROADCAST_RECEIVE_ROUTE)
+
+    async def _admin(self, method: str, route: str = WEIGHTS_ROUTE, **kwargs) -> httpx.Response:
+        try:
+            return await self.http.request(method, ADMIN_PREFIX + route, **kwargs)
+        except httpx.HTTPError as e:
+            raise TriadError(f"{method} {self.base_url}{ADMIN_PREFIX}{route} failed: {e!r}") from None
+
+    def _parse(
+        self, r: httpx.Response, method: str, model: type[M] = WeightsInfo, route: str = WEIGHTS_ROUTE
+    ) -> M:
+        url = f"{self.base_url}{ADMIN_PREFIX}{route}"
         if r.status_code != 200:
             raise TriadError(f"{method} {url} answered {r.status_code}: {r.text[:300]}")
         try:
-            return WeightsInfo.model_validate_json(r.content)
+            return model.model_validate_json(r.content)
         except ValidationError:
             raise TriadError(f"{method} {url} answered something that is not triad's admin API") from None
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from orchestrator.advantages import group_advantages, has_signal, overlong_penalty
 from orchestrator.backends import detect
+from orchestrator.broadcasting import BroadcastCoordinator
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
 from orchestrator.evaluation import evaluate_and_log
@@ -113,6 +114,9 @@ class Orchestrator:
         self.dropped_total = 0
         self.failed_groups = 0  # since the last step's metrics
         self.loop_lag = LoopLag()
+        self.broadcast = None
+        if cfg.weight_transport == "broadcast" and not self.frozen:
+            self.broadcast = BroadcastCoordinator(self.rundir, run_id, pool, cfg.trainer)
 
     # -- shared state -------------------------------------------------------
     async def notify(self) -> None:
@@ -337,12 +341,14 @@ class Orchestrator:
                 )
 
     # -- weights ------------------------------------------------------------
-    def newest_published_version(self, after: int) -> int | None:
-        """The newest version of this run with a valid marker, if newer than `after`."""
+    def newest_published_version(self, after: int, loadable: bool = False) -> int | None:
+        """The newest version of this run with a valid marker, if newer than `after`;
+        with `loadable`, only one written as files (not by broadcast only)."""
         for v in reversed(self.rundir.steps(WEIGHTS)):
             if v <= after:
                 return None
-            if read_marker(self.rundir.weights_dir(v), self.run_id) is not None:
+            marker = read_marker(self.rundir.weights_dir(v), self.run_id)
+            if marker is not None and (not loadable or getattr(marker, "files", True)):
                 return v
         return None
 
@@ -373,9 +379,9 @@ class Orchestrator:
             return
         async with server.loading:
             info = await server.backend.current()
-            newest = self.newest_published_version(after=-1) or 0
-            if info.version == newest and self.is_this_runs(info):
-                server.version = newest
+            newest = self.newest_published_version(after=-1, loadable=True) or 0
+            if self.is_this_runs(info) and info.version >= newest:
+                server.version = info.version
                 return
             path = self.rundir.relative(self.rundir.weights_dir(newest)) if newest else info.base_path
             log.info("%s serves %s v%d: loading this run's v%d", server.url, info.path, info.version, newest)
@@ -404,6 +410,10 @@ class Orchestrator:
     async def follow_weights(self) -> None:
         while True:
             self.check_trainer_lineage()
+            if self.broadcast is not None:
+                ready = self.broadcast.ready_to_send(after=self.trainer_version)
+                if ready is not None:
+                    await self.broadcast.deliver(ready)
             version = self.newest_published_version(after=self.trainer_version)
             if version is None:
                 await asyncio.sleep(POLL_S)
@@ -412,7 +422,7 @@ class Orchestrator:
             if marker is None:  # pruned or discarded between the two reads
                 continue
             self.trainer_version, self.trainer_version_created = version, marker.created_at
-            if not self.frozen:
+            if not self.frozen and getattr(marker, "files", True):
                 await asyncio.gather(*(self.load(s, version) for s in self.pool.healthy()))
                 log.info("inference now serves version %d", self.served_version)
             # a batch is done with once trained *and* checkpointed: a resumed trainer restarts after C

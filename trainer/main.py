@@ -25,6 +25,7 @@ from shared.faults import TRAINER_MID_STEP, failpoint
 from shared.metrics import MetricsWriter, drop_rows_after
 from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
+from trainer.broadcast import WeightSender
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
 from trainer.loss import (
@@ -36,7 +37,7 @@ from trainer.loss import (
     token_entropy,
 )
 from trainer.parallel import apply_fsdp, decoder_blocks, init_distributed
-from trainer.publish import export_state_dict, publish_weights
+from trainer.publish import export_state_dict, mark_broadcast, publish_weights
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
@@ -75,6 +76,11 @@ class Trainer:
             **self.tc.model_dump(include=set(LossSpec.__dataclass_fields__) - {"kind"}), kind=self.tc.loss
         )
         self.metrics = MetricsWriter(self.rundir.metrics_file(TRAINER)) if self.rank == 0 else None
+        self.sender: WeightSender | None = None
+
+    def start_broadcasting(self, run_id: str) -> None:
+        if self.cfg.weight_transport == "broadcast":
+            self.sender = WeightSender(self.tc, self.rundir, run_id, self.device)
 
     def compute_dtype(self) -> torch.dtype:
         precision = self.tc.mixed_precision
@@ -129,7 +135,21 @@ class Trainer:
             entropy=ent_sum / normalizer,
         )
 
-    def publish(self, version: int, run_id: str) -> None:
+    def publish(self, version: int, run_id: str, files: bool = False) -> None:
+        """Hand version `version` to inference: by broadcast if configured (and it works),
+        else, or when `files`, as safetensors; then `DONE`."""
+        sent = False
+        if self.sender is not None:
+            sent = self.sender.send(version, self.model, self.tied, self.publish_dtype)
+        if sent and not files:
+            if self.rank == 0:
+                protect = checkpointed_steps(self.rundir, run_id)
+                mark_broadcast(self.rundir, run_id, version, self.tc.keep_weights, protect)
+            dist.barrier()
+            return
+        self.publish_files(version, run_id)
+
+    def publish_files(self, version: int, run_id: str) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -165,7 +185,7 @@ class Trainer:
         missing = [bool(start) and read_marker(self.rundir.weights_dir(start), run_id) is None]
         dist.broadcast_object_list(missing, src=0)  # one decision: publish() is collective
         if missing[0]:
-            self.publish(start, run_id)  # inference must be able to serve version `start`
+            self.publish_files(start, run_id)  # inference must be able to serve version `start`
         return start
 
     def should_checkpoint(self, step: int) -> bool:
@@ -173,13 +193,16 @@ class Trainer:
         return every > 0 and (step % every == 0 or step == self.cfg.max_steps)
 
     def run(self, run_id: str) -> None:
-        for step in range(self.resume(run_id) + 1, self.cfg.max_steps + 1):
+        first = self.resume(run_id) + 1
+        self.start_broadcasting(run_id)
+        for step in range(first, self.cfg.max_steps + 1):
             t0 = time.monotonic()
             marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s)
             t1 = time.monotonic()
             stats = self.train_step(step, rows, float(getattr(marker, "temperature", 1.0)))
             t2 = time.monotonic()
-            self.publish(step, run_id)
+            # checkpointed versions are also written as files: a restarted server loads them
+            self.publish(step, run_id, files=self.should_checkpoint(step))
             t3 = time.monotonic()
             if self.should_checkpoint(step):
                 save_checkpoint(

@@ -39,6 +39,14 @@ def publish_weights(
     with atomic_path(step_dir / WEIGHTS_FILE) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     size = sum(f.stat().st_size for f in step_dir.iterdir())
-    write_marker(step_dir, run_id, version, version=version, bytes=size)
+    write_marker(step_dir, run_id, version, version=version, bytes=size, files=True)
     prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version, protect=protect)
     return step_dir
+
+
+def mark_broadcast(
+    rundir: RunDir, run_id: str, version: int, keep_last: int, protect: frozenset[int]
+) -> None:
+    """`DONE` for a version that reached inference by broadcast only: no files to load."""
+    write_marker(rundir.weights_dir(version), run_id, version, version=version, bytes=0, files=False)
+    prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version, protect=protect)

@@ -2,7 +2,8 @@
 
 The bound, for keep_weights W, keep_checkpoints K, checkpoint_every E, keep_rollouts R and
 async level eta (weights of size S, a checkpoint about 3 S with AdamW, batches of size B):
-    weights <= (W + K + 1) S (a new version is complete before the oldest goes),  checkpoints <= (K + 1) 3 S (a new one is written before the oldest goes),
+    weights <= (W + K + 1) S (a new version is complete before the oldest goes),
+    checkpoints <= (K + 1) 3 S (likewise),
     rollouts <= (R + E + eta + 2) B,  plus logs and metrics that grow by at most 4 KB a step.
 """
 

@@ -1,0 +1,126 @@
+"""Trainer side of the weight broadcast (the handshake is in `shared/broadcast.py`).
+
+Every rank takes part in gathering each parameter from FSDP2 (one at a time, so
+memory stays bounded by a bucket); rank 0 alone hosts the TCPStore, talks to the
+orchestrator through markers and broadcasts each dtype-grouped bucket to the
+inference workers. Any failure or timeout makes `send` return False, and the
+trainer writes the version as files instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from shared.broadcast import (
+    FALLBACK,
+    RECEIVING,
+    SEND_READY,
+    Fallback,
+    Receiving,
+    SendReady,
+    TensorSpec,
+    plan_buckets,
+    read_handshake,
+    write_handshake,
+)
+from shared.config import TrainerConfig
+from shared.process_group import generation_store, make_group
+from shared.rundir import RunDir, clear_step_dir
+
+log = logging.getLogger("triad.trainer")
+POLL_S = 0.02
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class WeightSender:
+    def __init__(self, tc: TrainerConfig, rundir: RunDir, run_id: str, device: torch.device) -> None:
+        self.tc, self.rundir, self.run_id, self.device = tc, rundir, run_id, device
+        self.rank = dist.get_rank()
+        self.timeout = timedelta(seconds=tc.broadcast_timeout_s)
+        self.store = None
+        if self.rank == 0:
+            from torch.distributed import TCPStore
+
+            self.store = TCPStore(
+                "0.0.0.0", tc.broadcast_port, is_master=True, wait_for_workers=False, timeout=self.timeout
+            )
+        self.generation: int | None = None
+        self.group = None
+
+    def parameters(self, model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.nn.Parameter]]:
+        """In the published (Hugging Face) layout: a tied head is sent once, as the embedding."""
+        return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
+
+    def send(self, version: int, model: torch.nn.Module, tied: bool, dtype: torch.dtype) -> bool:
+        """Collective over the trainer's ranks: True once every bucket reached the group."""
+        params = self.parameters(model, tied)
+        specs = [TensorSpec(name=n, dtype=dtype_name(dtype), shape=list(p.shape)) for n, p in params]
+        bucket_bytes = int(self.tc.broadcast_bucket_mb * 2**20)
+        decision = [self.handshake(version, specs, bucket_bytes) if self.rank == 0 else None]
+        dist.broadcast_object_list(decision, src=0)
+        if decision[0] is None:
+            return False
+        started = time.monotonic()
+        ok = [self.join(decision[0]) if self.rank == 0 else True]
+        dist.broadcast_object_list(ok, src=0)
+        if not ok[0]:
+            return False
+        for bucket in plan_buckets(specs, bucket_bytes):
+            parts = [params[i][1].full_tensor().detach().to(dtype).flatten() for i in bucket]  # collective
+            if self.rank == 0 and ok[0]:
+                ok[0] = self.broadcast(torch.cat(parts).to(self.device), version)
+        dist.broadcast_object_list(ok, src=0)
+        if ok[0] and self.rank == 0:
+            log.info("broadcast version %d in %.3f s", version, time.monotonic() - started)
+        return bool(ok[0])
+
+    def handshake(self, version: int, specs: list[TensorSpec], bucket_bytes: int) -> Receiving | None:
+        """Say the update is ready; wait for the orchestrator's answer (None: use files)."""
+        step_dir = self.rundir.weights_dir(version)
+        clear_step_dir(step_dir)
+        ready = SendReady(run_id=self.run_id, version=version, tensors=specs, bucket_bytes=bucket_bytes)
+        write_handshake(step_dir, SEND_READY, ready)
+        deadline = time.monotonic() + self.tc.broadcast_timeout_s
+        while time.monotonic() < deadline:
+            answer = read_handshake(step_dir, RECEIVING, Receiving, self.run_id)
+            if answer is not None and answer.version == version:
+                return answer
+            fallback = read_handshake(step_dir, FALLBACK, Fallback, self.run_id)
+            if fallback is not None:
+                log.warning("version %d goes by files: %s", version, fallback.reason)
+                return None
+            time.sleep(POLL_S)
+        waited = self.tc.broadcast_timeout_s
+        log.warning("no answer to %s/%s within %.0f s: writing files", step_dir, SEND_READY, waited)
+        return None
+
+    def join(self, receiving: Receiving) -> bool:
+        if self.generation == receiving.generation:
+            return True
+        self.group, self.generation = None, None
+        try:
+            store = generation_store(self.store, receiving.generation)
+            cuda = self.device.type == "cuda"
+            self.group = make_group(store, 0, receiving.world_size, self.timeout, cuda)
+        except Exception as e:
+            log.warning("joining broadcast generation %d failed (%r): writing files", receiving.generation, e)
+            return False
+        self.generation = receiving.generation
+        return True
+
+    def broadcast(self, flat: torch.Tensor, version: int) -> bool:
+        try:
+            self.group.broadcast(flat, 0).wait()
+            return True
+        except Exception as e:
+            log.warning("broadcast of version %d failed (%r): writing files", version, e)
+            self.group, self.generation = None, None  # a broken group is never reused
+            return False

@@ -125,7 +125,8 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
             fresh.stop()
         for s in receivers:
             assert gap(greedy_logprobs(s.url), final) < 1e-3
-        assert gap(before, final) > 1e-2  # training moved the weights: the comparison can fail
+        # training moved the weights (the first token's logprob, same context): the comparison can fail
+        assert max(abs(b[0] - f[0]) for b, f in zip(before, final, strict=True)) > 1e-2
         sent = [
             r for r in read_metrics(rundir.metrics_file("inference")) if r.get("transport") == "broadcast"
         ]

@@ -1,0 +1,136 @@
+"""Weight hand-off by broadcast against by files, for models of about 5M, 50M and 200M parameters.
+
+    python -m bench.weight_transport WORKDIR     (prints one JSON line)
+
+For each size a Qwen2-shaped model with random weights is built, a triad
+inference server started on it, and a 1-rank trainer run on prepared batches,
+once with `weight_transport = "filesystem"` and once with `"broadcast"`. This
+script plays the orchestrator: it answers the trainer's `SEND_READY` and asks
+the server to receive (broadcast), or loads each published `DONE` (files).
+Hand-off time for version V: from the trainer starting to publish V (its
+metrics row time minus its `publish_s`) to the server's answer that it serves V.
+Median over versions after the first (which includes joining the group).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from shared.admin_api import ADMIN_PREFIX, BROADCAST_INIT_ROUTE, BROADCAST_RECEIVE_ROUTE, WEIGHTS_ROUTE
+from shared.broadcast import RECEIVING, SEND_READY, Receiving, write_handshake
+from shared.metrics import read_metrics
+from shared.rundir import DONE, TRAINER, RunDir, ensure_run
+
+REPO = Path(__file__).resolve().parent.parent
+SIZES = {  # name: (hidden, layers, intermediate, heads) -> about 5M, 50M, 200M parameters
+    "5M": (256, 4, 1024, 4),
+    "50M": (640, 8, 2560, 10),
+    "200M": (1024, 12, 4096, 16),
+}
+STEPS = 5
+
+
+def build_model(dest: Path, hidden: int, layers: int, intermediate: int, heads: int) -> int:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from services.tiny_model import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=intermediate, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=256, tie_word_embeddings=True, torch_dtype="float32",
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+    return sum(p.numel() for p in model.parameters())
+
+
+def post(url: str, route: str, body: dict) -> httpx.Response:
+    r = httpx.post(url + ADMIN_PREFIX + route, json=body, timeout=600)
+    r.raise_for_status()
+    return r
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"trainer gone or too slow waiting for {path}")
+        time.sleep(0.005)
+
+
+def one_run(workdir: Path, model: str, transport: str) -> list[float]:
+    from tests.helpers import Server, free_port
+    from tests.integration.test_trainer import make_batches
+
+    run_dir = workdir / transport
+    run_id = ensure_run(run_dir, {}).run_id
+    make_batches(run_dir, model, range(1, STEPS + 1))
+    server = Server(run_dir, model, workdir / f"{transport}-inference.log", "inference.kv_cache_gib=1")
+    server.wait_healthy(600)
+    port = free_port()
+    sets = [
+        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", f'weight_transport="{transport}"',
+        f"trainer.broadcast_port={port}", "trainer.checkpoint_every=0", "trainer.keep_weights=3",
+    ]  # fmt: skip
+    log = open(workdir / f"{transport}-trainer.log", "wb")  # noqa: SIM115
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+         "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    rundir, served = RunDir(run_dir), {}
+    try:
+        if transport == "broadcast":
+            init = dict(host="127.0.0.1", port=port, generation=1, world_size=2, rank_offset=1, timeout_s=300)
+            post(server.url, BROADCAST_INIT_ROUTE, init)
+        for v in range(1, STEPS + 1):
+            step_dir = rundir.weights_dir(v)
+            body = {"version": v, "path": rundir.relative(step_dir)}
+            if transport == "broadcast":
+                wait_for(step_dir / SEND_READY, trainer)
+                write_handshake(step_dir, RECEIVING, Receiving(run_id=run_id, version=v, generation=1,
+                                                               world_size=2))  # fmt: skip
+                post(server.url, BROADCAST_RECEIVE_ROUTE, body)
+            else:
+                wait_for(step_dir / DONE, trainer)
+                post(server.url, WEIGHTS_ROUTE, body)
+            served[v] = time.time()
+        if trainer.wait(timeout=600) != 0:
+            raise RuntimeError(f"trainer failed: see {workdir}/{transport}-trainer.log")
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        server.stop()
+    started = {r["step"]: r["time"] - r["publish_s"] for r in read_metrics(rundir.metrics_file(TRAINER))}
+    return [served[v] - started[v] for v in range(2, STEPS + 1)]
+
+
+def main() -> None:
+    workdir = Path(sys.argv[1])
+    results = {}
+    for name, shape in SIZES.items():
+        model_dir = workdir / f"model-{name}"
+        params = build_model(model_dir, *shape)
+        figure: dict = {"parameters": params, "bytes": (model_dir / "model.safetensors").stat().st_size}
+        for transport in ("filesystem", "broadcast"):
+            figure[f"{transport}_s"] = statistics.median(one_run(workdir / name, str(model_dir), transport))
+        figure["speedup"] = figure["filesystem_s"] / figure["broadcast_s"]
+        results[name] = figure
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

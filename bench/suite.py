@@ -9,6 +9,10 @@
    writing and reading the same safetensors bytes on the same disk.
 3. trainer throughput: tokens/s of the 1-rank torchrun trainer against a plain
    single-process PyTorch loop on the same model and batches.
+4. orchestrator overhead: rollouts/s, CPU time per rollout and event-loop lag
+   against a zero-latency fake OpenAI server (`bench/orchestrator_overhead.py`).
+5. weight transport: hand-off by broadcast against by files for models of about
+   5M, 50M and 200M parameters (`bench/weight_transport.py`).
 Median over steps after a warm-up; spread as the interquartile range.
 """
 
@@ -114,15 +118,16 @@ def raw_io_seconds(data: bytes, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def run_trainer_throughput(workdir: Path) -> dict:
+def run_module(module: str, *args: str) -> dict:
+    """Run `python -m module ARGS`, which prints its figure as the last line of JSON."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.trainer_throughput", str(workdir / "trainer")],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-m", module, *args], cwd=REPO, check=True, capture_output=True, text=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_trainer_throughput(workdir: Path) -> dict:
+    return run_module("bench.trainer_throughput", str(workdir / "trainer"))
 
 
 def markdown(results: dict) -> str:
@@ -148,6 +153,20 @@ def markdown(results: dict) -> str:
         ),
         ("trainer tokens/s, 1 rank / plain loop", f"{t['ratio']:.2f}x", "-", "goal >= 0.9"),
     ]
+    o = results.get("orchestrator")
+    if o:
+        rows.append((
+            "orchestrator: rollouts/s against a zero-latency server",
+            f"{o['rollouts_per_s']:.0f}/s, {o['cpu_ms_per_rollout']:.2f} ms CPU each",
+            f"loop lag p99 {o['loop_lag_ms']['p99']:.1f} ms",
+            f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1, lag < 50 ms)",
+        ))  # fmt: skip
+    for size, w in results.get("weight_transport", {}).items():
+        rows.append((
+            f"hand-off by broadcast vs files, {size} ({w['parameters'] / 1e6:.0f}M params)",
+            f"{w['broadcast_s'] * 1000:.0f} ms", f"files {w['filesystem_s'] * 1000:.0f} ms",
+            f"{w['speedup']:.2f}x faster",
+        ))  # fmt: skip
     lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
     return f"Benchmarks ({results['machine']}, {results['date']})\n\n" + "\n".join(lines) + "\n"
@@ -156,6 +175,7 @@ def markdown(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--skip-transport", action="store_true", help="skip broadcast vs files (slow)")
     args = parser.parse_args()
     random.seed(0)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -169,7 +189,10 @@ def main() -> None:
             "asynchrony": asynchrony,
             "handoff": run_handoff(runs[1]),
             "trainer": run_trainer_throughput(workdir),
+            "orchestrator": run_module("bench.orchestrator_overhead"),
         }
+        if not args.skip_transport:
+            results["weight_transport"] = run_module("bench.weight_transport", str(workdir / "transport"))
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=1))
     (RESULTS / "latest.md").write_text(markdown(results))
     print(markdown(results))

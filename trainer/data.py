@@ -39,19 +39,28 @@ def balance(lengths: list[int], world_size: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
-def micro_batches(lengths: list[int], shares: list[list[int]], token_budget: int) -> list[list[list[int]]]:
-    """Split each rank's share into micro-batches of at most `token_budget` padded tokens.
+def micro_batches(
+    lengths: list[int], shares: list[list[int]], token_budget: int, packed: bool = False
+) -> list[list[list[int]]]:
+    """Split each rank's share into micro-batches of at most `token_budget` tokens:
+    padded tokens (rows x longest row), or with `packed` real tokens only.
 
     Longest first, so padding stays small. Every rank gets the same number of
     micro-batches (FSDP's collectives run once per forward and backward), the
     short ones padded with empty micro-batches. Returns [rank][micro-batch] -> indices.
     """
+
+    def cost(batch: list[int], extra: int) -> int:
+        if packed:
+            return sum(lengths[i] for i in batch) + lengths[extra]
+        return lengths[batch[0]] * (len(batch) + 1)
+
     per_rank = []
     for share in shares:
         batches: list[list[int]] = []
         for i in sorted(share, key=lambda i: (-lengths[i], i)):
             current = batches[-1] if batches else None
-            if current and lengths[current[0]] * (len(current) + 1) <= token_budget:
+            if current and cost(current, i) <= token_budget:
                 current.append(i)
             else:
                 batches.append([i])

@@ -28,14 +28,8 @@ from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
 from trainer.broadcast import WeightSender
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
-from trainer.loss import (
-    BatchTotals,
-    LossSpec,
-    next_token_log_softmax,
-    pick_token_logprobs,
-    policy_loss,
-    token_entropy,
-)
+from trainer.forward import packed_forward, padded_forward
+from trainer.loss import BatchTotals, LossSpec, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, init_distributed
 from trainer.publish import export_state_dict, mark_broadcast, publish_weights
 from trainer.schedule import lr_at
@@ -91,21 +85,21 @@ class Trainer:
     def forward_backward(self, rows: list[dict], temperature: float, totals: BatchTotals) -> torch.Tensor:
         """One micro-batch: its share of the batch loss, backpropagated; returns its statistics."""
         batch = collate(rows, self.pad_id).to(self.device)
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        log_probs = next_token_log_softmax(logits, temperature)  # once, for the loss and the entropy
-        logprobs = pick_token_logprobs(log_probs, batch.input_ids)
+        forward = packed_forward if self.tc.packing else padded_forward
+        logprobs, entropy = forward(self.model, batch, temperature)
         parts = policy_loss(
             logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss_spec, totals
         )
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
         (parts.loss * self.world).backward()
         with torch.no_grad():
-            ent = (token_entropy(log_probs.detach()) * batch.loss_mask).sum()
+            ent = (entropy * batch.loss_mask).sum()
             return torch.stack([parts.loss.detach(), parts.clipped_tokens, parts.mismatch_kl_sum, ent])
 
     def train_step(self, step: int, rows: list[dict], temperature: float) -> dict[str, float]:
         lengths = [len(r["input_ids"]) for r in rows]
-        plan = micro_batches(lengths, balance(lengths, self.world), self.tc.micro_batch_tokens)[self.rank]
+        shares = balance(lengths, self.world)
+        plan = micro_batches(lengths, shares, self.tc.micro_batch_tokens, self.tc.packing)[self.rank]
         totals = BatchTotals(sequences=len(rows), tokens=loss_token_count(rows))
         lr = lr_at(step, self.tc.lr, self.tc.warmup_steps, self.cfg.max_steps, self.tc.lr_schedule,
                    self.tc.min_lr_ratio)  # fmt: skip

@@ -226,3 +226,12 @@ def test_published_weights_give_the_trainers_logprobs_in_transformers_and_vllm(
     assert gap(hf, trainer) < 1e-5
     assert gap(served, trainer) < 1e-3
     assert gap(base, trainer) > 1e-3  # the comparison can tell trained weights from the base model
+
+
+def test_packed_micro_batches_equal_one_batch(straight: Path, tiny_model: str, tmp_path: Path):
+    run_dir = tmp_path / "packed"
+    make_batches(run_dir, tiny_model, range(1, STEPS + 1))
+    train(run_dir, tiny_model, 2, "trainer.packing=true", "trainer.micro_batch_tokens=24")
+    trainer_rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
+    assert all(r["micro_batches"] > 1 for r in trainer_rows)
+    assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5

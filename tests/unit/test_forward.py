@@ -15,8 +15,10 @@ from trainer.loss import BatchTotals, LossSpec, policy_loss
 
 def tiny_model() -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
     return Qwen2ForCausalLM(config).float()
 
 

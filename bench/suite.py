@@ -13,6 +13,8 @@
    against a zero-latency fake OpenAI server (`bench/orchestrator_overhead.py`).
 5. weight transport: hand-off by broadcast against by files for models of about
    5M, 50M and 200M parameters (`bench/weight_transport.py`).
+6. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
+   virtual environment (`bench/trl_compare.py`).
 Median over steps after a warm-up; spread as the interquartile range.
 """
 
@@ -161,6 +163,23 @@ def markdown(results: dict) -> str:
             f"loop lag p99 {o['loop_lag_ms']['p99']:.1f} ms",
             f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1, lag < 50 ms)",
         ))  # fmt: skip
+    trl = results.get("trl", {})
+    for name in ("tiny (0.5M)", "50M"):
+        if name not in trl:
+            continue
+        r = trl[name]
+        rows.append((
+            f"vs TRL GRPOTrainer, {name} model: samples/s",
+            f"triad {r['triad']['samples_per_s']:.1f}/s", f"TRL {r['trl']['samples_per_s']:.1f}/s",
+            f"{r['samples_per_s_ratio']:.1f}x (goal > 1)",
+        ))  # fmt: skip
+        if name.startswith("tiny"):
+            fmt = lambda s: "not reached" if s is None else f"{s:.0f} s"  # noqa: E731
+            rows.append((
+                f"vs TRL, {name}: wall time to mean reward {trl['threshold']} (from launch)",
+                f"triad {fmt(r['triad']['to_threshold_s'])}", f"TRL {fmt(r['trl']['to_threshold_s'])}",
+                "goal: triad faster",
+            ))  # fmt: skip
     for size, w in results.get("weight_transport", {}).items():
         rows.append((
             f"hand-off by broadcast vs files, {size} ({w['parameters'] / 1e6:.0f}M params)",
@@ -176,6 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip-transport", action="store_true", help="skip broadcast vs files (slow)")
+    parser.add_argument("--skip-peer", action="store_true", help="skip the TRL comparison (slow)")
     args = parser.parse_args()
     random.seed(0)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -193,6 +213,8 @@ def main() -> None:
         }
         if not args.skip_transport:
             results["weight_transport"] = run_module("bench.weight_transport", str(workdir / "transport"))
+        if not args.skip_peer:
+            results["trl"] = run_module("bench.trl_compare", str(workdir / "peer"))
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=1))
     (RESULTS / "latest.md").write_text(markdown(results))
     print(markdown(results))

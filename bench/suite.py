@@ -38,6 +38,14 @@ from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 WARMUP_STEPS = 5
+# Separate cores for the two phases, as separate GPUs would be: inference on the first half,
+# a 1-rank trainer on the second (on 2 cores: one each).
+HALF = max(1, (os.cpu_count() or 2) // 2)
+PINNING = [
+    f'inference.cpus="0-{HALF - 1}"',
+    f'trainer.cpus="{HALF}-{2 * HALF - 1}"',
+    "trainer.nproc=1",
+]
 
 
 def quartiles(values: list[float]) -> dict[str, float]:
@@ -52,6 +60,7 @@ def triad_up(run_dir: Path, eta: int, steps: int) -> None:
         f"max_async_level={eta}",
         f"trainer.keep_weights={eta + 3}",
         "trainer.checkpoint_every=0",
+        *PINNING,
         "inference.port=8417",
     ]
     cmd = [sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]]

@@ -58,9 +58,31 @@ def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[s
 
 
 def child_env(cfg: TriadConfig, name: str) -> dict[str, str]:
-    """The child's environment: ours, plus its GPUs when the config pins them."""
+    """The child's environment: ours, plus its GPUs and CPU threads when the config pins them."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     devices = {INFERENCE: cfg.inference.devices, TRAINER: cfg.trainer.devices}.get(name)
-    return {**os.environ, "PYTHONUNBUFFERED": "1", **({"CUDA_VISIBLE_DEVICES": devices} if devices else {})}
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    if name == INFERENCE and cfg.inference.cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.inference.cpus  # vLLM binds its threads itself
+    if name == TRAINER and cfg.trainer.cpus:
+        per_rank = max(1, len(parse_cpus(cfg.trainer.cpus)) // cfg.trainer.nproc)
+        env["OMP_NUM_THREADS"] = str(per_rank)
+    return env
+
+
+def parse_cpus(spec: str) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}, as taskset and VLLM_CPU_OMP_THREADS_BIND write it."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    """The command run on those cores only (and every process it starts)."""
+    return ["taskset", "-c", cpus, *cmd] if cpus else cmd
 
 
 def start(name: str, cmd: list[str], rundir: RunDir, env: dict[str, str]) -> Child:
@@ -128,7 +150,11 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         print(f"triad up: resuming after update {resume_from} (the newest checkpoint)")
         discard_after_checkpoint(rundir, run.run_id, resume_from)
     commands = child_commands(cfg, config_path, overrides, model)
-    children = {name: start(name, cmd, rundir, child_env(cfg, name)) for name, cmd in commands.items()}
+    cpus = {INFERENCE: cfg.inference.cpus, TRAINER: cfg.trainer.cpus}
+    children = {
+        name: start(name, pinned(cmd, cpus.get(name)), rundir, child_env(cfg, name))
+        for name, cmd in commands.items()
+    }
     progress = ProgressPrinter(
         rundir, cfg.max_steps, make_exporters(cfg, run.run_id), live=sys.stdout.isatty()
     )

@@ -41,6 +41,9 @@ class InferenceConfig(Table):
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on CPU")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for inference under `triad up`")
+    cpus: str | None = Field(
+        None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$", description="CPU cores for inference under `triad up`"
+    )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
 
     def token(self) -> str | None:
@@ -98,6 +101,9 @@ class OrchestratorConfig(Table):
 class TrainerConfig(Table):
     nproc: int = Field(2, ge=1, description="ranks `triad up` starts under torchrun")
     devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for the trainer under `triad up`")
+    cpus: str | None = Field(
+        None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$", description="CPU cores for the trainer under `triad up`"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)

@@ -111,6 +111,7 @@ class TrainerConfig(Table):
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * min_lr_ratio")
     micro_batch_tokens: int = Field(8192, ge=1, description="tokens per micro-batch (padded, or packed)")
+    sharded_publish: bool = Field(False, description="each rank writes its own weight shard (large models)")
     packing: bool = Field(False, description="pack each micro-batch's samples into one sequence, no padding")
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA")
     activation_checkpointing: bool = False

@@ -31,6 +31,7 @@ from shared.broadcast import (
 from shared.config import TrainerConfig
 from shared.process_group import generation_store, make_group
 from shared.rundir import RunDir, clear_step_dir
+from trainer.publish import published_parameters
 
 log = logging.getLogger("triad.trainer")
 POLL_S = 0.02
@@ -55,13 +56,9 @@ class WeightSender:
         self.generation: int | None = None
         self.group = None
 
-    def parameters(self, model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.nn.Parameter]]:
-        """In the published (Hugging Face) layout: a tied head is sent once, as the embedding."""
-        return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
-
     def send(self, version: int, model: torch.nn.Module, tied: bool, dtype: torch.dtype) -> bool:
         """Collective over the trainer's ranks: True once every bucket reached the group."""
-        params = self.parameters(model, tied)
+        params = published_parameters(model, tied)
         specs = [TensorSpec(name=n, dtype=dtype_name(dtype), shape=list(p.shape)) for n, p in params]
         bucket_bytes = int(self.tc.broadcast_bucket_mb * 2**20)
         decision = [self.handshake(version, specs, bucket_bytes) if self.rank == 0 else None]

@@ -31,7 +31,15 @@ from trainer.data import balance, collate, loss_token_count, micro_batches, wait
 from trainer.forward import packed_forward, padded_forward
 from trainer.loss import BatchTotals, LossSpec, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, init_distributed
-from trainer.publish import export_state_dict, mark_broadcast, publish_weights
+from trainer.publish import (
+    export_state_dict,
+    finish_shards,
+    mark_broadcast,
+    publish_weights,
+    published_parameters,
+    start_shards,
+    write_shard,
+)
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
@@ -143,24 +151,48 @@ class Trainer:
             return
         self.publish_files(version, run_id)
 
+    def save_metadata(self, directory: Path) -> None:
+        self.model.config.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        if self.model.generation_config is not None:
+            self.model.generation_config.save_pretrained(directory)
+
     def publish_files(self, version: int, run_id: str) -> None:
+        """Safetensors in the Hugging Face layout: one file gathered on rank 0, or with
+        `sharded_publish` one shard per rank (each the parameters it owns) plus an index."""
+        if self.tc.sharded_publish:
+            self.publish_shards(version, run_id)
+            return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.model, options=options)  # collective: every rank
         if self.rank == 0:
             exported = export_state_dict(state, self.tied, self.publish_dtype)
-
-            def save_metadata(directory: Path) -> None:
-                self.model.config.save_pretrained(directory)
-                self.tokenizer.save_pretrained(directory)
-                if self.model.generation_config is not None:
-                    self.model.generation_config.save_pretrained(directory)
-
             protect = checkpointed_steps(self.rundir, run_id)
             publish_weights(
-                self.rundir, run_id, version, exported, save_metadata, self.tc.keep_weights, protect
+                self.rundir, run_id, version, exported, self.save_metadata, self.tc.keep_weights, protect
             )
+        dist.barrier()
+
+    def publish_shards(self, version: int, run_id: str) -> None:
+        """Parameter i is gathered (one at a time) and kept by rank i mod world only."""
+        names = [n for n, _ in published_parameters(self.model, self.tied)]
+        mine = {}
+        for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
+            full = param.full_tensor()  # collective
+            if i % self.world == self.rank:
+                mine[name] = full.detach().to("cpu", self.publish_dtype).contiguous()
+            del full
+        step_dir = self.rundir.weights_dir(version)
+        if self.rank == 0:
+            start_shards(step_dir, self.save_metadata)
+        dist.barrier()
+        write_shard(step_dir, self.rank, self.world, mine)
+        dist.barrier()
+        if self.rank == 0:
+            protect = checkpointed_steps(self.rundir, run_id)
+            finish_shards(self.rundir, run_id, version, names, self.world, self.tc.keep_weights, protect)
         dist.barrier()
 
     def resume(self, run_id: str) -> int:

@@ -235,3 +235,19 @@ def test_packed_micro_batches_equal_one_batch(straight: Path, tiny_model: str, t
     trainer_rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
     assert all(r["micro_batches"] > 1 for r in trainer_rows)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
+
+
+def test_sharded_publish_equals_the_gathered_one(straight: Path, tiny_model: str, tmp_path: Path):
+    """Each rank writes the parameters it owns; the shards with their index load in transformers."""
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "sharded"
+    make_batches(run_dir, tiny_model, range(1, STEPS + 1))
+    train(run_dir, tiny_model, 2, "trainer.sharded_publish=true")
+    step_dir = RunDir(run_dir).weights_dir(STEPS)
+    shards = sorted(step_dir.glob("model-*-of-00002.safetensors"))
+    assert len(shards) == 2 and not (step_dir / "model.safetensors").exists()
+    merged = {k: v for shard in shards for k, v in load_file(shard).items()}
+    assert max_diff(merged, final_weights(straight)) < 1e-6
+    loaded = AutoModelForCausalLM.from_pretrained(step_dir, dtype=torch.float32).state_dict()
+    assert max((loaded[k] - v).abs().max().item() for k, v in merged.items()) == 0.0

@@ -45,10 +45,10 @@ from orchestrator.client import InferenceClient
 from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
 from orchestrator.evaluation import evaluate_and_log
 from orchestrator.pool import RolloutFailed, Server, ServerPool
+from orchestrator.published import PublishedWeights, TrainerRewound
 from orchestrator.rollout import Sample, rollout_group
 from orchestrator.staleness import is_fresh, lag, oldest_allowed_version, step_for_next_group
 from orchestrator.stats import LoopLag, summarize
-from shared.admin_api import WeightsInfo
 from shared.batch import write_batch
 from shared.config import TriadConfig
 from shared.errors import TriadError, WaitTimeout
@@ -59,7 +59,6 @@ from shared.rundir import (
     EVAL,
     ORCHESTRATOR,
     ROLLOUTS,
-    WEIGHTS,
     RunDir,
     clear_step_dir,
     ensure_run,
@@ -70,10 +69,6 @@ from shared.rundir import (
 
 log = logging.getLogger("triad.orchestrator")
 POLL_S = 0.1
-
-
-class TrainerRewound(TriadError):
-    """The trainer restarted from a checkpoint older than the weights being served."""
 
 
 @dataclass
@@ -98,6 +93,7 @@ class Orchestrator:
         self.rundir = RunDir(cfg.run_dir)
         self.pool = pool
         self.env = env
+        self.published = PublishedWeights(self.rundir, run_id)
         self.frozen = not any(s.backend.updates for s in pool.servers)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
@@ -341,26 +337,6 @@ class Orchestrator:
                 )
 
     # -- weights ------------------------------------------------------------
-    def newest_published_version(self, after: int, loadable: bool = False) -> int | None:
-        """The newest version of this run with a valid marker, if newer than `after`;
-        with `loadable`, only one written as files (not by broadcast only)."""
-        for v in reversed(self.rundir.steps(WEIGHTS)):
-            if v <= after:
-                return None
-            marker = read_marker(self.rundir.weights_dir(v), self.run_id)
-            if marker is not None and (not loadable or getattr(marker, "files", True)):
-                return v
-        return None
-
-    def is_this_runs(self, info: WeightsInfo) -> bool:
-        """Whether a server's weights are this run's: its base model, or a
-        published version of this run (not one left from another run)."""
-        if info.path == info.base_path:
-            return info.version == 0
-        step_dir = self.rundir.weights_dir(info.version)
-        marker = read_marker(step_dir, self.run_id)
-        return marker is not None and info.path == self.rundir.relative(step_dir)
-
     async def load(self, server: Server, version: int) -> None:
         async with server.loading:
             if server.version >= version:
@@ -379,8 +355,8 @@ class Orchestrator:
             return
         async with server.loading:
             info = await server.backend.current()
-            newest = self.newest_published_version(after=-1, loadable=True) or 0
-            if self.is_this_runs(info) and info.version >= newest:
+            newest = self.published.newest(after=-1, loadable=True) or 0
+            if self.published.holds(info) and info.version >= newest:
                 server.version = info.version
                 return
             path = self.rundir.relative(self.rundir.weights_dir(newest)) if newest else info.base_path
@@ -388,33 +364,14 @@ class Orchestrator:
             await server.backend.load(newest, path)
             server.version = newest
 
-    def check_trainer_lineage(self) -> None:
-        """A restarted trainer deletes weights newer than its checkpoint: if the newest
-        version we followed is gone, this orchestrator's batches and servers are ahead of it."""
-        if self.trainer_version == 0:
-            return
-        marker = read_marker(self.rundir.weights_dir(self.trainer_version), self.run_id)
-        if marker is None:
-            back_to = self.newest_published_version(after=-1) or 0
-            if back_to < self.trainer_version:
-                raise TrainerRewound(
-                    f"the trainer went back from version {self.trainer_version} to {back_to} "
-                    "(it resumed from a checkpoint): starting over from there"
-                )
-        elif marker.created_at != self.trainer_version_created:
-            raise TrainerRewound(
-                f"version {self.trainer_version} was published again by a resumed trainer: "
-                "starting over from its checkpoint"
-            )
-
     async def follow_weights(self) -> None:
         while True:
-            self.check_trainer_lineage()
+            self.published.check_lineage(self.trainer_version, self.trainer_version_created)
             if self.broadcast is not None:
                 ready = self.broadcast.ready_to_send(after=self.trainer_version)
                 if ready is not None:
                     await self.broadcast.deliver(ready)
-            version = self.newest_published_version(after=self.trainer_version)
+            version = self.published.newest(after=self.trainer_version)
             if version is None:
                 await asyncio.sleep(POLL_S)
                 continue

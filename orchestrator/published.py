@@ -1,0 +1,55 @@
+"""What the trainer has published in `weights/`, as the orchestrator reads it."""
+
+from __future__ import annotations
+
+from shared.admin_api import WeightsInfo
+from shared.errors import TriadError
+from shared.rundir import WEIGHTS, RunDir, read_marker
+
+
+class TrainerRewound(TriadError):
+    """The trainer restarted from a checkpoint older than the weights being served."""
+
+
+class PublishedWeights:
+    def __init__(self, rundir: RunDir, run_id: str) -> None:
+        self.rundir, self.run_id = rundir, run_id
+
+    def newest(self, after: int, loadable: bool = False) -> int | None:
+        """The newest version of this run with a valid marker, if newer than `after`;
+        with `loadable`, only one written as files (not by broadcast only)."""
+        for v in reversed(self.rundir.steps(WEIGHTS)):
+            if v <= after:
+                return None
+            marker = read_marker(self.rundir.weights_dir(v), self.run_id)
+            if marker is not None and (not loadable or getattr(marker, "files", True)):
+                return v
+        return None
+
+    def holds(self, info: WeightsInfo) -> bool:
+        """Whether a server's weights are this run's: its base model, or a
+        published version of this run (not one left from another run)."""
+        if info.path == info.base_path:
+            return info.version == 0
+        step_dir = self.rundir.weights_dir(info.version)
+        marker = read_marker(step_dir, self.run_id)
+        return marker is not None and info.path == self.rundir.relative(step_dir)
+
+    def check_lineage(self, followed: int, followed_created: float) -> None:
+        """A restarted trainer deletes weights newer than its checkpoint, and may publish
+        a version again: if the version we followed is gone or replaced, raise."""
+        if followed == 0:
+            return
+        marker = read_marker(self.rundir.weights_dir(followed), self.run_id)
+        if marker is None:
+            back_to = self.newest(after=-1) or 0
+            if back_to < followed:
+                raise TrainerRewound(
+                    f"the trainer went back from version {followed} to {back_to} "
+                    "(it resumed from a checkpoint): starting over from there"
+                )
+        elif marker.created_at != followed_created:
+            raise TrainerRewound(
+                f"version {followed} was published again by a resumed trainer: "
+                "starting over from its checkpoint"
+            )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ValidationError
@@ -31,6 +33,7 @@ from shared.metrics import MetricsWriter
 from shared.rundir import DONE, INFERENCE, Marker
 
 log = logging.getLogger("triad.inference")
+T = TypeVar("T")
 
 
 class AdminError(Exception):
@@ -119,7 +122,7 @@ class WeightManager:
     def broadcast_state(self) -> BroadcastState:
         return BroadcastState(workers=self.workers(), generation=self.group and self.group.generation)
 
-    def broadcast_init(self, request: BroadcastInit) -> BroadcastState:
+    async def broadcast_init(self, request: BroadcastInit) -> BroadcastState:
         """Remember the group; workers join it at the next receive (joining waits for the trainer)."""
         last_rank = request.rank_offset + self.workers() - 1
         if last_rank >= request.world_size:
@@ -206,6 +209,14 @@ def bearer_guard(token: str | None):
     return check
 
 
+async def answer(call: Awaitable[T]) -> T:
+    """The manager's result, or its AdminError as an HTTP error with the same status."""
+    try:
+        return await call
+    except AdminError as e:
+        raise HTTPException(status_code=e.status, detail=e.detail) from None
+
+
 def add_admin_routes(app: FastAPI, manager: WeightManager, token: str | None) -> None:
     router = APIRouter(prefix=ADMIN_PREFIX, dependencies=[Depends(bearer_guard(token))])
 
@@ -215,11 +226,7 @@ def add_admin_routes(app: FastAPI, manager: WeightManager, token: str | None) ->
 
     @router.post(WEIGHTS_ROUTE)
     async def post_weights(request: Request) -> WeightsInfo:
-        body = parse_body(await request.body(), LoadWeightsRequest)
-        try:
-            return await manager.load(body)
-        except AdminError as e:
-            raise HTTPException(status_code=e.status, detail=e.detail) from None
+        return await answer(manager.load(parse_body(await request.body(), LoadWeightsRequest)))
 
     @router.get(BROADCAST_INIT_ROUTE)
     async def get_broadcast() -> BroadcastState:
@@ -227,19 +234,15 @@ def add_admin_routes(app: FastAPI, manager: WeightManager, token: str | None) ->
 
     @router.post(BROADCAST_INIT_ROUTE)
     async def broadcast_init(request: Request) -> BroadcastState:
-        body = parse_body(await request.body(), BroadcastInit)
-        try:
-            return manager.broadcast_init(body)
-        except AdminError as e:
-            raise HTTPException(status_code=e.status, detail=e.detail) from None
+        return await answer(manager.broadcast_init(parse_body(await request.body(), BroadcastInit)))
 
     @router.post(BROADCAST_RECEIVE_ROUTE)
     async def broadcast_receive(request: Request) -> WeightsInfo:
         body = parse_body(await request.body(), BroadcastReceive)
         try:
-            return await manager.broadcast_receive(body)
-        except AdminError as e:
-            raise HTTPException(status_code=e.status, detail=e.detail) from None
+            return await answer(manager.broadcast_receive(body))
+        except HTTPException:
+            raise
         except Exception as e:  # a peer that left, a timeout: the caller falls back to files
             log.warning("broadcast of version %d failed: %r", body.version, e)
             raise HTTPException(status_code=502, detail=f"broadcast receive failed: {e!r}"[:500]) from None

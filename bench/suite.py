@@ -169,8 +169,14 @@ def markdown(results: dict) -> str:
         rows.append((
             "orchestrator: rollouts/s against a zero-latency server",
             f"{o['rollouts_per_s']:.0f}/s, {o['cpu_ms_per_rollout']:.2f} ms CPU each",
-            f"loop lag p99 {o['loop_lag_ms']['p99']:.1f} ms",
-            f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1, lag < 50 ms)",
+            f"loop lag p99 {o['loop_lag_ms']['p99']:.0f} ms (saturated)",
+            f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1)",
+        ))  # fmt: skip
+        loaded = o["at_1000_per_s"]
+        rows.append((
+            "orchestrator: event-loop lag at ~1000 rollouts/s offered",
+            f"p99 {loaded['loop_lag_ms']['p99']:.1f} ms (median {loaded['loop_lag_ms']['median']:.1f})",
+            f"{loaded['rollouts_per_s']:.0f} rollouts/s", "goal: p99 < 50 ms",
         ))  # fmt: skip
     trl = results.get("trl", {})
     for name in ("tiny (0.5M)", "50M"):

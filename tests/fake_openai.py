@@ -123,10 +123,10 @@ class FakeServer:
 
 
 def main() -> None:
-    """`python -m tests.fake_openai PORT`: serve until killed (for benchmarks)."""
+    """`python -m tests.fake_openai PORT [DELAY_S]`: serve until killed (for benchmarks)."""
     import sys
 
-    state = FakeState(delay=0.0)
+    state = FakeState(delay=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
     uvicorn.run(make_app(state), port=int(sys.argv[1]), log_level="error", lifespan="off")
 
 

@@ -113,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     result = against_fake_server(0.0, args.steps)
     loaded = against_fake_server(LOADED_DELAY_S, args.steps // 2)
-    result["at_1000_per_s"] = {"rollouts_per_s": loaded["rollouts_per_s"], "loop_lag_ms": loaded["loop_lag_ms"]}
+    result["at_1000_per_s"] = {key: loaded[key] for key in ("rollouts_per_s", "loop_lag_ms")}
     print(json.dumps(result))
 
 

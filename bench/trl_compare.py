@@ -5,11 +5,13 @@
 TRL runs in its own virtual environment (`bench/.trl-venv`, made on first use:
 `pip install torch==2.13.0 trl`, a CPU build here) with `use_cpu=True,
 use_vllm=False`; triad runs `triad up`. Both: the addition task, 16 prompts x
-8 samples per step, 8 completion tokens, temperature 1, lr 3e-4, no KL.
-Models: the embedded tiny model (0.5M parameters, warmed up to a reward of
-about 0.3), for samples/s and wall time to a mean reward of THRESHOLD over 10
+8 samples per step, temperature 1, lr 3e-4, no KL. Models: the embedded tiny
+model (0.5M parameters, warmed up to a reward of about 0.3; 8 completion
+tokens), for samples/s and wall time to a mean reward of THRESHOLD over 10
 steps; and a 50M-parameter model (random weights, so no learning: samples/s
-only), where generation rather than process overhead dominates.
+only; 32 completion tokens), where generation rather than process overhead
+dominates. triad runs as the suite's asynchrony figure does: inference and a
+1-rank trainer on separate cores.
 Samples/s is over the steps after WARMUP; wall time counts from each launch.
 """
 
@@ -29,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / "bench" / ".trl-venv"
 PEER = REPO / "bench" / "peers" / "trl_grpo.py"
 THRESHOLD, WINDOW, WARMUP = 0.5, 10, 3
-RUNS = {"tiny (0.5M)": 100, "50M": 8}  # model: steps
+RUNS = {"tiny (0.5M)": (100, 8), "50M": (8, 32)}  # model: (steps, completion tokens)
 
 
 def ensure_trl_venv() -> Path:
@@ -48,9 +50,10 @@ def time_to_threshold(times: list[float], rewards: list[float], start: float) ->
     return None
 
 
-def run_trl(python: Path, model: str, steps: int, out: Path) -> dict:
+def run_trl(python: Path, model: str, steps: int, max_tokens: int, out: Path) -> dict:
     launched = time.time()
-    subprocess.run([str(python), str(PEER), model, str(steps), str(out)], check=True, capture_output=True)
+    cmd = [str(python), str(PEER), model, str(steps), str(out), str(max_tokens)]
+    subprocess.run(cmd, check=True, capture_output=True)
     r = json.loads(out.read_text())
     times = r["step_end_times"]
     rate = r["samples_per_step"] * (len(times) - 1 - WARMUP) / (times[-1] - times[WARMUP])
@@ -58,9 +61,12 @@ def run_trl(python: Path, model: str, steps: int, out: Path) -> dict:
             "reward_first_last": [r["rewards"][0], r["rewards"][-1]]}  # fmt: skip
 
 
-def run_triad(model: str, steps: int, run_dir: Path) -> dict:
+def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
+    from bench.suite import PINNING
+
     sets = [f"run_dir={run_dir}", f"model={model}", f"max_steps={steps}", "orchestrator.eval_every=0",
-            "trainer.checkpoint_every=0", "inference.port=8421"]  # fmt: skip
+            f"orchestrator.max_tokens={max_tokens}", "trainer.checkpoint_every=0", "inference.port=8421",
+            *PINNING]  # fmt: skip
     launched = time.time()
     subprocess.run([sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]], cwd=REPO,
                    check=True, capture_output=True)  # fmt: skip
@@ -82,10 +88,10 @@ def main() -> None:
     if not (workdir / "model-50M" / "config.json").exists():
         build_model(Path(models["50M"]), *SIZES["50M"])
     results = {}
-    for name, steps in RUNS.items():
-        triad = run_triad(models[name], steps, workdir / f"triad-{name.split()[0]}")
-        trl = run_trl(python, models[name], steps, workdir / f"trl-{name.split()[0]}.json")
-        results[name] = {"steps": steps, "triad": triad, "trl": trl,
+    for name, (steps, max_tokens) in RUNS.items():
+        triad = run_triad(models[name], steps, max_tokens, workdir / f"triad-{name.split()[0]}")
+        trl = run_trl(python, models[name], steps, max_tokens, workdir / f"trl-{name.split()[0]}.json")
+        results[name] = {"steps": steps, "completion_tokens": max_tokens, "triad": triad, "trl": trl,
                          "samples_per_s_ratio": triad["samples_per_s"] / trl["samples_per_s"]}  # fmt: skip
     results["threshold"] = THRESHOLD
     print(json.dumps(results))

@@ -1,10 +1,10 @@
 """TRL's GRPOTrainer on triad's addition task, for the side-by-side benchmark.
 
 Runs inside its own virtual environment (torch + trl, no triad), made by
-`bench/trl_compare.py`:   python trl_grpo.py MODEL_DIR STEPS OUT.json
+`bench/trl_compare.py`:   python trl_grpo.py MODEL_DIR STEPS OUT.json MAX_TOKENS
 
 Same task as triad's `addition` environment (single digits, reward 1 for the
-exact answer), group size 8, 16 prompts per step, 8 completion tokens,
+exact answer), group size 8, 16 prompts per step, MAX_TOKENS completion tokens,
 temperature 1, lr 3e-4, no KL term, one optimizer step per batch, on CPU
 without vLLM. Writes per-step reward and time.
 """
@@ -42,14 +42,14 @@ class StepTimes(TrainerCallback):
 
 
 def main() -> None:
-    model_dir, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    model_dir, steps, out, max_tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     launched = time.time()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     config = GRPOConfig(
         output_dir="/tmp/trl-grpo-bench", use_cpu=True, use_vllm=False, bf16=False,
         per_device_train_batch_size=128, num_generations=8, gradient_accumulation_steps=1,
-        max_completion_length=8, temperature=1.0, learning_rate=3e-4, beta=0.0, num_iterations=1,
+        max_completion_length=max_tokens, temperature=1.0, learning_rate=3e-4, beta=0.0, num_iterations=1,
         max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", seed=0,
         lr_scheduler_type="constant", warmup_steps=0,
     )  # fmt: skip

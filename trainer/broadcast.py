@@ -31,6 +31,7 @@ from shared.broadcast import (
 from shared.config import TrainerConfig
 from shared.process_group import generation_store, make_group
 from shared.rundir import RunDir, clear_step_dir
+from trainer.parallel import full_tensor
 from trainer.publish import published_parameters
 
 log = logging.getLogger("triad.trainer")
@@ -71,7 +72,7 @@ class WeightSender:
         if not ok[0]:
             return False
         for bucket in plan_buckets(specs, bucket_bytes):
-            parts = [params[i][1].full_tensor().detach().to(dtype).flatten() for i in bucket]  # collective
+            parts = [full_tensor(params[i][1]).detach().to(dtype).flatten() for i in bucket]  # collective
             if self.rank == 0 and ok[0]:
                 ok[0] = self.broadcast(torch.cat(parts).to(self.device), version)
         dist.broadcast_object_list(ok, src=0)

@@ -30,7 +30,7 @@ from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
 from trainer.forward import packed_forward, padded_forward
 from trainer.loss import BatchTotals, LossSpec, policy_loss
-from trainer.parallel import apply_fsdp, decoder_blocks, init_distributed
+from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
 from trainer.publish import (
     export_state_dict,
     finish_shards,
@@ -180,7 +180,7 @@ class Trainer:
         names = [n for n, _ in published_parameters(self.model, self.tied)]
         mine = {}
         for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
-            full = param.full_tensor()  # collective
+            full = full_tensor(param)  # collective
             if i % self.world == self.rank:
                 mine[name] = full.detach().to("cpu", self.publish_dtype).contiguous()
             del full

@@ -40,11 +40,21 @@ def apply_fsdp(
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
 ) -> None:
-    """Shard each decoder block, then the root (embeddings, final norm, head)."""
+    """Shard each decoder block, then the root (embeddings, final norm, head).
+
+    With one rank and no mixed precision there is nothing for FSDP to do, and its
+    per-op DTensor bookkeeping would cost time: the model stays a plain module."""
+    if mesh.size() == 1 and param_dtype == reduce_dtype == torch.float32:
+        return
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in decoder_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def full_tensor(param: torch.Tensor) -> torch.Tensor:
+    """The whole parameter: gathered from its shards (a collective) if FSDP sharded it."""
+    return param.full_tensor() if hasattr(param, "full_tensor") else param
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from shared.errors import TriadError
 
+log = logging.getLogger("triad.orchestrator")
 ENTRY_POINT_GROUP = "triad.environments"
 EVAL_SEED = "held-out"
 
@@ -78,6 +80,7 @@ async def score(env: Environment, prompt: Prompt, completion: str, timeout: floa
     try:
         value = await _call(env.reward, timeout, f"environment {env.name!r}: reward", prompt, completion)
     except TimeoutError:
+        log.warning("environment %r: reward took over %g s (env_timeout_s): scored 0", env.name, timeout)
         return 0.0
     return float(value)
 

@@ -161,3 +161,19 @@ def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
         assert sample.loss_mask == sampled + [True] * len(turn)
         assert sample.logprobs == [0.0 if not m else -0.5 for m in sample.loss_mask]
         assert sample.reward == 0.0
+
+
+def test_a_reward_that_times_out_scores_zero_and_says_so(caplog):
+    class Slow:
+        name = "slow"
+
+        def sample(self, rng):
+            return None
+
+        async def reward(self, prompt, completion):
+            await asyncio.sleep(10)
+            return 1.0
+
+    with caplog.at_level("WARNING", logger="triad.orchestrator"):
+        assert asyncio.run(score(Slow(), None, "x", timeout=0.05)) == 0.0
+    assert "environment 'slow': reward took over 0.05 s" in caplog.text

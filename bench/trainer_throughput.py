@@ -3,8 +3,10 @@
     python -m bench.trainer_throughput WORKDIR     (prints one JSON line)
 
 Both train the embedded tiny model on the same synthetic batches with AdamW, on
-the same number of threads; the trainer's time is its `train_s` (no publishing).
-Each side's figure is the median over steps of tokens/s, after warm-up steps.
+the same number of threads and malloc settings; the trainer's time is its `train_s` (no publishing).
+Each side's figure is the median over steps of tokens/s, after warm-up steps;
+the two sides alternate for ROUNDS rounds (this machine's noise moves a single
+figure by +-20%), and the reported figures are the medians over rounds.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from services.models import resolve_model
 from shared.batch import write_batch
 from shared.metrics import read_metrics
 from shared.rundir import TRAINER, RunDir, ensure_run, write_marker
+from trainer.allocator import keep_freed_memory
 from trainer.data import collate
 from trainer.loss import BatchTotals, LossSpec, policy_loss, token_logprobs
 
-STEPS, WARMUP, THREADS = 24, 4, 2
+STEPS, WARMUP, THREADS, ROUNDS = 24, 4, 2, 3
 
 
 def batches(seed: int = 0) -> list[list[dict]]:
@@ -48,13 +51,14 @@ def batches(seed: int = 0) -> list[list[dict]]:
     return out
 
 
-def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]]) -> float:
+def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]], *extra_sets: str) -> float:
     run_id = ensure_run(workdir, {}).run_id
     rundir = RunDir(workdir)
     for step, rows in enumerate(data, start=1):
         write_batch(rundir.batch_file(step), rows)
         write_marker(rundir.rollout_dir(step), run_id, step, temperature=1.0, max_policy_version=0)
     sets = [f"run_dir={workdir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint_every=0"]
+    sets += extra_sets
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
            "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
@@ -67,6 +71,7 @@ def plain_tokens_per_s(model_dir: str, data: list[list[dict]]) -> float:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(THREADS)
+    keep_freed_memory()  # the same allocator settings as the trainer
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     spec, rates = LossSpec(), []
@@ -87,14 +92,34 @@ def plain_tokens_per_s(model_dir: str, data: list[list[dict]]) -> float:
     return statistics.median(rates)
 
 
+def plain_in_subprocess(model_dir: str) -> float:
+    code = f"from bench.trainer_throughput import *; print(plain_tokens_per_s({model_dir!r}, batches()))"
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(done.stdout.split()[-1])
+
+
 def main() -> None:
     workdir = Path(sys.argv[1])
     model = resolve_model("builtin:tiny-addition")
     data = batches()
-    trainer = trainer_tokens_per_s(workdir, model, data)
-    plain = plain_tokens_per_s(model, data)
-    print(json.dumps({"trainer_tokens_per_s": trainer, "plain_tokens_per_s": plain, "ratio": trainer / plain,
-                      "model": "builtin:tiny-addition (0.5M parameters)", "threads": THREADS}))  # fmt: skip
+    trainer, plain = [], []
+    for round_ in range(ROUNDS):
+        trainer.append(trainer_tokens_per_s(workdir / f"round_{round_}", model, data))
+        plain.append(plain_in_subprocess(model))  # a fresh process, as the trainer's is
+    # what glibc's default thresholds cost the trainer (see trainer/allocator.py)
+    default_malloc = trainer_tokens_per_s(
+        workdir / "default_malloc", model, data, "trainer.keep_freed_memory=false"
+    )
+    result = {
+        "trainer_tokens_per_s": statistics.median(trainer),
+        "plain_tokens_per_s": statistics.median(plain),
+        "rounds": {"trainer": trainer, "plain": plain},
+        "trainer_default_malloc_tokens_per_s": default_malloc,
+        "model": "builtin:tiny-addition (0.5M parameters)",
+        "threads": THREADS,
+    }
+    result["ratio"] = result["trainer_tokens_per_s"] / result["plain_tokens_per_s"]
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -116,6 +116,9 @@ class TrainerConfig(Table):
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA")
     activation_checkpointing: bool = False
     compile: bool = Field(False, description="torch.compile each decoder block")
+    keep_freed_memory: bool = Field(
+        True, description="glibc: freed host memory stays in the process instead of faulting in every step"
+    )
     loss: Literal["ppo_clip", "cispo", "gspo"] = "ppo_clip"
     eps_low: float = Field(0.2, gt=0, description="clip below at 1 - eps_low")
     eps_high: float = Field(0.2, gt=0, description="clip above at 1 + eps_high (DAPO: 0.28)")

@@ -25,6 +25,7 @@ from shared.faults import TRAINER_MID_STEP, failpoint
 from shared.metrics import MetricsWriter, drop_rows_after
 from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
+from trainer.allocator import keep_freed_memory
 from trainer.broadcast import WeightSender
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
@@ -243,6 +244,8 @@ class Trainer:
 
 
 def run_trainer(cfg: TriadConfig, model_path: str) -> None:
+    if cfg.trainer.keep_freed_memory and not keep_freed_memory():
+        log.info("trainer.keep_freed_memory: no glibc mallopt here; the allocator keeps its defaults")
     device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.collective_timeout_s)
     try:
         if dist.get_rank() == 0:

@@ -1,10 +1,11 @@
 """Policy-gradient losses as small pure functions on tensors.
 
 Notation, per token t of sequence i: `logp` is the trainer's log-probability
-(with gradient), `logq` the sampler's (the behaviour policy), `A_i` the
-sequence's advantage, `m` the loss mask. One optimizer step is taken per batch,
-so the trainer's weights before the update -- AReaL's *proximal* policy -- are
-the current weights: `logp_prox = stop_grad(logp)`, no extra forward pass.
+(with gradient), `logq` the sampler's (the behaviour policy), `logp_prox` the
+*proximal* policy's (AReaL's decoupled PPO: the trainer's weights before this
+batch's first optimizer step, from a no-grad forward pass; with one optimizer
+step per batch that is the current weights, `stop_grad(logp)`, and the caller
+may leave it out), `A_i` the sequence's advantage, `m` the loss mask.
 
 Per-token objectives (`kind`):
 - ppo_clip (GRPO; DAPO's clip-higher with eps_high > eps_low):
@@ -15,8 +16,8 @@ Per-token objectives (`kind`):
       l_i = -min(s_i A, clip(s_i, 1 - eps_low, 1 + eps_high) A), one term per sequence.
 
 Importance correction against the sampler (`importance`, for ppo_clip): the
-decoupled form r = exp(logp - logp_prox) with a behaviour weight
-w = exp(logp_prox - logq) that is
+decoupled form r = exp(logp - logp_prox) in the clipped objective, times a
+behaviour weight w = exp(logp_prox - logq) that is
 - none:     not used (r is taken against the sampler directly, as above);
 - tis:      truncated, min(w, cap);
 - mis_token: tokens with w > cap are masked out;
@@ -27,8 +28,10 @@ Aggregation (`aggregation`), over the whole batch (all ranks):
 - seq_mean_token_mean:      mean_i( sum_t m l / sum_t m )
 - seq_mean_token_sum_norm:  mean_i( sum_t m l / L )   (Dr. GRPO; L a constant length)
 
-Optional KL penalty to the sampler, beta * k(logp, logq) per token, with
-k1 = logp - logq, k2 = (logp - logq)^2 / 2, k3 = exp(logq - logp) - 1 - (logq - logp).
+Optional KL penalty, beta * k(logp, logr) per token, aggregated as above, to a
+reference policy `logp_ref` (a frozen copy of the base model) when given, else
+to the sampler (logr = logq); k1 = logp - logr, k2 = (logp - logr)^2 / 2,
+k3 = exp(logr - logp) - 1 - (logr - logp).
 """
 
 from __future__ import annotations
@@ -67,9 +70,17 @@ class BatchTotals:
 
 @dataclass(frozen=True)
 class LossParts:
+    """The loss (this rank's share) and masked token sums for logging (no gradient)."""
+
     loss: torch.Tensor
-    clipped_tokens: torch.Tensor
-    mismatch_kl_sum: torch.Tensor
+    clipped_low: torch.Tensor  # the clipped term was taken, ratio below 1 - eps_low
+    clipped_high: torch.Tensor  # ... above 1 + eps_high
+    mismatch_kl_sum: torch.Tensor  # k3 of KL(sampler || trainer)
+    ref_kl_sum: torch.Tensor  # k3 of KL(trainer || reference); 0 without a reference
+
+    @property
+    def clipped_tokens(self) -> torch.Tensor:
+        return self.clipped_low + self.clipped_high
 
 
 def next_token_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -127,10 +138,10 @@ def _clip(ratio: torch.Tensor, spec: LossSpec) -> torch.Tensor:
 
 
 def _behaviour_weight(
-    logp: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor, spec: LossSpec
+    logp_prox: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor, spec: LossSpec
 ) -> torch.Tensor:
     """w = pi_prox / pi_sampler per token, truncated or masked as `spec.importance` says."""
-    log_w = (logp.detach() - logq) * mask
+    log_w = (logp_prox - logq) * mask
     w = torch.exp(log_w)
     if spec.importance == "tis":
         return torch.clamp(w, max=spec.importance_cap)
@@ -147,16 +158,20 @@ def policy_loss(
     mask: torch.Tensor,
     spec: LossSpec,
     totals: BatchTotals,
+    logp_prox: torch.Tensor | None = None,
+    logp_ref: torch.Tensor | None = None,
 ) -> LossParts:
-    """`advantages` per sequence [B] or per token [B, T]; `mask` bool [B, T]."""
+    """`advantages` per sequence [B] or per token [B, T]; `mask` bool [B, T]; the optional
+    `logp_prox` (no gradient) and `logp_ref` are [B, T] like `logp`."""
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     m = mask.to(logp.dtype)
+    prox = logp.detach() if logp_prox is None else logp_prox.detach()
     log_ratio = logp - logq
     if spec.kind == "gspo":
         seq_log_ratio = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
         ratio = torch.exp(seq_log_ratio).expand_as(logp)
     elif spec.importance != "none":
-        ratio = torch.exp(logp - logp.detach())
+        ratio = torch.exp(logp - prox)
     else:
         ratio = torch.exp(log_ratio)
     unclipped, clipped = ratio * adv, _clip(ratio, spec) * adv
@@ -165,14 +180,25 @@ def policy_loss(
     else:
         pg = -torch.minimum(unclipped, clipped)
     if spec.kind == "ppo_clip" and spec.importance != "none":
-        pg = pg * _behaviour_weight(logp, logq, m, spec)
+        pg = pg * _behaviour_weight(prox, logq, m, spec)
     if spec.kind == "gspo":  # one term per sequence (the ratio is the same on all its tokens)
         loss = (pg[:, 0] * (m.sum(-1) > 0)).sum() / max(totals.sequences, 1)
     else:
         loss = aggregate(pg, m, spec, totals)
     if spec.kl_coef:
-        loss = loss + spec.kl_coef * aggregate(kl_penalty(logp, logq, spec.kl_estimator), m, spec, totals)
+        target = logq if logp_ref is None else logp_ref.detach()
+        loss = loss + spec.kl_coef * aggregate(kl_penalty(logp, target, spec.kl_estimator), m, spec, totals)
     with torch.no_grad():
-        was_clipped = ((clipped < unclipped).to(m.dtype) * m).sum()
-        mismatch = ((torch.exp(log_ratio) - 1 - log_ratio) * m).sum()  # k3 of KL(sampler || trainer)
-    return LossParts(loss=loss, clipped_tokens=was_clipped, mismatch_kl_sum=mismatch)
+        was_clipped = (clipped < unclipped).to(m.dtype) * m
+        below = (ratio < 1).to(m.dtype)
+        mismatch = (kl_penalty(logq, logp, "k3") * m).sum()
+        ref_kl = torch.zeros_like(mismatch)
+        if logp_ref is not None:
+            ref_kl = (kl_penalty(logp, logp_ref, "k3") * m).sum()
+    return LossParts(
+        loss=loss,
+        clipped_low=(was_clipped * below).sum(),
+        clipped_high=(was_clipped * (1 - below)).sum(),
+        mismatch_kl_sum=mismatch,
+        ref_kl_sum=ref_kl,
+    )

@@ -60,8 +60,12 @@ def kl(lp, lq, estimator):
     return {"k1": d, "k2": 0.5 * d * d, "k3": torch.exp(-d) - 1 + d}[estimator]
 
 
-def reference_loss(lp, lq, adv, mask, spec: LossSpec):
+def reference_loss(lp, lq, adv, mask, spec: LossSpec, prox=None, ref=None):
+    """`prox`: the proximal policy (default: the current weights, detached); `ref`: the KL target
+    (default: the sampler)."""
     B, T = lp.shape
+    prox = lp.detach() if prox is None else prox
+    ref = lq if ref is None else ref
     n_seq, n_tok = B, int(mask.sum())
     pg_terms, kl_terms = [], []  # per sequence: list of per-token scalars
     total = torch.zeros((), dtype=torch.float64)
@@ -71,16 +75,14 @@ def reference_loss(lp, lq, adv, mask, spec: LossSpec):
         if spec.kind == "gspo" and toks:
             s = torch.exp(sum(lp[i, t] - lq[i, t] for t in toks) / len(toks))
             total = total - torch.minimum(s * a, clip(s, spec) * a) / n_seq
-        seq_w = torch.exp(
-            sum((lp[i, t].detach() - lq[i, t] for t in toks), torch.zeros((), dtype=torch.float64))
-        )
+        seq_w = torch.exp(sum((prox[i, t] - lq[i, t] for t in toks), torch.zeros((), dtype=torch.float64)))
         pg, kls = [], []
         for t in toks:
             if spec.kind == "cispo":
                 pg.append(-clip(torch.exp(lp[i, t] - lq[i, t]), spec).detach() * a * lp[i, t])
             elif spec.kind == "ppo_clip" and spec.importance != "none":
-                r = torch.exp(lp[i, t] - lp[i, t].detach())
-                w = torch.exp(lp[i, t].detach() - lq[i, t])
+                r = torch.exp(lp[i, t] - prox[i, t])
+                w = torch.exp(prox[i, t] - lq[i, t])
                 if spec.importance == "tis":
                     w = torch.clamp(w, max=spec.importance_cap)
                 elif spec.importance == "mis_token":
@@ -91,7 +93,7 @@ def reference_loss(lp, lq, adv, mask, spec: LossSpec):
             elif spec.kind == "ppo_clip":
                 r = torch.exp(lp[i, t] - lq[i, t])
                 pg.append(-torch.minimum(r * a, clip(r, spec) * a))
-            kls.append(kl(lp[i, t], lq[i, t], spec.kl_estimator))
+            kls.append(kl(lp[i, t], ref[i, t], spec.kl_estimator))
         pg_terms.append(pg)
         kl_terms.append(kls)
 
@@ -150,6 +152,64 @@ def test_loss_and_gradient_against_float64_reference(spec, seed):
     assert got.item() == pytest.approx(want.item(), abs=1e-10)
     assert torch.allclose(grad, want_grad, atol=1e-10)
     assert torch.all(grad[~mask] == 0)  # masked tokens get no gradient
+
+
+DECOUPLED = [
+    LossSpec(importance="tis", importance_cap=1.5, kl_coef=0.1, kl_estimator="k3"),
+    LossSpec(importance="mis_token", importance_cap=1.2, eps_high=0.28, kl_coef=0.2, kl_estimator="k2"),
+    LossSpec(importance="mis_seq", importance_cap=1.3, aggregation="seq_mean_token_mean", kl_coef=0.1),
+    LossSpec(kind="gspo", eps_low=3e-3, eps_high=4e-3, kl_coef=0.05, kl_estimator="k1"),
+    LossSpec(kind="cispo", eps_low=1.0, eps_high=0.3, kl_coef=0.1),
+]
+
+
+@pytest.mark.parametrize("spec", DECOUPLED, ids=lambda s: f"{s.kind}-{s.importance}-{s.kl_estimator}")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_proximal_policy_and_reference_kl_against_float64_reference(spec, seed):
+    """AReaL's decoupled objective with a proximal policy apart from the current weights (as
+    after an earlier optimizer step on the same batch), and the KL penalty to a reference model."""
+    lp, lq, adv, mask = random_batch(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    prox = lp.detach() + torch.randn(lp.shape, generator=gen, dtype=torch.float64) * 0.2
+    ref = lp.detach() + torch.randn(lp.shape, generator=gen, dtype=torch.float64) * 0.3
+    totals = BatchTotals(lp.shape[0], int(mask.sum()))
+    parts = policy_loss(lp, lq, adv, mask, spec, totals, logp_prox=prox, logp_ref=ref)
+    (grad,) = torch.autograd.grad(parts.loss, lp)
+    want = reference_loss(lp, lq, adv, mask, spec, prox=prox, ref=ref)
+    (want_grad,) = torch.autograd.grad(want, lp)
+    assert parts.loss.item() == pytest.approx(want.item(), abs=1e-10)
+    assert torch.allclose(grad, want_grad, atol=1e-10)
+    d = lp.detach() - ref
+    assert parts.ref_kl_sum.item() == pytest.approx(((torch.exp(-d) - 1 + d) * mask).sum().item(), abs=1e-10)
+    # the proximal policy matters exactly where the objective uses it
+    plain = policy_loss(lp, lq, adv, mask, spec, totals, logp_ref=ref).loss
+    if spec.importance != "none":
+        assert abs(plain.item() - parts.loss.item()) > 1e-3
+    else:
+        assert plain.item() == parts.loss.item()
+
+
+def test_reference_kl_penalty_pulls_towards_the_reference_not_the_sampler():
+    lp = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    spec = LossSpec(kl_coef=1.0, kl_estimator="k2")
+    lq, ref = torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), -0.5, dtype=torch.float64)
+    # zero advantage: only the penalty, k2 = (logp - ref)^2 / 2 = 0.125 on each of the 2 tokens
+    parts = policy_loss(lp, lq, torch.zeros(1, dtype=torch.float64), mask, spec, BatchTotals(1, 2),
+                        logp_ref=ref)  # fmt: skip
+    (grad,) = torch.autograd.grad(parts.loss, lp)
+    assert parts.loss.item() == pytest.approx(0.125)
+    assert grad[0].tolist() == pytest.approx([0.25, 0.25])  # d/dlogp of (logp + 0.5)^2 / 2, over 2 tokens
+    assert parts.ref_kl_sum.item() == pytest.approx(2 * (math.exp(-0.5) - 1 + 0.5))
+
+
+def test_clip_fractions_split_by_side():
+    lp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.7]]))
+    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])  # per token
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    parts = policy_loss(lp, torch.zeros(1, 4), adv, mask, LossSpec(), BatchTotals(1, 4))
+    # 1.5 with A>0 is clipped above; 0.5 with A<0 below; 1.1 is inside; 0.7 with A>0 is not clipped
+    assert (parts.clipped_low.item(), parts.clipped_high.item()) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-{s.aggregation}-{s.importance}")

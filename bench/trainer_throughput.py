@@ -26,8 +26,8 @@ from services.models import resolve_model
 from shared.batch import write_batch
 from shared.metrics import read_metrics
 from shared.rundir import TRAINER, RunDir, ensure_run, write_marker
-from trainer.allocator import keep_freed_memory
 from trainer.data import collate
+from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, LossSpec, policy_loss, token_logprobs
 
 STEPS, WARMUP, THREADS, ROUNDS = 24, 4, 2, 3
@@ -106,7 +106,7 @@ def main() -> None:
     for round_ in range(ROUNDS):
         trainer.append(trainer_tokens_per_s(workdir / f"round_{round_}", model, data))
         plain.append(plain_in_subprocess(model))  # a fresh process, as the trainer's is
-    # what glibc's default thresholds cost the trainer (see trainer/allocator.py)
+    # what glibc's default thresholds cost the trainer (see trainer/host.py)
     default_malloc = trainer_tokens_per_s(
         workdir / "default_malloc", model, data, "trainer.keep_freed_memory=false"
     )

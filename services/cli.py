@@ -25,6 +25,7 @@ from shared.errors import TriadError
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.toml")
+PARENT_PID = os.getppid()  # a trainer worker's launcher (torchrun), read before anything slow
 
 
 def run_up(cfg: TriadConfig, args: argparse.Namespace) -> None:
@@ -50,6 +51,9 @@ def run_orchestrator(cfg: TriadConfig, _: argparse.Namespace) -> None:
 
 def run_trainer(cfg: TriadConfig, _: argparse.Namespace) -> None:
     from services.models import resolve_model
+    from trainer.host import die_with_launcher
+
+    die_with_launcher(PARENT_PID)
 
     model = resolve_model(cfg.model)
     from trainer.main import run_trainer as train

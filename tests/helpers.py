@@ -22,6 +22,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains `text` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # not a process, or gone meanwhile
+            continue
+        if state != "Z" and text.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until_gone(text: str, timeout: float = 10) -> list[int]:
+    """Wait for every process mentioning `text` to exit; the pids still alive at the timeout."""
+    deadline = time.monotonic() + timeout
+    while (alive := processes_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
 def triad_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "services.cli", *args]
 

@@ -25,11 +25,11 @@ from shared.faults import TRAINER_MID_STEP, failpoint
 from shared.metrics import MetricsWriter, drop_rows_after
 from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
-from trainer.allocator import keep_freed_memory
 from trainer.broadcast import WeightSender
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
 from trainer.forward import packed_forward, padded_forward
+from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, LossSpec, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
 from trainer.publish import (

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from shared.batch import write_batch
 from shared.metrics import read_metrics
 from shared.rundir import RunDir, ensure_run, write_marker
-from tests.helpers import REPO, free_port
+from tests.helpers import REPO, free_port, wait_until_gone
 
 pytestmark = pytest.mark.integration
 STEPS = 4
@@ -118,8 +118,10 @@ def test_killed_and_resumed_equals_straight(straight: Path, tiny_model: str, tmp
     while not done.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "trainer never checkpointed step 2"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 while it waits for batch 3
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 of torchrun while the ranks wait for batch 3
     proc.wait()
+    # torchrun starts each rank in a session of its own: they must die with it, not train on
+    assert wait_until_gone(str(run_dir)) == [], "trainer ranks outlived their torchrun"
     make_batches(run_dir, tiny_model, range(3, STEPS + 1))
     train(run_dir, tiny_model, nproc=2)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6

@@ -126,8 +126,14 @@ class TrainerConfig(Table):
     norm_length: int = Field(1024, ge=1, description="L of seq_mean_token_sum_norm")
     importance: Literal["none", "tis", "mis_token", "mis_seq"] = "none"
     importance_cap: float = Field(2.0, gt=0)
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the sampler's policy")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty (see kl_target)")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_target: Literal["sampler", "reference"] = Field(
+        "sampler", description="KL to the sampler's policy, or to a frozen copy of the base model"
+    )
+    optimizer_steps: int = Field(
+        1, ge=1, description="optimizer steps per batch, one per equal slice (PPO mini-batches)"
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
     collective_timeout_s: float = Field(1800, gt=0, description="longest wait in one collective")
@@ -190,6 +196,12 @@ class TriadConfig(BaseSettings):
             )
         if tc.loss != "ppo_clip" and tc.importance != "none":
             raise ValueError(f"trainer.importance = {tc.importance!r} needs trainer.loss = 'ppo_clip'")
+        samples = self.orchestrator.batch_size * self.orchestrator.group_size
+        if tc.optimizer_steps > samples:
+            raise ValueError(
+                f"trainer.optimizer_steps ({tc.optimizer_steps}) is more than the samples in a batch "
+                f"({samples} = orchestrator.batch_size x group_size)"
+            )
         return self
 
     def inference_urls(self) -> list[str]:

@@ -39,6 +39,15 @@ def balance(lengths: list[int], world_size: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
+def even_slices(count: int, parts: int) -> list[range]:
+    """`count` items in order, cut into `min(parts, count)` contiguous slices whose sizes
+    differ by at most one (the first ones longer)."""
+    parts = max(1, min(parts, count))
+    size, extra = divmod(count, parts)
+    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
 def micro_batches(
     lengths: list[int], shares: list[list[int]], token_budget: int, packed: bool = False
 ) -> list[list[list[int]]]:

@@ -10,16 +10,23 @@ are the same functions on the same shapes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from trainer.data import MicroBatch
 from trainer.loss import next_token_log_softmax, pick_token_logprobs, token_entropy
 
+Forward = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
-def padded_forward(model, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+
+def padded_forward(
+    model, batch: MicroBatch, temperature: float, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     log_probs = next_token_log_softmax(logits, temperature)  # once, for the loss and the entropy
-    return pick_token_logprobs(log_probs, batch.input_ids), token_entropy(log_probs.detach())
+    entropy = token_entropy(log_probs.detach()) if with_entropy else None
+    return pick_token_logprobs(log_probs, batch.input_ids), entropy
 
 
 def packing_layout(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,7 +42,9 @@ def packing_layout(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return positions[None], mask[None, None], positions == 0
 
 
-def packed_forward(model, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_forward(
+    model, batch: MicroBatch, temperature: float, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     real = batch.attention_mask.bool()
     ids = batch.input_ids[real][None]
     positions, mask, row_start = packing_layout(batch.attention_mask)
@@ -44,6 +53,8 @@ def packed_forward(model, batch: MicroBatch, temperature: float) -> tuple[torch.
     # a row's first token would be "predicted" from the previous row's last: drop it, as t = 0 is
     keep = (~row_start).to(log_probs.dtype)
     logprobs = pick_token_logprobs(log_probs, ids)[0] * keep
-    entropy = token_entropy(log_probs.detach())[0] * keep
     zeros = torch.zeros(batch.input_ids.shape, dtype=log_probs.dtype, device=ids.device)
+    if not with_entropy:
+        return zeros.masked_scatter(real, logprobs), None
+    entropy = token_entropy(log_probs.detach())[0] * keep
     return zeros.masked_scatter(real, logprobs), zeros.masked_scatter(real, entropy)

@@ -1,20 +1,27 @@
-"""The trainer: one optimizer update per batch, new weights after each.
+"""The trainer: one update per batch, new weights after each.
 
     torchrun --nproc-per-node 2 -m services.cli trainer -c config.toml
 
-For update n = 1..max_steps every rank waits for `rollouts/step_n/DONE`, reads
-the batch and takes its token-balanced share, computes the clipped policy-
-gradient loss against the sampler's logprobs (logits divided by the batch's
-sampling temperature), and steps AdamW on the FSDP2-sharded model. Rank 0 then
+For update n = 1..max_steps every rank waits for `rollouts/step_n/DONE` and
+reads the batch. The batch is cut into `optimizer_steps` slices (PPO
+mini-batches, usually one); each rank takes a token-balanced share of each
+slice, in micro-batches of at most `micro_batch_tokens`. With importance
+correction and several slices, a no-grad forward pass first records the
+proximal policy's logprobs (AReaL's decoupled PPO: the weights before this
+update). Per slice, the policy-gradient loss of `trainer/loss.py` is taken
+against the sampler's logprobs (logits divided by the batch's sampling
+temperature), optionally with a KL penalty to a frozen reference model, and
+AdamW steps the FSDP2-sharded model after gradient clipping. Rank 0 then
 publishes the full weights as version n in `weights/step_n/` (safetensors plus
 config and tokenizer) with a `DONE` marker, which the orchestrator hands to
-inference.
+inference; checkpoints are written every `checkpoint_every` updates.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,8 +34,8 @@ from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_c
 from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
 from trainer.broadcast import WeightSender
 from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.data import balance, collate, loss_token_count, micro_batches, wait_for_batch
-from trainer.forward import packed_forward, padded_forward
+from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches, wait_for_batch
+from trainer.forward import Forward, packed_forward, padded_forward
 from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, LossSpec, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
@@ -44,6 +51,41 @@ from trainer.publish import (
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
+
+# per micro-batch, summed: loss share, clipped below, clipped above, mismatch KL, entropy, reference KL
+STAT_NAMES = ("loss", "clipped_low", "clipped_high", "mismatch_kl", "entropy", "ref_kl")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One optimizer step's part of the batch: this rank's micro-batches, the slice's totals and,
+    for the decoupled objective, each micro-batch's proximal logprobs."""
+
+    micro_batches: list[list[dict]]
+    totals: BatchTotals
+    proximal: list[torch.Tensor] | None = None
+
+    def with_proximal(self, logprobs_of) -> Slice:
+        return replace(self, proximal=[logprobs_of(rows) for rows in self.micro_batches])
+
+
+def step_metrics(sums: dict[str, float], rows: list[dict], grad_norms: list[float]) -> dict[str, float]:
+    """An update's metrics row from the statistics summed over all ranks and slices: the loss is
+    the mean of the slices' losses, the rest are per loss token."""
+    tokens = max(loss_token_count(rows), 1)
+    return dict(
+        loss=sums["loss"] / len(grad_norms),
+        grad_norm=sum(grad_norms) / len(grad_norms),
+        optimizer_steps=len(grad_norms),
+        tokens=sum(len(r["input_ids"]) for r in rows),
+        loss_tokens=loss_token_count(rows),
+        clip_frac=(sums["clipped_low"] + sums["clipped_high"]) / tokens,
+        clip_frac_low=sums["clipped_low"] / tokens,
+        clip_frac_high=sums["clipped_high"] / tokens,
+        mismatch_kl=sums["mismatch_kl"] / tokens,
+        entropy=sums["entropy"] / tokens,
+        ref_kl=sums["ref_kl"] / tokens,
+    )
 
 
 def config_dtype(config) -> torch.dtype:
@@ -66,6 +108,11 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         torch.manual_seed(cfg.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        self.reference = None
+        if self.tc.kl_target == "reference":  # a frozen copy of the base model, sharded the same way
+            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+            self.reference.requires_grad_(False).eval()
+            apply_fsdp(self.reference, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
         if self.tc.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.tc.compile:
@@ -91,52 +138,79 @@ class Trainer:
             precision = "bf16" if self.device.type == "cuda" else "fp32"
         return torch.bfloat16 if precision == "bf16" else torch.float32
 
-    def forward_backward(self, rows: list[dict], temperature: float, totals: BatchTotals) -> torch.Tensor:
-        """One micro-batch: its share of the batch loss, backpropagated; returns its statistics."""
-        batch = collate(rows, self.pad_id).to(self.device)
-        forward = packed_forward if self.tc.packing else padded_forward
-        logprobs, entropy = forward(self.model, batch, temperature)
-        parts = policy_loss(
-            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss_spec, totals
-        )
-        # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
-        (parts.loss * self.world).backward()
-        with torch.no_grad():
-            ent = (entropy * batch.loss_mask).sum()
-            return torch.stack([parts.loss.detach(), parts.clipped_tokens, parts.mismatch_kl_sum, ent])
+    @property
+    def forward(self) -> Forward:
+        return packed_forward if self.tc.packing else padded_forward
 
-    def train_step(self, step: int, rows: list[dict], temperature: float) -> dict[str, float]:
+    def uses_proximal_policy(self) -> bool:
+        """AReaL's proximal logprobs differ from the current weights' only after a first
+        optimizer step on the batch, and only the decoupled (importance) objective uses them."""
+        return self.tc.optimizer_steps > 1 and self.tc.loss == "ppo_clip" and self.tc.importance != "none"
+
+    def plan(self, rows: list[dict]) -> Slice:
+        """This rank's token-balanced share of `rows`, in micro-batches (the same count on every rank)."""
         lengths = [len(r["input_ids"]) for r in rows]
         shares = balance(lengths, self.world)
         plan = micro_batches(lengths, shares, self.tc.micro_batch_tokens, self.tc.packing)[self.rank]
         totals = BatchTotals(sequences=len(rows), tokens=loss_token_count(rows))
+        return Slice([[rows[i] for i in mb] for mb in plan], totals)
+
+    @torch.no_grad()
+    def logprobs_of(self, model: torch.nn.Module, rows: list[dict], temperature: float) -> torch.Tensor:
+        batch = collate(rows, self.pad_id).to(self.device)
+        return self.forward(model, batch, temperature, with_entropy=False)[0]
+
+    def forward_backward(
+        self, rows: list[dict], temperature: float, totals: BatchTotals, proximal: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One micro-batch: its share of the slice's loss, backpropagated; returns its statistics."""
+        batch = collate(rows, self.pad_id).to(self.device)
+        reference = None if self.reference is None else self.logprobs_of(self.reference, rows, temperature)
+        logprobs, entropy = self.forward(self.model, batch, temperature)
+        parts = policy_loss(
+            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss_spec, totals,
+            logp_prox=proximal, logp_ref=reference,
+        )  # fmt: skip
+        # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
+        (parts.loss * self.world).backward()
+        with torch.no_grad():
+            ent = (entropy * batch.loss_mask).sum()
+            return torch.stack([parts.loss.detach(), parts.clipped_low, parts.clipped_high,
+                                parts.mismatch_kl_sum, ent, parts.ref_kl_sum])  # fmt: skip
+
+    def optimizer_step(self, step: int, part: Slice, temperature: float) -> tuple[torch.Tensor, float]:
+        """Accumulate the slice's gradients over its micro-batches, clip, step; (sums, grad norm)."""
+        proximal = part.proximal or [None] * len(part.micro_batches)
+        sums = sum(
+            self.forward_backward(rows, temperature, part.totals, prox)
+            for rows, prox in zip(part.micro_batches, proximal, strict=True)
+        )
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
+        failpoint(TRAINER_MID_STEP, step)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return sums, float(full_tensor(grad_norm))
+
+    def train_step(self, step: int, rows: list[dict], temperature: float) -> dict[str, float]:
         lr = lr_at(step, self.tc.lr, self.tc.warmup_steps, self.cfg.max_steps, self.tc.lr_schedule,
                    self.tc.min_lr_ratio)  # fmt: skip
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        sums = sum(self.forward_backward([rows[i] for i in mb], temperature, totals) for mb in plan)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
-        failpoint(TRAINER_MID_STEP, step)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        parts = [self.plan([rows[i] for i in s]) for s in even_slices(len(rows), self.tc.optimizer_steps)]
+        if self.uses_proximal_policy():  # before any step: the weights this update starts from
+            parts = [p.with_proximal(lambda mb: self.logprobs_of(self.model, mb, temperature)) for p in parts]
+        sums, grad_norms = 0, []
+        for part in parts:
+            part_sums, grad_norm = self.optimizer_step(step, part, temperature)
+            sums, grad_norms = sums + part_sums, grad_norms + [grad_norm]
         sums = sums.to(torch.float64)
         dist.all_reduce(sums)
-        loss, clipped, kl, ent_sum = sums.tolist()
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        normalizer = max(totals.tokens, 1)
-        return dict(
-            loss=loss,
-            grad_norm=float(grad_norm),
-            lr=lr,
-            tokens=sum(lengths),
-            loss_tokens=totals.tokens,
-            micro_batches=len(plan),
-            clip_frac=clipped / normalizer,
-            mismatch_kl=kl / normalizer,
-            entropy=ent_sum / normalizer,
-        )
+        metrics = step_metrics(dict(zip(STAT_NAMES, sums.tolist(), strict=True)), rows, grad_norms)
+        metrics.update(lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts))
+        if self.reference is None:
+            del metrics["ref_kl"]
+        return metrics
 
     def publish(self, version: int, run_id: str, files: bool = False) -> None:
         """Hand version `version` to inference: by broadcast if configured (and it works),

@@ -48,6 +48,8 @@ def test_override_values_are_toml_typed():
         ("", ['orchestrator.inference_urls=["gpu-1:8000"]'], "is not an http"),
         ("", ["max_async_level=3", "trainer.keep_weights=3"], "keep_weights .3. must be at least"),
         ("", ["trainer.loss=cispo", "trainer.importance=tis"], "needs trainer.loss = 'ppo_clip'"),
+        ("", ["orchestrator.batch_size=2", "trainer.optimizer_steps=9"], r"steps \(9\) is more than the"),
+        ("", ["trainer.kl_target=base"], "bad config value for 'trainer.kl_target'"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, toml, sets, message):

@@ -1,6 +1,6 @@
 import torch
 
-from trainer.data import balance, collate, loss_token_count, micro_batches
+from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
 
 
 def test_balance_is_token_even_and_complete():
@@ -56,3 +56,13 @@ def test_micro_batches_respect_the_token_budget_and_align_ranks():
 def test_one_micro_batch_when_the_budget_allows():
     assert micro_batches([3, 4], [[0, 1]], token_budget=100) == [[[1, 0]]]
     assert micro_batches([], [[], []], token_budget=10) == [[[]], [[]]]
+
+
+def test_even_slices_cover_the_batch_in_order():
+    assert even_slices(10, 3) == [range(0, 4), range(4, 7), range(7, 10)]
+    assert even_slices(4, 1) == [range(0, 4)]
+    assert even_slices(2, 5) == [range(0, 1), range(1, 2)]  # never an empty optimizer step
+    for count, parts in [(7, 2), (64, 4), (5, 5)]:
+        slices = even_slices(count, parts)
+        assert [i for s in slices for i in s] == list(range(count))
+        assert max(map(len, slices)) - min(map(len, slices)) <= 1

@@ -1,6 +1,7 @@
 """triad's benchmarks: each figure is a ratio measured in one run, against a goal.
 
-    bench/run [--steps 60]
+    bench/run [--steps 60] [--skip-transport] [--skip-peer]
+    bench/run --only trainer        (one figure again; the rest kept from latest.json)
 
 1. asynchrony: samples/s at max_async_level 1 and 2 against 0, and against the
    ideal overlap bound (T_gen + T_train) / max(T_gen, T_train) from the
@@ -163,13 +164,26 @@ def markdown(results: dict) -> str:
             f"{h['ratio_to_raw_plus_100ms']:.2f} (goal <= 1)",
         ),
         (
-            "trainer tokens/s, 1 rank / plain loop",
+            "trainer tokens/s, 1 rank / plain loop, tiny (0.5M)",
             f"{t['trainer_tokens_per_s']:.0f}/s ({t['ratio']:.2f}x)",
             f"plain {t['plain_tokens_per_s']:.0f}/s; trainer with glibc's default malloc "
             f"{t['trainer_default_malloc_tokens_per_s']:.0f}/s",
             "goal >= 0.9",
         ),
     ]
+    if "5M" in t:
+        rows.append((
+            f"trainer tokens/s, 1 rank / plain loop, {t['5M']['parameters'] / 1e6:.0f}M parameters",
+            f"{t['5M']['trainer_tokens_per_s']:.0f}/s ({t['5M']['ratio']:.2f}x)",
+            f"plain {t['5M']['plain_tokens_per_s']:.0f}/s", "goal >= 0.9",
+        ))  # fmt: skip
+    if "trainer_compiled_tokens_per_s" in t:
+        rows.append((
+            "trainer with torch.compile, tiny (0.5M), after warm-up",
+            f"{t['trainer_compiled_tokens_per_s']:.0f}/s",
+            f"eager trainer {t['trainer_tokens_per_s']:.0f}/s",
+            f"{t['trainer_compiled_tokens_per_s'] / t['trainer_tokens_per_s']:.2f}x",
+        ))  # fmt: skip
     o = results.get("orchestrator")
     if o:
         rows.append((
@@ -209,7 +223,50 @@ def markdown(results: dict) -> str:
         ))  # fmt: skip
     lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
-    return f"Benchmarks ({results['machine']}, {results['date']})\n\n" + "\n".join(lines) + "\n"
+    again = "".join(
+        f"; {name} figures re-measured {date}" for name, date in results.get("remeasured", {}).items()
+    )
+    return f"Benchmarks ({results['machine']}, {results['date']}{again})\n\n" + "\n".join(lines) + "\n"
+
+
+SEPARATE = {  # figures that can be re-measured alone (--only), each from its own script
+    "trainer": run_trainer_throughput,
+    "orchestrator": lambda workdir: run_module("bench.orchestrator_overhead"),
+    "weight_transport": lambda workdir: run_module("bench.weight_transport", str(workdir / "transport")),
+    "trl": lambda workdir: run_module("bench.trl_compare", str(workdir / "peer")),
+}
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}"
+
+
+def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
+    asynchrony, runs = run_asynchrony(workdir, args.steps)
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": machine(),
+        "steps": args.steps,
+        "asynchrony": asynchrony,
+        "handoff": run_handoff(runs[1]),
+        "trainer": run_trainer_throughput(workdir),
+        "orchestrator": SEPARATE["orchestrator"](workdir),
+    }
+    if not args.skip_transport:
+        results["weight_transport"] = SEPARATE["weight_transport"](workdir)
+    if not args.skip_peer:
+        results["trl"] = SEPARATE["trl"](workdir)
+    return results
+
+
+def remeasure(workdir: Path, figure: str) -> dict:
+    """The latest results with one figure measured again (on the same kind of machine)."""
+    results = json.loads((RESULTS / "latest.json").read_text())
+    if results["machine"] != machine():
+        raise SystemExit(f"latest.json is from {results['machine']}, not {machine()}: run the whole suite")
+    results[figure] = SEPARATE[figure](workdir)
+    results.setdefault("remeasured", {})[figure] = time.strftime("%Y-%m-%d %H:%M")
+    return results
 
 
 def main() -> None:
@@ -217,25 +274,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip-transport", action="store_true", help="skip broadcast vs files (slow)")
     parser.add_argument("--skip-peer", action="store_true", help="skip the TRL comparison (slow)")
+    parser.add_argument("--only", choices=sorted(SEPARATE), help="measure one figure again, keep the rest")
     args = parser.parse_args()
     random.seed(0)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="triad-bench-") as tmp:
         workdir = Path(tmp)
-        asynchrony, runs = run_asynchrony(workdir, args.steps)
-        results = {
-            "date": time.strftime("%Y-%m-%d %H:%M"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
-            "steps": args.steps,
-            "asynchrony": asynchrony,
-            "handoff": run_handoff(runs[1]),
-            "trainer": run_trainer_throughput(workdir),
-            "orchestrator": run_module("bench.orchestrator_overhead"),
-        }
-        if not args.skip_transport:
-            results["weight_transport"] = run_module("bench.weight_transport", str(workdir / "transport"))
-        if not args.skip_peer:
-            results["trl"] = run_module("bench.trl_compare", str(workdir / "peer"))
+        results = remeasure(workdir, args.only) if args.only else measure_all(workdir, args)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=1))
     (RESULTS / "latest.md").write_text(markdown(results))
     print(markdown(results))

@@ -98,27 +98,41 @@ def plain_in_subprocess(model_dir: str) -> float:
     return float(done.stdout.split()[-1])
 
 
-def main() -> None:
-    workdir = Path(sys.argv[1])
-    model = resolve_model("builtin:tiny-addition")
-    data = batches()
+def compare(workdir: Path, model: str, data: list[list[dict]], rounds: int = ROUNDS) -> dict:
+    """The trainer against the plain loop, alternating for `rounds` rounds (medians)."""
     trainer, plain = [], []
-    for round_ in range(ROUNDS):
+    for round_ in range(rounds):
         trainer.append(trainer_tokens_per_s(workdir / f"round_{round_}", model, data))
         plain.append(plain_in_subprocess(model))  # a fresh process, as the trainer's is
-    # what glibc's default thresholds cost the trainer (see trainer/host.py)
-    default_malloc = trainer_tokens_per_s(
-        workdir / "default_malloc", model, data, "trainer.keep_freed_memory=false"
-    )
     result = {
         "trainer_tokens_per_s": statistics.median(trainer),
         "plain_tokens_per_s": statistics.median(plain),
         "rounds": {"trainer": trainer, "plain": plain},
-        "trainer_default_malloc_tokens_per_s": default_malloc,
-        "model": "builtin:tiny-addition (0.5M parameters)",
-        "threads": THREADS,
     }
     result["ratio"] = result["trainer_tokens_per_s"] / result["plain_tokens_per_s"]
+    return result
+
+
+def main() -> None:
+    from bench.weight_transport import SIZES, build_model
+
+    workdir = Path(sys.argv[1])
+    model = resolve_model("builtin:tiny-addition")
+    data = batches()
+    result = compare(workdir / "tiny", model, data)
+    # what glibc's default thresholds cost the trainer (see trainer/host.py)
+    result["trainer_default_malloc_tokens_per_s"] = trainer_tokens_per_s(
+        workdir / "default_malloc", model, data, "trainer.keep_freed_memory=false"
+    )
+    # torch.compile'd decoder blocks; the compiling steps fall in the warm-up
+    result["trainer_compiled_tokens_per_s"] = trainer_tokens_per_s(
+        workdir / "compiled", model, data, "trainer.compile=true"
+    )
+    result.update(model="builtin:tiny-addition (0.5M parameters)", threads=THREADS)
+    # a model where compute, not per-op overhead, dominates
+    larger = workdir / "model_5m"
+    parameters = build_model(larger, *SIZES["5M"])
+    result["5M"] = {**compare(workdir / "5M", str(larger), data), "parameters": parameters}
     print(json.dumps(result))
 
 

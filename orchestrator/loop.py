@@ -54,7 +54,7 @@ from shared.config import TriadConfig
 from shared.errors import TriadError, WaitTimeout
 from shared.faults import ORCHESTRATOR_BEFORE_MARKER, failpoint
 from shared.metrics import MetricsWriter, drop_rows_after
-from shared.resume import discard_after_checkpoint, newest_batch, newest_checkpoint
+from shared.resume import discard_batches_after, newest_batch, newest_checkpoint
 from shared.rundir import (
     EVAL,
     ORCHESTRATOR,
@@ -442,10 +442,13 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient]) -> l
 
 
 def follow_rewound_trainer(rundir: RunDir, run_id: str) -> None:
-    """Apply the resume rules the trainer applied (idempotent), so that the next
-    orchestrator continues after the newest batch the resumed trainer will use."""
+    """Apply the resume rules to the batches (the resumed trainer has already applied them to
+    the weights, and may have published new versions since), so that the next orchestrator
+    continues after the newest batch the resumed trainer will use."""
     checkpoint = newest_checkpoint(rundir, run_id)
-    discard_after_checkpoint(rundir, run_id, checkpoint)
+    removed = discard_batches_after(rundir, run_id, checkpoint)
+    if removed:
+        log.info("the trainer resumed after update %d: discarded %s", checkpoint, ", ".join(removed))
     drop_rows_after(rundir.metrics_file(ORCHESTRATOR), max(newest_batch(rundir, run_id), checkpoint))
 
 

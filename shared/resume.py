@@ -17,14 +17,24 @@ log = logging.getLogger("triad.resume")
 
 
 def discard_after_checkpoint(rundir: RunDir, run_id: str, checkpoint_step: int) -> list[str]:
-    """Delete weights newer than `checkpoint_step`, and every batch after it from the first
-    one that was sampled from such weights (or is incomplete) on, so that the batches
-    left after the checkpoint are an unbroken run C+1, C+2, ... the trainer can consume."""
+    """Before the trainer resumes from `checkpoint_step`: delete the weights newer than it
+    and the batches it will not train on (`discard_batches_after`)."""
     removed = []
     for step in rundir.steps(WEIGHTS):
         if step > checkpoint_step:
             clear_step_dir(rundir.weights_dir(step))
             removed.append(rundir.relative(rundir.weights_dir(step)))
+    return _logged(checkpoint_step, removed + discard_batches_after(rundir, run_id, checkpoint_step))
+
+
+def discard_batches_after(rundir: RunDir, run_id: str, checkpoint_step: int) -> list[str]:
+    """Delete every batch after the checkpoint from the first one that was sampled from newer
+    weights (or is incomplete) on, so that the batches left after it are an unbroken run
+    C+1, C+2, ... the trainer can consume.
+
+    This is all an orchestrator that sees the trainer rewind may apply: by then the resumed
+    trainer may have published versions after C again, and those are its own."""
+    removed = []
     expected = checkpoint_step + 1
     for step in (s for s in rundir.steps(ROLLOUTS) if s > checkpoint_step):
         marker = read_marker(rundir.rollout_dir(step), run_id)
@@ -35,6 +45,10 @@ def discard_after_checkpoint(rundir: RunDir, run_id: str, checkpoint_step: int) 
         expected = -1  # the run is broken: nothing after this point is kept
         clear_step_dir(rundir.rollout_dir(step))
         removed.append(rundir.relative(rundir.rollout_dir(step)))
+    return removed
+
+
+def _logged(checkpoint_step: int, removed: list[str]) -> list[str]:
     if removed:
         log.info("resuming after update %d: discarded %s", checkpoint_step, ", ".join(removed))
     return removed

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -133,7 +134,11 @@ def test_trainer_killed_mid_step_resumes_and_the_orchestrator_follows(run):
     run.finish()
     run.check()
     assert "resumed from the checkpoint after update 3" in run.log("trainer")
-    assert "the trainer went back from version 4 to 3" in run.log("orchestrator")
+    # the orchestrator notices either the old version 4 gone or, if it polled only after the
+    # resumed trainer's update 4, version 4 published again; both are the same rewind
+    orchestrator = run.log("orchestrator")
+    assert re.search(r"went back from version 4 to 3|version 4 was published again", orchestrator)
+    assert "discarded weights" not in orchestrator  # the resumed trainer's versions are its own
 
 
 def test_orchestrator_killed_while_writing_a_batch_is_restarted(run):

@@ -141,3 +141,21 @@ def test_resume_drops_batches_after_a_gap(tmp_path):
         batch_with_versions(rundir, "r", step, 10)
     discard_after_checkpoint(rundir, "r", checkpoint_step=10)
     assert rundir.steps("rollouts") == [11]
+
+
+def test_an_orchestrator_following_a_rewind_leaves_the_resumed_trainers_weights(tmp_path):
+    """The resumed trainer (checkpoint 3) has already published version 4 again when the
+    orchestrator notices: only the old lineage's batches go, not the new weights."""
+    from orchestrator.loop import follow_rewound_trainer
+
+    rundir = RunDir(tmp_path)
+    rundir.checkpoint_dir(3).mkdir(parents=True)
+    write_marker(rundir.checkpoint_dir(3), "r", 3)
+    for step, version in [(4, 3), (5, 3), (6, 4)]:  # batch 6 was sampled from the old version 4
+        batch_with_versions(rundir, "r", step, version)
+    for v in (3, 4):
+        rundir.weights_dir(v).mkdir(parents=True)
+        write_marker(rundir.weights_dir(v), "r", v)
+    follow_rewound_trainer(rundir, "r")
+    assert rundir.steps("rollouts") == [4, 5]
+    assert rundir.steps("weights") == [3, 4]

@@ -9,6 +9,9 @@ async level eta (weights of size S, a checkpoint about 3 S with AdamW, batches o
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 import threading
 from pathlib import Path
 
@@ -24,13 +27,14 @@ MB = 1 << 20
 
 
 def size(path: Path) -> int:
+    """Bytes in regular files below `path`; what is pruned while we walk is skipped
+    (os.walk passes over a directory that vanishes, where Path.rglob raises)."""
     total = 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file() and not p.is_symlink():
-                total += p.stat().st_size
-        except FileNotFoundError:  # pruned while we walked
-            pass
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(os.path.join(root, name))
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return total
 
 
@@ -61,6 +65,7 @@ def test_run_dir_stays_bounded_over_200_steps(tmp_path, tiny_model):
     sampler.start()
     try:
         result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900)
+        assert sampler.is_alive(), "the disk sampler died: the peaks below would not cover the run"
     finally:
         sampler.done.set()
         sampler.join()

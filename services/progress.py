@@ -7,6 +7,7 @@ line per step, with no control characters.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from statistics import mean
 
@@ -15,21 +16,51 @@ from shared.rundir import INFERENCE, ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
 
 class MetricsTail:
-    """New complete JSON rows appended to a metrics file since the last read."""
+    """New complete JSON rows appended to a metrics file since the last read.
+
+    A resumed service rewrites its file without the rows of the discarded lineage
+    (`drop_rows_after`, a new file in its place) and then appends that lineage's
+    steps again: the tail then reads the new file from its start and passes only
+    rows newer than the last one it returned. Lines that are not JSON (a row torn
+    by a killed writer) are skipped, as `read_metrics` does.
+    """
 
     def __init__(self, path) -> None:
-        self.path, self.offset = path, 0
+        self.path, self.offset, self.inode = path, 0, None
+        self.last_time = float("-inf")
+        self.returned_before: float | None = None  # after a rewrite: rows up to this time were returned
 
     def read(self) -> list[dict]:
         try:
             with open(self.path, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                if inode != self.inode or os.fstat(f.fileno()).st_size < self.offset:
+                    self.rewound(inode)
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:
             return []
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        rows = [row for row in map(parse_row, complete.splitlines()) if row is not None]
+        if self.returned_before is not None:
+            rows = [r for r in rows if r.get("time", float("inf")) > self.returned_before]
+        if rows:
+            self.last_time = max(self.last_time, rows[-1].get("time", self.last_time))
+        return rows
+
+    def rewound(self, inode: int) -> None:
+        if self.inode is not None:
+            self.returned_before = self.last_time
+        self.inode, self.offset = inode, 0
+
+
+def parse_row(line: bytes) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def format_duration(seconds: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,27 @@ class MetricsWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        seal_torn_row(path)
 
     def log(self, step: int, **values: Any) -> dict[str, Any]:
         row = {"step": step, "time": time.time(), **values}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         return row
+
+
+def seal_torn_row(path: Path) -> None:
+    """End a row torn by a writer killed mid-write with a newline, so that the next row
+    appended is a line of its own (readers skip the torn one)."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+    except FileNotFoundError:
+        pass
 
 
 def drop_rows_after(path: Path, step: int) -> int:

@@ -7,7 +7,7 @@ import pytest
 from services.progress import MetricsTail, ProgressPrinter
 from services.report import plot_run, rolling_mean, status_lines
 from shared.errors import TriadError
-from shared.metrics import MetricsWriter
+from shared.metrics import MetricsWriter, drop_rows_after, read_metrics
 from shared.rundir import RunDir, ensure_run, write_marker
 
 
@@ -81,6 +81,36 @@ def test_metrics_tail_skips_a_torn_last_line(tmp_path):
     with open(path, "a") as f:
         f.write("}\n")
     assert tail.read() == [{"step": 2}]
+
+
+def test_metrics_tail_follows_a_resumed_writer(tmp_path):
+    """triad up on a resume: the tail has read steps 1-4 when the resumed trainer rewrites the
+    file without steps 3-4 (a new, shorter file) and writes its own 3 and 4; it used to seek
+    the new file at the old offset, into the middle of a row, and stop triad up."""
+    path = tmp_path / "trainer.jsonl"
+    writer = MetricsWriter(path)
+    for step in range(1, 5):
+        writer.log(step, lineage="first")
+    tail = MetricsTail(path)
+    assert [r["step"] for r in tail.read()] == [1, 2, 3, 4]
+    assert drop_rows_after(path, 2) == 2
+    resumed = MetricsWriter(path)
+    resumed.log(3, lineage="resumed")
+    assert [(r["step"], r["lineage"]) for r in tail.read()] == [(3, "resumed")]
+    resumed.log(4, lineage="resumed")
+    assert [(r["step"], r["lineage"]) for r in tail.read()] == [(4, "resumed")]
+
+
+def test_a_row_torn_by_a_killed_writer_is_skipped_not_fatal(tmp_path):
+    path = tmp_path / "trainer.jsonl"
+    MetricsWriter(path).log(1)
+    with open(path, "a") as f:
+        f.write('{"step": 2, "ti')  # killed mid-write
+    tail = MetricsTail(path)
+    assert [r["step"] for r in tail.read()] == [1]
+    MetricsWriter(path).log(2)  # the restarted writer
+    assert [r["step"] for r in tail.read()] == [2]
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
 
 
 def test_tensorboard_exporter_writes_the_metrics(tmp_path):

@@ -3,8 +3,7 @@
 1. The test plays the orchestrator's part of the handshake against a real 2-rank
    trainer and two real servers: after each of 4 updates both servers' greedy
    logprobs equal those of a server loading the same version from files (which
-   `test_weight_reload` shows equal to a fresh server), and at the end those of
-   a fresh server started from the final weights.
+   `test_weight_reload` shows equal to a fresh server), and training moved them.
 2. A real run (orchestrator, trainer, two servers) in which one server is
    killed during an update: the update falls back to files, it is logged, and
    the run finishes on the other server.
@@ -116,16 +115,8 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
             for s in receivers:
                 assert gap(greedy_logprobs(s.url), expected) < 1e-3, (version, s.url)
         assert trainer.wait(timeout=120) == 0
-        fresh = Server(run_dir, str(rundir.weights_dir(STEPS)), tmp_path / "fresh.log")
-        try:
-            fresh.wait_healthy()
-            final = greedy_logprobs(fresh.url)
-        finally:
-            fresh.stop()
-        for s in receivers:
-            assert gap(greedy_logprobs(s.url), final) < 1e-3
         # training moved the weights (the first token's logprob, same context): the comparison can fail
-        assert max(abs(b[0] - f[0]) for b, f in zip(before, final, strict=True)) > 1e-2
+        assert max(abs(b[0] - f[0]) for b, f in zip(before, expected, strict=True)) > 1e-2
         sent = [
             r for r in read_metrics(rundir.metrics_file("inference")) if r.get("transport") == "broadcast"
         ]

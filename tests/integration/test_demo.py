@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -14,25 +13,11 @@ import pytest
 from shared.metrics import read_metrics
 from shared.resume import newest_checkpoint
 from shared.rundir import RunDir, read_run
-from tests.helpers import free_port, run_triad, triad_cmd
+from tests.helpers import free_port, processes_mentioning, run_triad, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 150
 INTERRUPT_AFTER = 50  # checkpoint
-
-
-def processes_mentioning(text: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(int(pid))
-    return found
 
 
 def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) -> None:

@@ -118,6 +118,14 @@ def kl_penalty(logp: torch.Tensor, logq: torch.Tensor, estimator: KLEstimator) -
     return torch.exp(-diff) - 1 + diff
 
 
+def masked_kl(logp: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, estimator: KLEstimator):
+    """`kl_penalty` on loss tokens, 0 elsewhere. Prompt and padding positions carry a sampler
+    logprob of 0, where k3's exp(logq - logp) overflows float32 (inf * 0 = NaN) if masked after."""
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    keep = mask.bool()
+    return kl_penalty(torch.where(keep, logp, zero), torch.where(keep, target, zero), estimator)
+
+
 def aggregate(
     per_token: torch.Tensor, mask: torch.Tensor, spec: LossSpec, totals: BatchTotals
 ) -> torch.Tensor:
@@ -187,14 +195,15 @@ def policy_loss(
         loss = aggregate(pg, m, spec, totals)
     if spec.kl_coef:
         target = logq if logp_ref is None else logp_ref.detach()
-        loss = loss + spec.kl_coef * aggregate(kl_penalty(logp, target, spec.kl_estimator), m, spec, totals)
+        penalty = masked_kl(logp, target, mask, spec.kl_estimator)
+        loss = loss + spec.kl_coef * aggregate(penalty, m, spec, totals)
     with torch.no_grad():
         was_clipped = (clipped < unclipped).to(m.dtype) * m
         below = (ratio < 1).to(m.dtype)
-        mismatch = (kl_penalty(logq, logp, "k3") * m).sum()
+        mismatch = masked_kl(logq, logp, mask, "k3").sum()
         ref_kl = torch.zeros_like(mismatch)
         if logp_ref is not None:
-            ref_kl = (kl_penalty(logp, logp_ref, "k3") * m).sum()
+            ref_kl = masked_kl(logp, logp_ref, mask, "k3").sum()
     return LossParts(
         loss=loss,
         clipped_low=(was_clipped * below).sum(),

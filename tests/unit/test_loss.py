@@ -221,6 +221,22 @@ def test_extreme_ratios_stay_finite(spec):
     assert torch.isfinite(parts.loss) and torch.isfinite(grad).all()
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_to_the_sampler_ignores_prompt_positions_in_float32(estimator):
+    """Prompt and padding positions carry a sampler logprob of 0; an unlikely prompt token
+    (logp -100 at a low temperature) made k3's exp(logq - logp) overflow: inf * 0 = NaN."""
+    lp = torch.tensor([[-100.0, -1.0, -2.0]], requires_grad=True)
+    lq = torch.tensor([[0.0, -1.5, -1.0]])
+    mask = torch.tensor([[False, True, True]])
+    spec = LossSpec(kl_coef=0.1, kl_estimator=estimator)
+    parts = policy_loss(lp, lq, torch.ones(1), mask, spec, BatchTotals(1, 2))
+    (grad,) = torch.autograd.grad(parts.loss, lp)
+    assert torch.isfinite(parts.loss) and torch.isfinite(grad).all() and grad[0, 0] == 0
+    assert torch.isfinite(parts.mismatch_kl_sum)
+    plain = policy_loss(lp[:, 1:], lq[:, 1:], torch.ones(1), mask[:, 1:], spec, BatchTotals(1, 2))
+    assert parts.loss.item() == pytest.approx(plain.loss.item(), rel=1e-6)
+
+
 def test_zero_advantages_and_all_masked_give_zero():
     lp = torch.randn(2, 3, requires_grad=True)
     for spec in (LossSpec(), LossSpec(kind="gspo"), LossSpec(kind="cispo"), LossSpec(importance="tis")):

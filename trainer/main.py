@@ -108,17 +108,18 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         torch.manual_seed(cfg.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        self.reference = None
-        if self.tc.kl_target == "reference":  # a frozen copy of the base model, sharded the same way
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-            self.reference.requires_grad_(False).eval()
-            apply_fsdp(self.reference, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
         if self.tc.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.tc.compile:
             for block in decoder_blocks(self.model):
                 block.compile()
         apply_fsdp(self.model, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
+        self.reference = None
+        if self.tc.kl_target == "reference":  # a frozen copy of the base model, sharded the same way
+            # loaded once the policy is sharded: two full copies at once need not fit on a device
+            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+            self.reference.requires_grad_(False).eval()
+            apply_fsdp(self.reference, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay
         )
@@ -196,10 +197,11 @@ class Trainer:
                    self.tc.min_lr_ratio)  # fmt: skip
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.model.train()
         parts = [self.plan([rows[i] for i in s]) for s in even_slices(len(rows), self.tc.optimizer_steps)]
         if self.uses_proximal_policy():  # before any step: the weights this update starts from
+            self.model.eval()  # the policy itself, not a dropout sample of it
             parts = [p.with_proximal(lambda mb: self.logprobs_of(self.model, mb, temperature)) for p in parts]
+        self.model.train()
         sums, grad_norms = 0, []
         for part in parts:
             part_sums, grad_norm = self.optimizer_step(step, part, temperature)

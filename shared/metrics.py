@@ -28,14 +28,17 @@ def seal_torn_row(path: Path) -> None:
     """End a row torn by a writer killed mid-write with a newline, so that the next row
     appended is a line of its own (readers skip the torn one)."""
     try:
-        with open(path, "rb+") as f:
+        with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            if size:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
+            if size == 0:
+                return
+            f.seek(size - 1)
+            torn = f.read(1) != b"\n"
     except FileNotFoundError:
-        pass
+        return
+    if torn:  # appended, not written at the end seen: another writer may have added a row since
+        with open(path, "ab") as f:
+            f.write(b"\n")
 
 
 def drop_rows_after(path: Path, step: int) -> int:

@@ -98,6 +98,8 @@ class Orchestrator:
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
+        for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
+            drop_rows_after(self.rundir.metrics_file(kind), self.first_step - 1)
         self.metrics = MetricsWriter(self.rundir.metrics_file(ORCHESTRATOR))
         self.eval_metrics = MetricsWriter(self.rundir.metrics_file(EVAL))
         self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=self.oc.max_inflight)
@@ -350,13 +352,21 @@ class Orchestrator:
             server.version = version
 
     async def align(self, server: Server) -> None:
-        """Make a server serve this run's newest published weights (or its base)."""
+        """Make a server serve this run's newest published weights (or its base).
+
+        What it holds is kept if it is this run's and at least that new, and it is certain
+        to be of the trainer's current lineage: checkpointed, or loaded by this orchestrator
+        (which would have seen a rewind). A version after the checkpoint that a server held
+        before may be one a resumed trainer has since published again, with other weights."""
         if not server.backend.updates:
             return
         async with server.loading:
             info = await server.backend.current()
             newest = self.published.newest(after=-1, loadable=True) or 0
-            if self.published.holds(info) and info.version >= newest:
+            current_lineage = info.version <= newest_checkpoint(self.rundir, self.run_id) or (
+                info.version == server.version
+            )
+            if self.published.holds(info) and info.version >= newest and current_lineage:
                 server.version = info.version
                 return
             path = self.rundir.relative(self.rundir.weights_dir(newest)) if newest else info.base_path
@@ -400,6 +410,8 @@ class Orchestrator:
     # -- the whole run ------------------------------------------------------
     async def connect(self) -> None:
         for server in self.pool.servers:
+            if server.backend.updates:  # what it holds was loaded before this orchestrator started
+                server.version = -1
             await self.align(server)
         if self.frozen:
             log.warning(
@@ -444,12 +456,12 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient]) -> l
 def follow_rewound_trainer(rundir: RunDir, run_id: str) -> None:
     """Apply the resume rules to the batches (the resumed trainer has already applied them to
     the weights, and may have published new versions since), so that the next orchestrator
-    continues after the newest batch the resumed trainer will use."""
+    continues after the newest batch the resumed trainer will use (and drops the metric rows
+    of those after it)."""
     checkpoint = newest_checkpoint(rundir, run_id)
     removed = discard_batches_after(rundir, run_id, checkpoint)
     if removed:
         log.info("the trainer resumed after update %d: discarded %s", checkpoint, ", ".join(removed))
-    drop_rows_after(rundir.metrics_file(ORCHESTRATOR), max(newest_batch(rundir, run_id), checkpoint))
 
 
 def first_user_error(group: BaseExceptionGroup) -> BaseException:

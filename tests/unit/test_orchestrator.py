@@ -17,7 +17,8 @@ from orchestrator.rollout import Sample, single_turn
 from shared.admin_api import WeightsInfo
 from shared.config import load_config
 from shared.errors import TriadError, WaitTimeout
-from shared.rundir import RunDir, ensure_run, read_marker
+from shared.metrics import read_metrics
+from shared.rundir import RunDir, ensure_run, read_marker, write_marker
 from tests.fake_openai import FakeServer
 
 
@@ -28,14 +29,14 @@ class FakeBackend:
 
     def __init__(self) -> None:
         self.loads: list[int] = []
-        self.version = 0
+        self.version, self.path = 0, "base"
 
     async def current(self) -> WeightsInfo:
-        return WeightsInfo(version=self.version, path="base", base_path="base")
+        return WeightsInfo(version=self.version, path=self.path, base_path="base")
 
     async def load(self, version: int, path: str) -> None:
         self.loads.append(version)
-        self.version = version
+        self.version, self.path = version, path
 
 
 def make(tmp_path, urls: list[str], *sets: str) -> Orchestrator:
@@ -196,6 +197,29 @@ def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_pa
         asyncio.run(run())
 
 
+def test_a_version_after_the_checkpoint_held_from_before_is_reloaded_on_connect(tmp_path):
+    """After a trainer rewind a server may hold version 3 of the discarded lineage while the
+    resumed trainer has published a new version 3 at the same path: the next orchestrator
+    keeps only checkpointed versions as they are (it used to keep both)."""
+
+    async def run(checkpoint: int) -> tuple[list[int], int]:
+        orch = make(tmp_path / str(checkpoint), ["http://127.0.0.1:9"])
+        rundir = RunDir(tmp_path / str(checkpoint))
+        for v in (1, 2, 3):
+            write_marker(rundir.weights_dir(v), orch.run_id, v, version=v, files=True)
+        write_marker(rundir.checkpoint_dir(checkpoint), orch.run_id, checkpoint)
+        server = orch.pool.servers[0]
+        server.backend.version, server.backend.path = 3, rundir.relative(rundir.weights_dir(3))
+        server.version = 3  # as the orchestrator before the rewind left it
+        await orch.connect()
+        await orch.align(server)  # later (the health watcher): what this orchestrator loaded is kept
+        await close(orch)
+        return server.backend.loads, server.version
+
+    assert asyncio.run(run(checkpoint=2)) == ([3], 3)
+    assert asyncio.run(run(checkpoint=3)) == ([], 3)
+
+
 def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):
     """Groups made by version 0 wait in the queue while the trainer moves on: batch 4 drops them."""
     with FakeServer() as fake:
@@ -270,8 +294,11 @@ def test_published_batch_has_advantages_versions_and_marker(tmp_path):
 def test_resumes_after_the_newest_batch(tmp_path):
     orch = make(tmp_path, ["http://127.0.0.1:9"])
     orch.publish(1, orch.rows(1, [Group("g", Prompt("1+1=", "2"), samples([1.0]))]))
+    for step in (1, 2):  # killed after logging step 2, before its batch's DONE
+        orch.metrics.log(step, reward_mean=0.5)
     again = make(tmp_path, ["http://127.0.0.1:9"])
     assert again.first_step == 2 and again.step == 2
+    assert [r["step"] for r in read_metrics(again.rundir.metrics_file("orchestrator"))] == [1]
     assert again.rng.random() != random.Random(f"{again.cfg.seed}-1").random()
 
 

@@ -118,7 +118,9 @@ def kl_penalty(logp: torch.Tensor, logq: torch.Tensor, estimator: KLEstimator) -
     return torch.exp(-diff) - 1 + diff
 
 
-def masked_kl(logp: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, estimator: KLEstimator):
+def masked_kl(
+    logp: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, estimator: KLEstimator
+) -> torch.Tensor:
     """`kl_penalty` on loss tokens, 0 elsewhere. Prompt and padding positions carry a sampler
     logprob of 0, where k3's exp(logq - logp) overflows float32 (inf * 0 = NaN) if masked after."""
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)

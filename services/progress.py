@@ -33,9 +33,9 @@ class MetricsTail:
     def read(self) -> list[dict]:
         try:
             with open(self.path, "rb") as f:
-                inode = os.fstat(f.fileno()).st_ino
-                if inode != self.inode or os.fstat(f.fileno()).st_size < self.offset:
-                    self.rewound(inode)
+                st = os.fstat(f.fileno())
+                if st.st_ino != self.inode or st.st_size < self.offset:
+                    self.rewound(st.st_ino)
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:

@@ -24,7 +24,10 @@ def discard_after_checkpoint(rundir: RunDir, run_id: str, checkpoint_step: int) 
         if step > checkpoint_step:
             clear_step_dir(rundir.weights_dir(step))
             removed.append(rundir.relative(rundir.weights_dir(step)))
-    return _logged(checkpoint_step, removed + discard_batches_after(rundir, run_id, checkpoint_step))
+    removed += discard_batches_after(rundir, run_id, checkpoint_step)
+    if removed:
+        log.info("resuming after update %d: discarded %s", checkpoint_step, ", ".join(removed))
+    return removed
 
 
 def discard_batches_after(rundir: RunDir, run_id: str, checkpoint_step: int) -> list[str]:
@@ -45,12 +48,6 @@ def discard_batches_after(rundir: RunDir, run_id: str, checkpoint_step: int) -> 
         expected = -1  # the run is broken: nothing after this point is kept
         clear_step_dir(rundir.rollout_dir(step))
         removed.append(rundir.relative(rundir.rollout_dir(step)))
-    return removed
-
-
-def _logged(checkpoint_step: int, removed: list[str]) -> list[str]:
-    if removed:
-        log.info("resuming after update %d: discarded %s", checkpoint_step, ", ".join(removed))
     return removed
 
 

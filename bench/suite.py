@@ -59,8 +59,8 @@ def triad_up(run_dir: Path, eta: int, steps: int) -> None:
         f"run_dir={run_dir}",
         f"max_steps={steps}",
         f"max_async_level={eta}",
-        f"trainer.keep_weights={eta + 3}",
-        "trainer.checkpoint_every=0",
+        f"weights.keep={eta + 3}",
+        "trainer.checkpoint.every=0",
         *PINNING,
         "inference.port=8417",
     ]
@@ -103,7 +103,7 @@ def run_handoff(run_dir: Path) -> dict:
     published = {r["step"]: r["time"] for r in read_metrics(rundir.metrics_file(TRAINER))}
     served = {r["version"]: r["time"] for r in read_metrics(rundir.metrics_file(INFERENCE))}
     latencies = [served[v] - published[v] for v in sorted(published) if v in served and v > WARMUP_STEPS]
-    weights = next(iter(sorted((run_dir / "weights").glob("step_*/model.safetensors"))))
+    weights = next(f for f in map(rundir.weights_file, rundir.weights.steps()) if f.is_file())
     raw = raw_io_seconds(weights.read_bytes())
     handoff = quartiles(latencies)
     return {
@@ -112,7 +112,8 @@ def run_handoff(run_dir: Path) -> dict:
         "bytes": weights.stat().st_size,
         "ratio_to_raw_plus_100ms": handoff["median"] / (1.5 * raw + 0.1),
         "goal": "hand-off <= 1.5 x raw + 100 ms (ratio <= 1)",
-        "note": "publish is timed from the trainer's metrics row (written right after DONE)",
+        "note": "publish is timed from the trainer's metrics row "
+        f"(written right after {RunDir.marker_name()})",
     }
 
 

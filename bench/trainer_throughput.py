@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 
 from services.models import resolve_model
-from shared.batch import write_batch
+from shared.batch import publish_batch
+from shared.config import LossConfig
 from shared.metrics import read_metrics
-from shared.rundir import TRAINER, RunDir, ensure_run, write_marker
+from shared.rundir import TRAINER, RunDir
 from trainer.data import collate
 from trainer.host import keep_freed_memory
-from trainer.loss import BatchTotals, LossSpec, policy_loss, token_logprobs
+from trainer.loss import BatchTotals, policy_loss, token_logprobs
 
 STEPS, WARMUP, THREADS, ROUNDS = 24, 4, 2, 3
 
@@ -52,12 +53,11 @@ def batches(seed: int = 0) -> list[list[dict]]:
 
 
 def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]], *extra_sets: str) -> float:
-    run_id = ensure_run(workdir, {}).run_id
     rundir = RunDir(workdir)
+    run_id = rundir.ensure_run({}).run_id
     for step, rows in enumerate(data, start=1):
-        write_batch(rundir.batch_file(step), rows)
-        write_marker(rundir.rollout_dir(step), run_id, step, temperature=1.0, max_policy_version=0)
-    sets = [f"run_dir={workdir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint_every=0"]
+        publish_batch(rundir, run_id, step, rows, temperature=1.0)
+    sets = [f"run_dir={workdir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint.every=0"]
     sets += extra_sets
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
            "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]]  # fmt: skip
@@ -74,7 +74,7 @@ def plain_tokens_per_s(model_dir: str, data: list[list[dict]]) -> float:
     keep_freed_memory()  # the same allocator settings as the trainer
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    spec, rates = LossSpec(), []
+    spec, rates = LossConfig(), []
     for step, rows in enumerate(data):
         start = time.perf_counter()
         batch = collate(rows, pad_id=0)
@@ -126,7 +126,7 @@ def main() -> None:
     )
     # torch.compile'd decoder blocks; the compiling steps fall in the warm-up
     result["trainer_compiled_tokens_per_s"] = trainer_tokens_per_s(
-        workdir / "compiled", model, data, "trainer.compile=true"
+        workdir / "compiled", model, data, "trainer.parallel.compile=true"
     )
     result.update(model="builtin:tiny-addition (0.5M parameters)", threads=THREADS)
     # a model where compute, not per-op overhead, dominates

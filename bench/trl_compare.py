@@ -65,7 +65,7 @@ def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
     from bench.suite import PINNING
 
     sets = [f"run_dir={run_dir}", f"model={model}", f"max_steps={steps}", "orchestrator.eval_every=0",
-            f"orchestrator.max_tokens={max_tokens}", "trainer.checkpoint_every=0", "inference.port=8421",
+            f"orchestrator.max_tokens={max_tokens}", "trainer.checkpoint.every=0", "inference.port=8421",
             *PINNING]  # fmt: skip
     launched = time.time()
     subprocess.run([sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]], cwd=REPO,

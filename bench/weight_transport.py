@@ -4,7 +4,7 @@
 
 For each size a Qwen2-shaped model with random weights is built, a triad
 inference server started on it, and a 1-rank trainer run on prepared batches,
-once with `weight_transport = "filesystem"` and once with `"broadcast"`. This
+once with `weights.transport = "filesystem"` and once with `"broadcast"`. This
 script plays the orchestrator: it answers the trainer's `SEND_READY` and asks
 the server to receive (broadcast), or loads each published `DONE` (files).
 Hand-off time for version V: from the trainer starting to publish V (its
@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 
 from shared.admin_api import ADMIN_PREFIX, BROADCAST_INIT_ROUTE, BROADCAST_RECEIVE_ROUTE, WEIGHTS_ROUTE
-from shared.broadcast import RECEIVING, SEND_READY, Receiving, write_handshake
+from shared.broadcast import Receiving, write_handshake
 from shared.metrics import read_metrics
-from shared.rundir import DONE, TRAINER, RunDir, ensure_run
+from shared.rundir import TRAINER, Handshake, RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = {  # name: (hidden, layers, intermediate, heads) -> about 5M, 50M, 200M parameters
@@ -76,14 +76,14 @@ def one_run(workdir: Path, model: str, transport: str) -> list[float]:
     from tests.integration.test_trainer import make_batches
 
     run_dir = workdir / transport
-    run_id = ensure_run(run_dir, {}).run_id
+    run_id = RunDir(run_dir).ensure_run({}).run_id
     make_batches(run_dir, model, range(1, STEPS + 1))
     server = Server(run_dir, model, workdir / f"{transport}-inference.log", "inference.kv_cache_gib=1")
     server.wait_healthy(600)
     port = free_port()
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", f'weight_transport="{transport}"',
-        f"trainer.broadcast_port={port}", "trainer.checkpoint_every=0", "trainer.keep_weights=3",
+        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", f'weights.transport="{transport}"',
+        f"weights.broadcast.port={port}", "trainer.checkpoint.every=0", "weights.keep=3",
     ]  # fmt: skip
     log = open(workdir / f"{transport}-trainer.log", "wb")  # noqa: SIM115
     trainer = subprocess.Popen(
@@ -97,15 +97,14 @@ def one_run(workdir: Path, model: str, transport: str) -> list[float]:
             init = dict(host="127.0.0.1", port=port, generation=1, world_size=2, rank_offset=1, timeout_s=300)
             post(server.url, BROADCAST_INIT_ROUTE, init)
         for v in range(1, STEPS + 1):
-            step_dir = rundir.weights_dir(v)
-            body = {"version": v, "path": rundir.relative(step_dir)}
+            body = {"version": v, "path": rundir.weights.relative(v)}
             if transport == "broadcast":
-                wait_for(step_dir / SEND_READY, trainer)
-                write_handshake(step_dir, RECEIVING, Receiving(run_id=run_id, version=v, generation=1,
-                                                               world_size=2))  # fmt: skip
+                wait_for(rundir.store.local_path(rundir.handshake_key(v, Handshake.SEND_READY)), trainer)
+                receiving = Receiving(run_id=run_id, version=v, generation=1, world_size=2)
+                write_handshake(rundir, v, Handshake.RECEIVING, receiving)
                 post(server.url, BROADCAST_RECEIVE_ROUTE, body)
             else:
-                wait_for(step_dir / DONE, trainer)
+                wait_for(rundir.weights.marker_path(v), trainer)
                 post(server.url, WEIGHTS_ROUTE, body)
             served[v] = time.time()
         if trainer.wait(timeout=600) != 0:
@@ -124,7 +123,8 @@ def main() -> None:
     for name, shape in SIZES.items():
         model_dir = workdir / f"model-{name}"
         params = build_model(model_dir, *shape)
-        figure: dict = {"parameters": params, "bytes": (model_dir / "model.safetensors").stat().st_size}
+        tensor_bytes = sum(f.stat().st_size for f in RunDir.tensor_files_at(model_dir))
+        figure: dict = {"parameters": params, "bytes": tensor_bytes}
         for transport in ("filesystem", "broadcast"):
             figure[f"{transport}_s"] = statistics.median(one_run(workdir / name, str(model_dir), transport))
         figure["speedup"] = figure["filesystem_s"] / figure["broadcast_s"]

@@ -27,10 +27,11 @@ from shared.admin_api import (
     PauseState,
     WeightsInfo,
 )
-from shared.broadcast import SEND_READY, SendReady
+from shared.broadcast import SendReady
+from shared.errors import TriadError
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
-from shared.rundir import DONE, INFERENCE, Marker
+from shared.rundir import INFERENCE, Handshake, RunDir
 
 log = logging.getLogger("triad.inference")
 T = TypeVar("T")
@@ -42,28 +43,24 @@ class AdminError(Exception):
         self.status, self.detail = status, detail
 
 
-def resolve_inside(run_dir: Path, raw: str) -> Path:
-    """The directory `raw` names (relative to `run_dir`, or absolute), which must lie inside
-    `run_dir` once `..` and symlinks are resolved."""
-    root = run_dir.resolve()
-    path = Path(raw)
-    path = (path if path.is_absolute() else root / path).resolve()
-    if not path.is_relative_to(root):
-        raise AdminError(400, f"path {raw!r} is outside the run directory")
-    if not path.is_dir():
-        raise AdminError(400, f"path {raw!r} is not a directory")
-    return path
+def resolve_inside(rundir: RunDir, raw: str) -> Path:
+    """The directory `raw` names (relative to the run directory, or absolute), which must lie
+    inside it once `..` and symlinks are resolved."""
+    try:
+        return rundir.resolve_inside(raw)
+    except TriadError as e:
+        raise AdminError(400, str(e)) from None
 
 
-def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
-    """The weights directory `raw` names, if it lies inside `run_dir` and is
+def resolve_weights_dir(rundir: RunDir, raw: str, base_path: str) -> Path | None:
+    """The weights directory `raw` names, if it lies inside the run directory and is
     complete; None for the base model the server started from."""
     if raw == base_path:
         return None
-    path = resolve_inside(run_dir, raw)
-    if not (path / DONE).is_file():
-        raise AdminError(409, f"path {raw!r} has no {DONE} marker: not published yet")
-    if not any(path.glob("*.safetensors")):
+    path = resolve_inside(rundir, raw)
+    if not RunDir.has_marker_at(path):
+        raise AdminError(409, f"path {raw!r} has no {RunDir.marker_name()} marker: not published yet")
+    if not RunDir.tensor_files_at(path):
         raise AdminError(400, f"path {raw!r} holds no .safetensors files")
     return path
 
@@ -71,7 +68,7 @@ def resolve_weights_dir(run_dir: Path, raw: str, base_path: str) -> Path | None:
 def check_safetensors(path: Path) -> None:
     """Every .safetensors file must have a readable header whose tensors fit in the file:
     a corrupt or truncated one is refused before the engine is touched."""
-    for file in sorted(path.glob("*.safetensors")):
+    for file in RunDir.tensor_files_at(path):
         try:
             with safe_open(file, framework="pt") as f:
                 names = list(f.keys())
@@ -83,21 +80,21 @@ def check_safetensors(path: Path) -> None:
 
 
 def read_send_ready(path: Path, version: int) -> SendReady:
+    name = Handshake.SEND_READY.value
     try:
-        ready = SendReady.model_validate_json((path / SEND_READY).read_bytes())
-    except (OSError, ValidationError):
-        raise AdminError(409, f"{path.name} has no valid {SEND_READY}: the trainer is not sending") from None
+        ready = SendReady.model_validate_json(RunDir.handshake_at(path, Handshake.SEND_READY) or b"")
+    except ValidationError:
+        raise AdminError(409, f"{path.name} has no valid {name}: the trainer is not sending") from None
     if ready.version != version:
-        raise AdminError(400, f"{path.name}/{SEND_READY} is for version {ready.version}, not {version}")
+        raise AdminError(400, f"{path.name}/{name} is for version {ready.version}, not {version}")
     return ready
 
 
 def check_marker_version(path: Path, version: int) -> None:
     """The version asked for must be the one the directory's marker vouches for."""
-    try:
-        marker = Marker.model_validate_json((path / DONE).read_bytes())
-    except (OSError, ValidationError):
-        raise AdminError(400, f"{path.name}/{DONE} is not a valid marker") from None
+    marker = RunDir.marker_at(path)
+    if marker is None:
+        raise AdminError(400, f"{path.name}/{RunDir.marker_name()} is not a valid marker")
     held = getattr(marker, "version", marker.step)
     if held != version:
         raise AdminError(400, f"{path.name} holds version {held}, not {version}")
@@ -106,9 +103,9 @@ def check_marker_version(path: Path, version: int) -> None:
 class WeightManager:
     """Knows which weights are served and swaps them in place, one load at a time."""
 
-    def __init__(self, engine, run_dir: Path, base_path: str, metrics: MetricsWriter) -> None:
+    def __init__(self, engine, rundir: RunDir, base_path: str, metrics: MetricsWriter) -> None:
         self.engine = engine
-        self.run_dir = run_dir
+        self.rundir = rundir
         self.base_path = base_path
         self.info = WeightsInfo(version=0, path=base_path, base_path=base_path)
         self.metrics = metrics
@@ -135,10 +132,10 @@ class WeightManager:
         async with self._lock:
             if self.group is None:
                 raise AdminError(409, "no broadcast group: POST /admin/broadcast/init first")
-            path = resolve_inside(self.run_dir, request.path)
+            path = resolve_inside(self.rundir, request.path)
             ready = read_send_ready(path, request.version)
             spec = {**self.group.model_dump(), **ready.model_dump(include={"tensors", "bucket_bytes"})}
-            served = path.relative_to(self.run_dir.resolve()).as_posix()
+            served = path.relative_to(self.rundir.root.resolve()).as_posix()
             await self._swap("triad_broadcast_receive", spec)
             self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)
         log.info("serving weights version %d (broadcast, generation %d)", request.version, spec["generation"])
@@ -160,16 +157,15 @@ class WeightManager:
 
     async def load(self, request: LoadWeightsRequest) -> WeightsInfo:
         async with self._lock:
-            path = resolve_weights_dir(self.run_dir, request.path, self.base_path)
+            path = resolve_weights_dir(self.rundir, request.path, self.base_path)
             if path is None and request.version != 0:
                 raise AdminError(400, "the base model is version 0")
             if path is not None:
                 check_marker_version(path, request.version)
                 check_safetensors(path)
-            if path is not None:
-                audit_read(path, INFERENCE)
+                audit_read(path, RunDir.has_marker_at(path), INFERENCE)
             source = str(path) if path else None
-            served = path.relative_to(self.run_dir.resolve()).as_posix() if path else self.base_path
+            served = path.relative_to(self.rundir.root.resolve()).as_posix() if path else self.base_path
             await self._swap("triad_load_weights", source)
             self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)
         log.info("serving weights version %d from %s", request.version, self.info.path)

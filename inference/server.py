@@ -84,7 +84,7 @@ async def serve(cfg: TriadConfig, args: Namespace) -> None:
     async with build_async_engine_client(args) as engine:
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
-        manager = WeightManager(engine, cfg.run_dir, args.model, metrics)
+        manager = WeightManager(engine, RunDir(cfg.run_dir), args.model, metrics)
         add_admin_routes(app, manager, token)
         await init_app_state(engine, app.state, args, tasks)
         metrics.log(0, version=0, path=args.model)

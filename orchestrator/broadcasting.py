@@ -18,42 +18,39 @@ import time
 from orchestrator.pool import Server, ServerPool
 from shared.admin_api import BroadcastInit
 from shared.broadcast import (
-    FALLBACK,
-    RECEIVING,
-    SEND_READY,
     Fallback,
     Receiving,
     SendReady,
     read_handshake,
     write_handshake,
 )
-from shared.config import TrainerConfig
+from shared.config import BroadcastConfig
 from shared.errors import TriadError
-from shared.rundir import DONE, WEIGHTS, RunDir
+from shared.rundir import Handshake, RunDir
 
 log = logging.getLogger("triad.orchestrator")
 
 
 class BroadcastCoordinator:
-    def __init__(self, rundir: RunDir, run_id: str, pool: ServerPool, tc: TrainerConfig) -> None:
-        self.rundir, self.run_id, self.pool, self.tc = rundir, run_id, pool, tc
+    def __init__(self, rundir: RunDir, run_id: str, pool: ServerPool, bc: BroadcastConfig) -> None:
+        self.rundir, self.run_id, self.pool, self.bc = rundir, run_id, pool, bc
         self.members: list[str] | None = None  # server URLs of the current generation
         self.generation = 0
         self.world_size = 0
 
     def ready_to_send(self, after: int) -> int | None:
         """The newest version the trainer is waiting to send, if newer than `after`."""
-        for v in reversed(self.rundir.steps(WEIGHTS)):
+        for v in reversed(self.rundir.weights.steps()):
             if v <= after:
                 return None
-            step_dir = self.rundir.weights_dir(v)
-            answered = any((step_dir / name).exists() for name in (RECEIVING, FALLBACK, DONE))
-            if not answered and read_handshake(step_dir, SEND_READY, SendReady, self.run_id):
+            answered = self.rundir.weights.has_marker(v) or any(
+                self.rundir.has_handshake(v, kind) for kind in (Handshake.RECEIVING, Handshake.FALLBACK)
+            )
+            if not answered and read_handshake(self.rundir, v, Handshake.SEND_READY, SendReady, self.run_id):
                 return v
         return None
 
     async def deliver(self, version: int) -> None:
-        step_dir = self.rundir.weights_dir(version)
         members = self.pool.healthy()
         try:
             if not members:
@@ -62,12 +59,13 @@ class BroadcastCoordinator:
                 await self.new_generation(members)
         except TriadError as e:
             self.members = None
-            write_handshake(step_dir, FALLBACK, Fallback(run_id=self.run_id, version=version, reason=str(e)))
+            fallback = Fallback(run_id=self.run_id, version=version, reason=str(e))
+            write_handshake(self.rundir, version, Handshake.FALLBACK, fallback)
             log.warning("version %d falls back to files: %s", version, e)
             return
         answer = Receiving(run_id=self.run_id, version=version, generation=self.generation,
                            world_size=self.world_size)  # fmt: skip
-        write_handshake(step_dir, RECEIVING, answer)
+        write_handshake(self.rundir, version, Handshake.RECEIVING, answer)
         started = time.monotonic()
         results = await asyncio.gather(*(self.receive(s, version) for s in members), return_exceptions=True)
         failed = [(s, r) for s, r in zip(members, results, strict=True) if isinstance(r, BaseException)]
@@ -82,11 +80,9 @@ class BroadcastCoordinator:
                      time.monotonic() - started)  # fmt: skip
 
     async def receive(self, server: Server, version: int) -> None:
-        path = self.rundir.relative(self.rundir.weights_dir(version))
+        path = self.rundir.weights.relative(version)
         async with server.loading:
-            info = await server.client.broadcast_receive(
-                version, path, timeout=2 * self.tc.broadcast_timeout_s
-            )
+            info = await server.client.broadcast_receive(version, path, timeout=2 * self.bc.timeout_s)
             if info.version != version:
                 raise TriadError(f"{server.url} received version {version} but serves {info.version}")
             server.version = version
@@ -99,8 +95,8 @@ class BroadcastCoordinator:
         world_size, offset = 1 + sum(workers), 1
         for server, count in zip(members, workers, strict=True):
             init = BroadcastInit(
-                host=self.tc.broadcast_host, port=self.tc.broadcast_port, generation=generation,
-                world_size=world_size, rank_offset=offset, timeout_s=self.tc.broadcast_timeout_s,
+                host=self.bc.host, port=self.bc.port, generation=generation,
+                world_size=world_size, rank_offset=offset, timeout_s=self.bc.timeout_s,
             )  # fmt: skip
             await server.client.broadcast_init(init)
             offset += count

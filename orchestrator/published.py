@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared.admin_api import WeightsInfo
 from shared.errors import TriadError
-from shared.rundir import WEIGHTS, RunDir, read_marker
+from shared.rundir import RunDir
 
 
 class TrainerRewound(TriadError):
@@ -18,10 +18,10 @@ class PublishedWeights:
     def newest(self, after: int, loadable: bool = False) -> int | None:
         """The newest version of this run with a valid marker, if newer than `after`;
         with `loadable`, only one written as files (not by broadcast only)."""
-        for v in reversed(self.rundir.steps(WEIGHTS)):
+        for v in reversed(self.rundir.weights.steps()):
             if v <= after:
                 return None
-            marker = read_marker(self.rundir.weights_dir(v), self.run_id)
+            marker = self.rundir.weights.marker(v, self.run_id)
             if marker is not None and (not loadable or getattr(marker, "files", True)):
                 return v
         return None
@@ -31,16 +31,15 @@ class PublishedWeights:
         published version of this run (not one left from another run)."""
         if info.path == info.base_path:
             return info.version == 0
-        step_dir = self.rundir.weights_dir(info.version)
-        marker = read_marker(step_dir, self.run_id)
-        return marker is not None and info.path == self.rundir.relative(step_dir)
+        marker = self.rundir.weights.marker(info.version, self.run_id)
+        return marker is not None and info.path == self.rundir.weights.relative(info.version)
 
     def check_lineage(self, followed: int, followed_created: float) -> None:
         """A restarted trainer deletes weights newer than its checkpoint, and may publish
         a version again: if the version we followed is gone or replaced, raise."""
         if followed == 0:
             return
-        marker = read_marker(self.rundir.weights_dir(followed), self.run_id)
+        marker = self.rundir.weights.marker(followed, self.run_id)
         if marker is None:
             back_to = self.newest(after=-1) or 0
             if back_to < followed:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from shared.config import TriadConfig, load_config
 from shared.errors import TriadError
-from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER
+from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.toml")
 PARENT_PID = os.getppid()  # a trainer worker's launcher (torchrun), read before anything slow
@@ -72,13 +72,13 @@ COMMANDS: dict[str, Callable[[TriadConfig, argparse.Namespace], None]] = {
 def run_status(args: argparse.Namespace) -> None:
     from services.report import status_lines
 
-    print("\n".join(status_lines(args.run_dir)))
+    print("\n".join(status_lines(RunDir(args.run_dir))))
 
 
 def run_plot(args: argparse.Namespace) -> None:
     from services.report import plot_run
 
-    print(plot_run(args.run_dir))
+    print(plot_run(RunDir(args.run_dir)))
 
 
 RUN_DIR_COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {"status": run_status, "plot": run_plot}
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("-c", "--config", type=Path, help="TOML config file")
         s.add_argument(
             "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-            help="override a config key (dotted for tables: trainer.lr=1e-5)",
+            help="override a config key (dotted for tables: trainer.optim.lr=1e-5)",
         )  # fmt: skip
     return p
 

@@ -14,6 +14,7 @@ from numbers import Number
 from typing import Protocol
 
 from shared.config import TriadConfig
+from shared.rundir import RunDir
 
 log = logging.getLogger("triad.metrics")
 
@@ -43,7 +44,7 @@ class TensorBoardExporter:
 
 
 class WandbExporter:
-    def __init__(self, cfg: TriadConfig, run_id: str) -> None:
+    def __init__(self, cfg: TriadConfig, rundir: RunDir, run_id: str) -> None:
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -52,7 +53,7 @@ class WandbExporter:
             id=run_id,
             resume="allow",
             mode=cfg.metrics.wandb_mode,
-            dir=str(cfg.run_dir),
+            dir=str(rundir.root),
             config=cfg.public_dict(),
         )
 
@@ -67,13 +68,13 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def make_exporters(cfg: TriadConfig, run_id: str) -> list[Exporter]:
+def make_exporters(cfg: TriadConfig, rundir: RunDir, run_id: str) -> list[Exporter]:
     exporters: list[Exporter] = []
     if cfg.metrics.tensorboard and installed("tensorboard") and installed("torch"):
-        exporters.append(TensorBoardExporter(str(cfg.run_dir / "tensorboard")))
+        exporters.append(TensorBoardExporter(str(rundir.tensorboard_dir)))
     if cfg.metrics.wandb_project:
         if installed("wandb"):
-            exporters.append(WandbExporter(cfg, run_id))
+            exporters.append(WandbExporter(cfg, rundir, run_id))
         else:
             log.warning("metrics.wandb_project is set but wandb is not installed: not logging to W&B")
     return exporters

@@ -9,9 +9,7 @@ from statistics import mean
 from shared.errors import TriadError
 from shared.metrics import read_metrics
 from shared.resume import newest_batch, newest_checkpoint
-from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, WEIGHTS, RunDir, read_run
-
-PLOT_FILE = "plot.png"
+from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
 
 def rolling_mean(values: list[float], window: int = 10) -> list[float]:
@@ -26,14 +24,13 @@ def describe(service: str, row: dict) -> str:
     return f"serving version {row['version']}"
 
 
-def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
-    rundir = RunDir(run_dir)
-    run = read_run(run_dir)
+def status_lines(rundir: RunDir, now: float | None = None) -> list[str]:
+    run = rundir.read_run()
     now = time.time() if now is None else now
-    lines = [f"run {run.run_id} in {run_dir} (max_steps {run.config.get('max_steps')})"]
+    lines = [f"run {run.run_id} in {rundir.root} (max_steps {run.config.get('max_steps')})"]
     lines.append(
         f"  newest batch {newest_batch(rundir, run.run_id)}, "
-        f"newest weights {max(rundir.done_steps(WEIGHTS, run.run_id), default=0)}, "
+        f"newest weights {rundir.weights.newest(run.run_id)}, "
         f"newest checkpoint {newest_checkpoint(rundir, run.run_id)}"
     )
     for service in SERVICES:
@@ -47,11 +44,11 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
     return lines
 
 
-def plot_run(run_dir: Path) -> Path:
+def plot_run(rundir: RunDir) -> Path:
     """Reward, off-policy lag and throughput over steps, as a PNG in the run directory."""
-    rows = read_metrics(RunDir(run_dir).metrics_file(ORCHESTRATOR))
+    rows = read_metrics(rundir.metrics_file(ORCHESTRATOR))
     if not rows:
-        raise TriadError(f"{run_dir} has no orchestrator metrics to plot yet")
+        raise TriadError(f"{rundir.root} has no orchestrator metrics to plot yet")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,9 +68,9 @@ def plot_run(run_dir: Path) -> Path:
     ax_t.plot(steps, rolling_mean([r["samples_per_s"] for r in rows]))
     ax_t.set_ylabel("samples/s (mean of 10)")
     ax_t.set_xlabel("step")
-    fig.suptitle(f"triad run {read_run(run_dir).run_id}")
+    fig.suptitle(f"triad run {rundir.read_run().run_id}")
     fig.tight_layout()
-    out = run_dir / PLOT_FILE
+    out = rundir.plot_file
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

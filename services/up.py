@@ -25,7 +25,7 @@ from services.report import plot_run
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.resume import discard_after_checkpoint, newest_checkpoint
-from shared.rundir import INFERENCE, ORCHESTRATOR, ROLLOUTS, TRAINER, RunDir, check_writable, ensure_run
+from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 STOP_GRACE_S = 8.0
 TAIL_LINES = 25
@@ -141,12 +141,12 @@ def _interrupt(*_) -> None:
 def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the children too, like Ctrl-C
     rundir = RunDir(cfg.run_dir)
-    check_writable(cfg.run_dir)
+    rundir.check_writable()
     model = resolve_model(cfg.model)
-    run = ensure_run(cfg.run_dir, cfg.public_dict())
-    print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.root / 'logs'}")
+    run = rundir.ensure_run(cfg.public_dict())
+    print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.logs_dir}")
     resume_from = newest_checkpoint(rundir, run.run_id)
-    if resume_from or rundir.steps(ROLLOUTS):
+    if resume_from or rundir.rollouts.steps():
         print(f"triad up: resuming after update {resume_from} (the newest checkpoint)")
         discard_after_checkpoint(rundir, run.run_id, resume_from)
     commands = child_commands(cfg, config_path, overrides, model)
@@ -156,7 +156,7 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         for name, cmd in commands.items()
     }
     progress = ProgressPrinter(
-        rundir, cfg.max_steps, make_exporters(cfg, run.run_id), live=sys.stdout.isatty()
+        rundir, cfg.max_steps, make_exporters(cfg, rundir, run.run_id), live=sys.stdout.isatty()
     )
     try:
         supervise(children, progress)
@@ -168,4 +168,4 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         progress.close()
         stop_all(list(children.values()))
     progress.summary()
-    print(f"plot: {plot_run(cfg.run_dir)}")
+    print(f"plot: {plot_run(rundir)}")

@@ -1,4 +1,4 @@
-"""The contract between triad's services, in code (see DESIGN.md).
+"""The contract between triad's services, in code (see docs/design.md).
 
 Imports only the standard library, pydantic and pyarrow, so every service,
 including a torch-free orchestrator, can use it.

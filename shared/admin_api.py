@@ -51,4 +51,7 @@ class BroadcastReceive(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: int = Field(ge=1)
-    path: str = Field(min_length=1, description="weights/step_V, holding SEND_READY")
+    path: str = Field(
+        min_length=1,
+        description="the weights step directory of the version, holding the send-ready handshake",
+    )

@@ -1,4 +1,5 @@
-"""The Parquet batch: one row per sample, schema defined once for both sides."""
+"""The Parquet batch: one row per sample, schema defined once for both sides, and how a
+batch is published (rows, then the `DONE` marker) and waited for."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.errors import TriadError
-from shared.rundir import atomic_path
+from shared.faults import ORCHESTRATOR_BEFORE_MARKER, audit_read, failpoint
+from shared.rundir import Marker, RunDir
+from shared.waiting import wait_for
 
 BATCH_SCHEMA = pa.schema(
     [
@@ -41,11 +44,10 @@ def check_row(row: dict[str, Any]) -> None:
 
 
 def write_batch(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write the rows to `path` (a temporary path from `RunDir.writing_batch`)."""
     for row in rows:
         check_row(row)
-    table = pa.Table.from_pylist(rows, schema=BATCH_SCHEMA)
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+    pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), path)
 
 
 def read_batch(path: Path) -> pa.Table:
@@ -60,6 +62,37 @@ def read_batch(path: Path) -> pa.Table:
             f"expected {list(COLUMNS)}"
         )
     return table
+
+
+def publish_batch(
+    rundir: RunDir, run_id: str, step: int, rows: list[dict[str, Any]], temperature: float
+) -> int:
+    """Write batch `step` and then its marker (sizes, policy versions, sampling temperature);
+    returns its token count."""
+    rundir.rollouts.clear(step)
+    with rundir.writing_batch(step) as tmp:
+        write_batch(tmp, rows)
+    failpoint(ORCHESTRATOR_BEFORE_MARKER, step)
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    versions = [r["policy_version"] for r in rows]
+    rundir.rollouts.write_marker(
+        step, run_id, samples=len(rows), tokens=tokens, min_policy_version=min(versions),
+        max_policy_version=max(versions), temperature=temperature,
+    )  # fmt: skip
+    return tokens
+
+
+def wait_for_batch(
+    rundir: RunDir, step: int, run_id: str, timeout: float, reader: str
+) -> tuple[Marker, list[dict[str, Any]]]:
+    """Block until batch `step` of this run is published, then read it."""
+    marker = wait_for(
+        lambda: rundir.rollouts.marker(step, run_id),
+        f"{rundir.rollouts.describe_marker(step)} from the orchestrator",
+        timeout,
+    )
+    audit_read(rundir.rollouts.path(step), rundir.rollouts.has_marker(step), reader)
+    return marker, read_batch(rundir.batch_file(step)).to_pylist()
 
 
 def token_count(table: pa.Table) -> int:

@@ -1,6 +1,6 @@
 """The weight-broadcast handshake: markers in `weights/step_V/`, and the bucket plan.
 
-With `weight_transport = "broadcast"`, update V reaches inference over a process
+With `[weights] transport = "broadcast"`, update V reaches inference over a process
 group (Gloo on CPU, NCCL on GPU) that trainer rank 0 and every inference worker
 join, independent of vLLM's own; rank 0 hosts its TCPStore. The filesystem
 carries the handshake, so no side waits on another without a timeout:
@@ -21,16 +21,12 @@ after any failure, under a fresh store prefix. Pure logic, no torch.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
-from shared.rundir import atomic_write_bytes
+from shared.rundir import Handshake, RunDir
 
-SEND_READY = "SEND_READY"
-RECEIVING = "RECEIVING"
-FALLBACK = "FALLBACK"
 M = TypeVar("M", bound=BaseModel)
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
@@ -81,15 +77,17 @@ def plan_buckets(tensors: list[TensorSpec], bucket_bytes: int) -> list[list[int]
     return buckets
 
 
-def write_handshake(step_dir: Path, name: str, body: BaseModel) -> None:
-    step_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(step_dir / name, body.model_dump_json().encode())
+def write_handshake(rundir: RunDir, version: int, kind: Handshake, body: BaseModel) -> None:
+    rundir.write_handshake(version, kind, body.model_dump_json().encode())
 
 
-def read_handshake(step_dir: Path, name: str, model: type[M], run_id: str) -> M | None:
-    """The marker if present, valid and of this run; else None."""
+def read_handshake(rundir: RunDir, version: int, kind: Handshake, model: type[M], run_id: str) -> M | None:
+    """The handshake file if present, valid and of this run; else None."""
+    raw = rundir.read_handshake(version, kind)
+    if raw is None:
+        return None
     try:
-        body = model.model_validate_json((step_dir / name).read_bytes())
-    except (OSError, ValueError):
+        body = model.model_validate_json(raw)
+    except ValueError:
         return None
     return body if getattr(body, "run_id", None) == run_id else None

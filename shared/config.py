@@ -2,13 +2,14 @@
 
 Top-level keys are shared by all services; `[inference]`, `[orchestrator]` and
 `[trainer]` are each read by their own service. Precedence, highest first:
-`--set key=value` > `TRIAD_KEY` (tables: `TRIAD_TRAINER__LR`) > TOML > defaults.
+`--set key=value` > `TRIAD_KEY` (tables: `TRIAD_TRAINER__OPTIM__LR`) > TOML > defaults.
 Every service validates the whole file, so a typo anywhere is caught early,
 and an unknown key is an error that names it.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from shared.errors import TriadError
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+CPUS_PATTERN = r"^\d+(-\d+)?(,\d+(-\d+)?)*$"
 
 
 class Table(BaseModel):
@@ -42,7 +44,7 @@ class InferenceConfig(Table):
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for inference under `triad up`")
     cpus: str | None = Field(
-        None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$", description="CPU cores for inference under `triad up`"
+        None, pattern=CPUS_PATTERN, description="CPU cores for inference under `triad up`"
     )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
 
@@ -98,52 +100,96 @@ class OrchestratorConfig(Table):
     keep_rollouts: int = Field(4, ge=1, description="rollout step directories kept on disk")
 
 
-class TrainerConfig(Table):
-    nproc: int = Field(2, ge=1, description="ranks `triad up` starts under torchrun")
-    devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for the trainer under `triad up`")
-    cpus: str | None = Field(
-        None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$", description="CPU cores for the trainer under `triad up`"
+LossKind = Literal["ppo_clip", "cispo", "gspo"]
+Importance = Literal["none", "tis", "mis_token", "mis_seq"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+class LossConfig(Table):
+    """`[trainer.loss]`: the policy-gradient objective (formulas in `trainer/loss.py`)."""
+
+    kind: LossKind = "ppo_clip"
+    eps_low: float = Field(0.2, gt=0, description="clip below at 1 - eps_low")
+    eps_high: float = Field(0.2, gt=0, description="clip above at 1 + eps_high (DAPO: 0.28)")
+    aggregation: Aggregation = "token_mean"
+    norm_length: int = Field(1024, ge=1, description="L of seq_mean_token_sum_norm")
+    importance: Importance = "none"
+    importance_cap: float = Field(2.0, gt=0)
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty (see kl_target)")
+    kl_estimator: KLEstimator = "k3"
+    kl_target: Literal["sampler", "reference"] = Field(
+        "sampler", description="KL to the sampler's policy, or to a frozen copy of the base model"
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class OptimConfig(Table):
+    """`[trainer.optim]`: AdamW, its schedule and the steps per batch."""
+
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * min_lr_ratio")
+    max_grad_norm: float = Field(1.0, gt=0)
+    optimizer_steps: int = Field(
+        1, ge=1, description="optimizer steps per batch, one per equal slice (PPO mini-batches)"
+    )
+
+
+class ParallelConfig(Table):
+    """`[trainer.parallel]`: how the model is sharded, batched and run on a device."""
+
     micro_batch_tokens: int = Field(8192, ge=1, description="tokens per micro-batch (padded, or packed)")
-    sharded_publish: bool = Field(False, description="each rank writes its own weight shard (large models)")
     packing: bool = Field(False, description="pack each micro-batch's samples into one sequence, no padding")
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA")
     activation_checkpointing: bool = False
     compile: bool = Field(False, description="torch.compile each decoder block")
+
+
+class CheckpointConfig(Table):
+    """`[trainer.checkpoint]`: DCP checkpoints of model and optimizer."""
+
+    every: int = Field(10, ge=0, description="checkpoint every N updates (and the last); 0: never")
+    keep: int = Field(2, ge=1, description="checkpoints kept on disk")
+
+
+class TrainerConfig(Table):
+    nproc: int = Field(2, ge=1, description="ranks `triad up` starts under torchrun")
+    devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for the trainer under `triad up`")
+    cpus: str | None = Field(
+        None, pattern=CPUS_PATTERN, description="CPU cores for the trainer under `triad up`"
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     keep_freed_memory: bool = Field(
         True, description="glibc: freed host memory stays in the process instead of faulting in every step"
     )
-    loss: Literal["ppo_clip", "cispo", "gspo"] = "ppo_clip"
-    eps_low: float = Field(0.2, gt=0, description="clip below at 1 - eps_low")
-    eps_high: float = Field(0.2, gt=0, description="clip above at 1 + eps_high (DAPO: 0.28)")
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
-    norm_length: int = Field(1024, ge=1, description="L of seq_mean_token_sum_norm")
-    importance: Literal["none", "tis", "mis_token", "mis_seq"] = "none"
-    importance_cap: float = Field(2.0, gt=0)
-    kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty (see kl_target)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_target: Literal["sampler", "reference"] = Field(
-        "sampler", description="KL to the sampler's policy, or to a frozen copy of the base model"
-    )
-    optimizer_steps: int = Field(
-        1, ge=1, description="optimizer steps per batch, one per equal slice (PPO mini-batches)"
-    )
-    max_grad_norm: float = Field(1.0, gt=0)
     batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
     collective_timeout_s: float = Field(1800, gt=0, description="longest wait in one collective")
-    keep_weights: int = Field(3, ge=1, description="weight step directories kept on disk")
-    checkpoint_every: int = Field(10, ge=0, description="checkpoint every N updates (and the last); 0: never")
-    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
-    broadcast_host: str = Field("127.0.0.1", description="address inference workers reach trainer rank 0 at")
-    broadcast_port: int = Field(29610, ge=1, le=65535, description="trainer rank 0's TCPStore for broadcasts")
-    broadcast_timeout_s: float = Field(60, gt=0, description="bound on each broadcast step; then files")
-    broadcast_bucket_mb: float = Field(64, gt=0, description="tensors per broadcast call, by dtype")
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+
+class BroadcastConfig(Table):
+    """`[weights.broadcast]`: the process group from trainer rank 0 to the inference workers."""
+
+    host: str = Field("127.0.0.1", description="address inference workers reach trainer rank 0 at")
+    port: int = Field(29610, ge=1, le=65535, description="trainer rank 0's TCPStore for broadcasts")
+    timeout_s: float = Field(60, gt=0, description="bound on each broadcast step; then files")
+    bucket_mb: float = Field(64, gt=0, description="tensors per broadcast call, by dtype")
+
+
+class WeightsConfig(Table):
+    """`[weights]`: how new weights reach inference; read by the trainer and the orchestrator."""
+
+    transport: Literal["filesystem", "broadcast"] = Field(
+        "filesystem", description="safetensors files, or a process group"
+    )
+    keep: int = Field(3, ge=1, description="weight step directories kept on disk")
+    sharded: bool = Field(False, description="each trainer rank writes its own shard (large models)")
+    broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
 
 
 class MetricsConfig(Table):
@@ -163,13 +209,11 @@ class TriadConfig(BaseSettings):
     model: str = BUILTIN_MODEL_PREFIX + "tiny-addition"
     max_steps: int = Field(20, ge=1)
     max_async_level: int = Field(1, ge=0)
-    weight_transport: Literal["filesystem", "broadcast"] = Field(
-        "filesystem", description="how new weights reach inference: safetensors files, or a process group"
-    )
     seed: int = 0
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @classmethod
@@ -188,19 +232,21 @@ class TriadConfig(BaseSettings):
         for url in self.orchestrator.inference_urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"orchestrator.inference_urls: {url!r} is not an http(s) URL")
-        tc = self.trainer
-        if tc.keep_weights < self.max_async_level + 2:
+        if self.weights.keep < self.max_async_level + 2:
             raise ValueError(
-                f"trainer.keep_weights ({tc.keep_weights}) must be at least max_async_level + 2 "
+                f"weights.keep ({self.weights.keep}) must be at least max_async_level + 2 "
                 f"({self.max_async_level + 2}): inference may still be loading an older version"
             )
-        if tc.loss != "ppo_clip" and tc.importance != "none":
-            raise ValueError(f"trainer.importance = {tc.importance!r} needs trainer.loss = 'ppo_clip'")
-        samples = self.orchestrator.batch_size * self.orchestrator.group_size
-        if tc.optimizer_steps > samples:
+        loss = self.trainer.loss
+        if loss.kind != "ppo_clip" and loss.importance != "none":
             raise ValueError(
-                f"trainer.optimizer_steps ({tc.optimizer_steps}) is more than the samples in a batch "
-                f"({samples} = orchestrator.batch_size x group_size)"
+                f"trainer.loss.importance = {loss.importance!r} needs trainer.loss.kind = 'ppo_clip'"
+            )
+        samples = self.orchestrator.batch_size * self.orchestrator.group_size
+        if self.trainer.optim.optimizer_steps > samples:
+            raise ValueError(
+                f"trainer.optim.optimizer_steps ({self.trainer.optim.optimizer_steps}) is more than the "
+                f"samples in a batch ({samples} = orchestrator.batch_size x group_size)"
             )
         return self
 
@@ -219,7 +265,7 @@ class TriadConfig(BaseSettings):
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """`trainer.lr=1e-5` -> (['trainer', 'lr'], 1e-05); values are TOML, else strings."""
+    """`trainer.optim.lr=1e-5` -> (['trainer', 'optim', 'lr'], 1e-05); values are TOML, else strings."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise TriadError(f"--set expects key=value, got {item!r}")
@@ -252,17 +298,50 @@ def _read_toml(path: Path) -> None:
         raise TriadError(f"config file {path} is not valid TOML: {e}") from None
 
 
+def _moved_keys() -> dict[str, str]:
+    """Flat keys of earlier versions, and where each lives now (for the error message only)."""
+    sections = {"trainer.optim": OptimConfig, "trainer.parallel": ParallelConfig}
+    moved = {f"trainer.{k}": f"{where}.{k}" for where, table in sections.items() for k in table.model_fields}
+    moved |= {f"trainer.{k}": f"trainer.loss.{k}" for k in LossConfig.model_fields if k != "kind"}
+    moved |= {
+        "trainer.checkpoint_every": "trainer.checkpoint.every",
+        "trainer.keep_checkpoints": "trainer.checkpoint.keep",
+        "trainer.keep_weights": "weights.keep",
+        "trainer.sharded_publish": "weights.sharded",
+        "weight_transport": "weights.transport",
+    }
+    moved |= {f"trainer.broadcast_{k}": f"weights.broadcast.{k}" for k in BroadcastConfig.model_fields}
+    return moved
+
+
 def _describe(error: dict[str, Any], source: str) -> str:
     key = ".".join(str(p) for p in error["loc"])
     if not key:  # a rule across keys
         return f"bad config: {error['msg'].removeprefix('Value error, ')} ({source})"
     if error["type"] == "extra_forbidden":
+        moved = _moved_keys().get(key)
+        if moved:
+            return f"config key {key!r} is now {moved!r} ({source})"
         return f"unknown config key {key!r} ({source})"
+    if error["type"] == "model_type":
+        hint = "; the objective is trainer.loss.kind" if key == "trainer.loss" else ""
+        return f"config key {key!r} is a table [{key}], not a value{hint} ({source})"
     return f"bad config value for {key!r}: {error['msg']} (got {error.get('input')!r}; {source})"
+
+
+def _check_environment() -> None:
+    """A `TRIAD_*` variable of a key that moved would be ignored silently: name it."""
+    moved = _moved_keys()
+    for name in os.environ:
+        key = name.removeprefix("TRIAD_").lower().replace("__", ".")
+        if name.startswith("TRIAD_") and key in moved:
+            now = "TRIAD_" + moved[key].upper().replace(".", "__")
+            raise TriadError(f"environment variable {name} sets {key!r}, which is now {moved[key]!r} ({now})")
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None) -> TriadConfig:
     """Resolve the config; raise TriadError naming the first bad key."""
+    _check_environment()
     cls = TriadConfig
     if path is not None:
         _read_toml(path)

@@ -25,12 +25,11 @@ def failpoint(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def audit_read(step_dir: Path, reader: str) -> None:
+def audit_read(step_dir: Path, done: bool, reader: str) -> None:
+    """Record that `reader` opened `step_dir`, and whether its marker was there."""
     path = os.environ.get(AUDIT_VAR)
     if not path:
         return
-    from shared.rundir import DONE
-
-    line = json.dumps({"reader": reader, "dir": str(step_dir), "done": (step_dir / DONE).is_file()})
+    line = json.dumps({"reader": reader, "dir": str(step_dir), "done": done})
     with open(path, "a") as f:
         f.write(line + "\n")

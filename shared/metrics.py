@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared.rundir import atomic_write_bytes
+from shared.storage import atomic_write_bytes
 
 
 class MetricsWriter:

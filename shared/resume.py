@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from shared.rundir import CHECKPOINTS, ROLLOUTS, WEIGHTS, RunDir, clear_step_dir, read_marker
+from shared.rundir import RunDir
 
 log = logging.getLogger("triad.resume")
 
@@ -20,10 +20,10 @@ def discard_after_checkpoint(rundir: RunDir, run_id: str, checkpoint_step: int) 
     """Before the trainer resumes from `checkpoint_step`: delete the weights newer than it
     and the batches it will not train on (`discard_batches_after`)."""
     removed = []
-    for step in rundir.steps(WEIGHTS):
+    for step in rundir.weights.steps():
         if step > checkpoint_step:
-            clear_step_dir(rundir.weights_dir(step))
-            removed.append(rundir.relative(rundir.weights_dir(step)))
+            rundir.weights.clear(step)
+            removed.append(rundir.weights.relative(step))
     removed += discard_batches_after(rundir, run_id, checkpoint_step)
     if removed:
         log.info("resuming after update %d: discarded %s", checkpoint_step, ", ".join(removed))
@@ -39,27 +39,27 @@ def discard_batches_after(rundir: RunDir, run_id: str, checkpoint_step: int) -> 
     trainer may have published versions after C again, and those are its own."""
     removed = []
     expected = checkpoint_step + 1
-    for step in (s for s in rundir.steps(ROLLOUTS) if s > checkpoint_step):
-        marker = read_marker(rundir.rollout_dir(step), run_id)
+    for step in (s for s in rundir.rollouts.steps() if s > checkpoint_step):
+        marker = rundir.rollouts.marker(step, run_id)
         newest_version = getattr(marker, "max_policy_version", None) if marker else None
         if step == expected and newest_version is not None and newest_version <= checkpoint_step:
             expected += 1
             continue
         expected = -1  # the run is broken: nothing after this point is kept
-        clear_step_dir(rundir.rollout_dir(step))
-        removed.append(rundir.relative(rundir.rollout_dir(step)))
+        rundir.rollouts.clear(step)
+        removed.append(rundir.rollouts.relative(step))
     return removed
 
 
 def newest_batch(rundir: RunDir, run_id: str) -> int:
     """The newest published batch of this run; 0 if none."""
-    return max(rundir.done_steps(ROLLOUTS, run_id), default=0)
+    return rundir.rollouts.newest(run_id)
 
 
 def newest_checkpoint(rundir: RunDir, run_id: str) -> int:
     """The newest complete checkpoint of this run; 0 if none."""
-    return max(rundir.done_steps(CHECKPOINTS, run_id), default=0)
+    return rundir.checkpoints.newest(run_id)
 
 
 def checkpointed_steps(rundir: RunDir, run_id: str) -> frozenset[int]:
-    return frozenset(rundir.done_steps(CHECKPOINTS, run_id))
+    return frozenset(rundir.checkpoints.done_steps(run_id))

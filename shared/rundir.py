@@ -1,56 +1,66 @@
-"""The run directory: names, paths, step markers and atomic publishing.
+"""The run directory: every name, path and step marker in it, and nothing else.
 
-Every path and marker name in the run directory is defined here and nowhere
-else. A step directory is trusted only once its `DONE` marker exists and names
-the current run; files are written under a temporary name and renamed into
-place, and the marker is written last.
+Every file and directory name of a run directory is defined here and nowhere
+else (a unit test greps the code for them); services ask `RunDir` for what
+they need by method. All access goes through a `Storage` (`shared/storage.py`),
+so what lies under a run directory can change without touching a service.
+
+A step directory is trusted only once its `DONE` marker exists and names the
+current run; files are written under a temporary name and renamed into place,
+and the marker is written last.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import TriadError
+from shared.storage import LocalStore, Storage
 
 log = logging.getLogger(__name__)
 
-DONE = "DONE"
-RUN_FILE = "run.json"
-BATCH_FILE = "batch.parquet"
-ROLLOUTS = "rollouts"
-WEIGHTS = "weights"
-CHECKPOINTS = "checkpoints"
-METRICS = "metrics"
-LOGS = "logs"
+_DONE = "DONE"
+_RUN_FILE = "run.json"
+_BATCH_FILE = "batch.parquet"
+_WEIGHTS_FILE = "model.safetensors"
+_WEIGHTS_INDEX = "model.safetensors.index.json"
+_WEIGHTS_SUFFIX = ".safetensors"
+_TRAINER_STATE = "trainer"
+_ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
+_METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
+_STEP_PREFIX = "step_"
+_STEP_DIGITS = 6
+
 INFERENCE, ORCHESTRATOR, TRAINER = "inference", "orchestrator", "trainer"
 SERVICES = (ORCHESTRATOR, TRAINER, INFERENCE)  # also the names of their metrics and log files
-EVAL = "eval"  # the orchestrator's evaluation metrics: metrics/eval.jsonl
-STEP_PREFIX = "step_"
-STEP_DIGITS = 6
-TMP_PREFIX = ".tmp-"
-FILE_MODE = 0o644  # mkstemp's 0600 would hide published files from services running as other users
+EVAL = "eval"  # the orchestrator's evaluation metrics
+
+
+class Handshake(StrEnum):
+    """The weight-broadcast handshake files in a weights step directory (`shared/broadcast.py`)."""
+
+    SEND_READY = "SEND_READY"
+    RECEIVING = "RECEIVING"
+    FALLBACK = "FALLBACK"
 
 
 def step_name(step: int) -> str:
-    return f"{STEP_PREFIX}{step:0{STEP_DIGITS}d}"
+    return f"{_STEP_PREFIX}{step:0{_STEP_DIGITS}d}"
 
 
 def parse_step(name: str) -> int | None:
-    digits = name.removeprefix(STEP_PREFIX)
-    if name == digits or len(digits) != STEP_DIGITS or not digits.isdigit():
+    digits = name.removeprefix(_STEP_PREFIX)
+    if name == digits or len(digits) != _STEP_DIGITS or not digits.isdigit():
         return None
     return int(digits)
 
@@ -71,194 +81,285 @@ class RunInfo(BaseModel):
     config: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class RunDir:
-    root: Path
-
-    @property
-    def run_file(self) -> Path:
-        return self.root / RUN_FILE
-
-    def rollout_dir(self, step: int) -> Path:
-        return self.root / ROLLOUTS / step_name(step)
-
-    def batch_file(self, step: int) -> Path:
-        return self.rollout_dir(step) / BATCH_FILE
-
-    def weights_dir(self, step: int) -> Path:
-        return self.root / WEIGHTS / step_name(step)
-
-    def checkpoint_dir(self, step: int) -> Path:
-        return self.root / CHECKPOINTS / step_name(step)
-
-    def metrics_file(self, service: str) -> Path:
-        return self.root / METRICS / f"{service}.jsonl"
-
-    def log_file(self, service: str) -> Path:
-        return self.root / LOGS / f"{service}.log"
-
-    def relative(self, path: Path) -> str:
-        """`path` relative to the run directory: how services name files to each
-        other, since each may mount the run directory somewhere else."""
-        return path.relative_to(self.root).as_posix()
-
-    def step_dir(self, kind: str, step: int) -> Path:
-        return self.root / kind / step_name(step)
-
-    def done_steps(self, kind: str, run_id: str) -> list[int]:
-        """Steps under `kind` whose `DONE` marker is valid and of this run, ascending."""
-        return [s for s in self.steps(kind) if read_marker(self.step_dir(kind, s), run_id) is not None]
-
-    def steps(self, kind: str) -> list[int]:
-        """Step numbers of the directories under `kind` (done or not), ascending."""
-        parent = self.root / kind
-        if not parent.is_dir():
-            return []
-        found = (parse_step(p.name) for p in parent.iterdir() if p.is_dir())
-        return sorted(s for s in found if s is not None)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it into place on success."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name, dir=path.parent)
-    os.fchmod(fd, FILE_MODE)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
-
-
-def fsync_tree(root: Path) -> None:
-    """Flush every file and directory under `root` to disk."""
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-def write_marker(step_dir: Path, run_id: str, step: int, **fields: Any) -> Marker:
-    """Vouch for everything already in `step_dir`: flush it all, then write `DONE` last."""
-    marker = Marker(run_id=run_id, step=step, created_at=time.time(), **fields)
-    fsync_tree(step_dir)
-    atomic_write_json(step_dir / DONE, marker.model_dump())
-    return marker
-
-
 _reported: set[tuple[str, str]] = set()
 
 
-def _report_once(path: Path, why: str) -> None:
-    if (str(path), why) not in _reported:
-        _reported.add((str(path), why))
-        log.warning("ignoring %s: %s", path, why)
+def _report_once(where: str, why: str) -> None:
+    if (where, why) not in _reported:
+        _reported.add((where, why))
+        log.warning("ignoring %s: %s", where, why)
 
 
-def read_marker(step_dir: Path, run_id: str) -> Marker | None:
-    """The step's marker if the step is complete and belongs to `run_id`, else None.
-
-    A marker from another run, or one that is not valid JSON, is reported
-    (once) and treated as absent: the step is never trusted.
-    """
-    path = step_dir / DONE
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        _report_once(path, f"unreadable marker ({e.strerror})")
+def _parse_marker(raw: bytes | None, where: str, run_id: str) -> Marker | None:
+    if raw is None:
         return None
     try:
         marker = Marker.model_validate_json(raw)
     except ValidationError as e:
-        _report_once(path, f"malformed marker ({e.errors()[0]['msg']})")
+        _report_once(where, f"malformed marker ({e.errors()[0]['msg']})")
         return None
     if marker.run_id != run_id:
-        _report_once(path, f"marker of run {marker.run_id!r}, not of this run {run_id!r}")
+        _report_once(where, f"marker of run {marker.run_id!r}, not of this run {run_id!r}")
         return None
     return marker
 
 
-def clear_step_dir(step_dir: Path) -> None:
-    """Remove a step directory, marker first, so no reader trusts a partial one."""
-    (step_dir / DONE).unlink(missing_ok=True)
-    shutil.rmtree(step_dir, ignore_errors=True)
+class Steps:
+    """The step directories of one kind (`rollouts`, `weights`, `checkpoints`), each trusted
+    only once its `DONE` marker names this run."""
 
+    def __init__(self, store: Storage, kind: str) -> None:
+        self.store, self.kind = store, kind
 
-def prune_steps(
-    parent: Path, keep_last: int, done_upto: int, protect: frozenset[int] = frozenset()
-) -> list[int]:
-    """Delete step directories no consumer needs: those <= `done_upto`, except the
-    newest `keep_last` of them and any in `protect` (e.g. checkpointed steps)."""
-    steps = sorted(s for p in parent.glob(STEP_PREFIX + "*") if (s := parse_step(p.name)) is not None)
-    finished = [s for s in steps if s <= done_upto]
-    doomed = [s for s in finished[: max(len(finished) - keep_last, 0)] if s not in protect]
-    for step in doomed:
-        clear_step_dir(parent / step_name(step))
-    return doomed
+    def key(self, step: int, *names: str) -> str:
+        return "/".join((self.kind, step_name(step), *names))
 
+    def path(self, step: int) -> Path:
+        """The step directory, as a local path."""
+        return self.store.local_path(self.key(step))
 
-def check_writable(root: Path) -> None:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f"{TMP_PREFIX}probe-{uuid.uuid4().hex}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise TriadError(f"run directory {root} is not writable: {e.strerror or e}") from None
+    def relative(self, step: int) -> str:
+        """How services name the step directory to each other (each may mount it elsewhere)."""
+        return self.key(step)
 
+    def marker_path(self, step: int) -> Path:
+        return self.store.local_path(self.key(step, _DONE))
 
-def ensure_run(root: Path, config: dict[str, Any]) -> RunInfo:
-    """Read run.json, or create it if this is a new run; the first writer wins."""
-    check_writable(root)
-    run_file = root / RUN_FILE
-    if not run_file.exists():
-        info = RunInfo(run_id=uuid.uuid4().hex[:12], created_at=time.time(), config=config)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=root)
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w") as f:
-            f.write(info.model_dump_json(indent=1))
+    def describe_marker(self, step: int) -> str:
+        """The marker's location, for messages about waiting on it."""
+        return str(self.marker_path(step))
+
+    def steps(self) -> list[int]:
+        """Step numbers of the directories of this kind (done or not), ascending."""
+        found = (parse_step(name) for name in self.store.children(self.kind))
+        return sorted(s for s in found if s is not None)
+
+    def done_steps(self, run_id: str) -> list[int]:
+        return [s for s in self.steps() if self.marker(s, run_id) is not None]
+
+    def newest(self, run_id: str) -> int:
+        """The newest done step of this run; 0 if none."""
+        return max(self.done_steps(run_id), default=0)
+
+    def has_marker(self, step: int) -> bool:
+        """Whether the step has a marker at all (of any run, valid or not)."""
+        return self.store.exists(self.key(step, _DONE))
+
+    def marker(self, step: int, run_id: str) -> Marker | None:
+        """The step's marker if the step is complete and belongs to `run_id`, else None.
+
+        A marker from another run, or one that is not valid JSON, is reported (once)
+        and treated as absent: the step is never trusted."""
         try:
-            os.link(tmp, run_file)  # fails if another service created it first
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
-    return read_run(root)
+            raw = self.store.read_bytes(self.key(step, _DONE))
+        except OSError as e:
+            _report_once(self.describe_marker(step), f"unreadable marker ({e.strerror or e})")
+            return None
+        return _parse_marker(raw, self.describe_marker(step), run_id)
+
+    def write_marker(self, step: int, run_id: str, **fields: Any) -> Marker:
+        """Vouch for everything already in the step directory: flush it all, then `DONE` last."""
+        marker = Marker(run_id=run_id, step=step, created_at=time.time(), **fields)
+        self.store.flush(self.key(step))
+        self.store.write_bytes(self.key(step, _DONE), json.dumps(marker.model_dump(), indent=1).encode())
+        return marker
+
+    def clear(self, step: int) -> None:
+        """Remove a step directory, marker first, so no reader trusts a partial one."""
+        self.store.remove(self.key(step, _DONE))
+        self.store.remove(self.key(step))
+
+    def prune(self, keep_last: int, done_upto: int, protect: frozenset[int] = frozenset()) -> list[int]:
+        """Delete step directories no consumer needs: those <= `done_upto`, except the
+        newest `keep_last` of them and any in `protect` (e.g. checkpointed steps)."""
+        finished = [s for s in self.steps() if s <= done_upto]
+        doomed = [s for s in finished[: max(len(finished) - keep_last, 0)] if s not in protect]
+        for step in doomed:
+            self.clear(step)
+        return doomed
+
+    def size(self, step: int) -> int:
+        return self.store.size(self.key(step))
 
 
-def read_run(root: Path) -> RunInfo:
-    run_file = root / RUN_FILE
-    try:
-        return RunInfo.model_validate_json(run_file.read_bytes())
-    except FileNotFoundError:
-        raise TriadError(f"{run_file} does not exist: is this a triad run directory?") from None
-    except ValidationError as e:
-        raise TriadError(f"{run_file} is not a valid run file: {e.errors()[0]['msg']}") from None
+class RunDir:
+    """A run directory. `root` is where it lives (a local path today)."""
+
+    def __init__(self, root: Path | str, store: Storage | None = None) -> None:
+        self.root = Path(root)
+        self.store: Storage = store or LocalStore(self.root)
+        self.rollouts = Steps(self.store, _ROLLOUTS)
+        self.weights = Steps(self.store, _WEIGHTS)
+        self.checkpoints = Steps(self.store, _CHECKPOINTS)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunDir) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    # -- the run record -------------------------------------------------------
+    @property
+    def run_file(self) -> Path:
+        return self.store.local_path(_RUN_FILE)
+
+    def check_writable(self) -> None:
+        self.store.check_writable()
+
+    def ensure_run(self, config: dict[str, Any]) -> RunInfo:
+        """Read the run record, or create it if this is a new run; the first writer wins."""
+        self.check_writable()
+        if not self.store.exists(_RUN_FILE):
+            info = RunInfo(run_id=uuid.uuid4().hex[:12], created_at=time.time(), config=config)
+            self.store.create_once(_RUN_FILE, info.model_dump_json(indent=1).encode())
+        return self.read_run()
+
+    def read_run(self) -> RunInfo:
+        raw = self.store.read_bytes(_RUN_FILE)
+        if raw is None:
+            raise TriadError(f"{self.run_file} does not exist: is this a triad run directory?")
+        try:
+            return RunInfo.model_validate_json(raw)
+        except ValidationError as e:
+            raise TriadError(f"{self.run_file} is not a valid run file: {e.errors()[0]['msg']}") from None
+
+    # -- batches --------------------------------------------------------------
+    def batch_file(self, step: int) -> Path:
+        return self.store.local_path(self.rollouts.key(step, _BATCH_FILE))
+
+    @contextmanager
+    def writing_batch(self, step: int) -> Iterator[Path]:
+        """A local path to write batch `step` to (published atomically; the marker comes after)."""
+        with self.store.writing(self.rollouts.key(step, _BATCH_FILE)) as tmp:
+            yield tmp
+
+    # -- weights --------------------------------------------------------------
+    def weights_file(self, version: int) -> Path:
+        """The single safetensors file of an unsharded version."""
+        return self.store.local_path(self.weights.key(version, _WEIGHTS_FILE))
+
+    def weights_index_file(self, version: int) -> Path:
+        return self.store.local_path(self.weights.key(version, _WEIGHTS_INDEX))
+
+    @staticmethod
+    def shard_name(rank: int, world: int) -> str:
+        return f"model-{rank + 1:05d}-of-{world:05d}{_WEIGHTS_SUFFIX}"
+
+    def shard_file(self, version: int, rank: int, world: int) -> Path:
+        return self.store.local_path(self.weights.key(version, self.shard_name(rank, world)))
+
+    def tensor_files(self, version: int) -> list[str]:
+        """Names of the safetensors files of a version."""
+        files = self.store.children(self.weights.key(version), dirs=False)
+        return [f for f in files if f.endswith(_WEIGHTS_SUFFIX)]
+
+    def tensor_bytes(self, version: int) -> int:
+        return sum(self.store.size(self.weights.key(version, f)) for f in self.tensor_files(version))
+
+    @contextmanager
+    def writing_tensors(self, version: int, rank: int | None = None, world: int = 1) -> Iterator[Path]:
+        """A local path for a version's safetensors file (or with `rank`, its shard)."""
+        name = _WEIGHTS_FILE if rank is None else self.shard_name(rank, world)
+        with self.store.writing(self.weights.key(version, name)) as tmp:
+            yield tmp
+
+    def write_weights_index(self, version: int, index: dict[str, Any]) -> None:
+        self.store.write_bytes(
+            self.weights.key(version, _WEIGHTS_INDEX), json.dumps(index, indent=1).encode()
+        )
+
+    @contextmanager
+    def writing_weights_dir(self, version: int) -> Iterator[Path]:
+        """A local directory for a version's metadata (config, tokenizer)."""
+        with self.store.writing_dir(self.weights.key(version)) as path:
+            yield path
+
+    def handshake_key(self, version: int, kind: Handshake) -> str:
+        return self.weights.key(version, kind.value)
+
+    def read_handshake(self, version: int, kind: Handshake) -> bytes | None:
+        return self.store.read_bytes(self.handshake_key(version, kind))
+
+    def write_handshake(self, version: int, kind: Handshake, body: bytes) -> None:
+        self.store.write_bytes(self.handshake_key(version, kind), body)
+
+    def has_handshake(self, version: int, kind: Handshake) -> bool:
+        return self.store.exists(self.handshake_key(version, kind))
+
+    # -- checkpoints ----------------------------------------------------------
+    def trainer_state_dir(self, step: int) -> Path:
+        """Where torch.distributed.checkpoint keeps the trainer's state after update `step`."""
+        return self.store.local_path(self.checkpoints.key(step, _TRAINER_STATE))
+
+    # -- metrics, logs, reports ----------------------------------------------
+    def metrics_file(self, service: str) -> Path:
+        return self.store.local_path(f"{_METRICS}/{service}.jsonl")
+
+    def log_file(self, service: str) -> Path:
+        return self.store.local_path(f"{_LOGS}/{service}.log")
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.store.local_path(_LOGS)
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.store.local_path(_TENSORBOARD)
+
+    @property
+    def plot_file(self) -> Path:
+        return self.store.local_path(_PLOT)
+
+    # -- paths other services send -------------------------------------------
+    def relative(self, path: Path) -> str:
+        """`path` relative to the run directory: how services name files to each other."""
+        return path.relative_to(self.root).as_posix()
+
+    def resolve_inside(self, raw: str) -> Path:
+        """The directory `raw` names (relative to the run directory, or absolute), which must lie
+        inside it once `..` and symlinks are resolved; TriadError otherwise."""
+        root = self.root.resolve()
+        path = Path(raw)
+        path = (path if path.is_absolute() else root / path).resolve()
+        if not path.is_relative_to(root):
+            raise TriadError(f"path {raw!r} is outside the run directory")
+        if not path.is_dir():
+            raise TriadError(f"path {raw!r} is not a directory")
+        return path
+
+    @staticmethod
+    def has_marker_at(step_dir: Path) -> bool:
+        return (step_dir / _DONE).is_file()
+
+    @staticmethod
+    def marker_at(step_dir: Path, run_id: str | None = None) -> Marker | None:
+        """The marker of a step directory given by path (resolved by `resolve_inside`): any
+        valid marker if `run_id` is None, else only this run's."""
+        try:
+            raw = (step_dir / _DONE).read_bytes()
+        except OSError:
+            return None
+        try:
+            marker = Marker.model_validate_json(raw)
+        except ValidationError:
+            return None
+        return marker if run_id is None or marker.run_id == run_id else None
+
+    @staticmethod
+    def handshake_at(step_dir: Path, kind: Handshake) -> bytes | None:
+        try:
+            return (step_dir / kind.value).read_bytes()
+        except OSError:
+            return None
+
+    @staticmethod
+    def tensor_files_at(step_dir: Path) -> list[Path]:
+        return sorted(step_dir.glob("*" + _WEIGHTS_SUFFIX))
+
+    @staticmethod
+    def marker_name() -> str:
+        """The marker's file name, for messages only."""
+        return _DONE

@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.helpers import free_port
+from shared.net import free_port
+from shared.waiting import wait_for
 
 
 @dataclass
@@ -110,11 +111,9 @@ class FakeServer:
 
     def __enter__(self) -> FakeServer:
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("fake server did not start")
-            time.sleep(0.01)
+        wait_for(
+            lambda: self.server.started or None, f"the fake server at {self.url} to start", 10, poll=0.01
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
 
+from shared.errors import WaitTimeout
+from shared.net import free_port  # tests import it from here too
+from shared.waiting import wait_for
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -38,10 +34,15 @@ def processes_mentioning(text: str) -> list[int]:
 
 def wait_until_gone(text: str, timeout: float = 10) -> list[int]:
     """Wait for every process mentioning `text` to exit; the pids still alive at the timeout."""
-    deadline = time.monotonic() + timeout
-    while (alive := processes_mentioning(text)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
+    try:
+        wait_for(
+            lambda: None if processes_mentioning(text) else True,
+            f"the processes mentioning {text!r} to exit",
+            timeout,
+        )
+    except WaitTimeout:
+        return processes_mentioning(text)
+    return []
 
 
 def triad_cmd(*args: str) -> list[str]:
@@ -94,17 +95,21 @@ class Server:
         )
 
     def wait_healthy(self, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"inference exited ({self.proc.returncode}):\n{self.tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"inference not healthy after {timeout} s:\n{self.tail()}")
+        """Wait for /health to answer 200; RuntimeError if the server exits first, TimeoutError
+        (naming what it waited for) at the timeout, each with the end of the server's log."""
+        try:
+            wait_for(self.healthy, f"inference at {self.url} to be healthy", timeout, poll=1)
+        except WaitTimeout as e:
+            raise TimeoutError(f"{e}:\n{self.tail()}") from None
+
+    def healthy(self) -> bool | None:
+        """True once /health answers 200; None while not yet; RuntimeError if the server exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"inference exited ({self.proc.returncode}):\n{self.tail()}")
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200 or None
+        except httpx.HTTPError:
+            return None
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -17,9 +17,6 @@ import torch
 import torch.distributed as dist
 
 from shared.broadcast import (
-    FALLBACK,
-    RECEIVING,
-    SEND_READY,
     Fallback,
     Receiving,
     SendReady,
@@ -28,9 +25,9 @@ from shared.broadcast import (
     read_handshake,
     write_handshake,
 )
-from shared.config import TrainerConfig
+from shared.config import BroadcastConfig
 from shared.process_group import generation_store, make_group
-from shared.rundir import RunDir, clear_step_dir
+from shared.rundir import Handshake, RunDir
 from trainer.parallel import full_tensor
 from trainer.publish import published_parameters
 
@@ -43,16 +40,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 class WeightSender:
-    def __init__(self, tc: TrainerConfig, rundir: RunDir, run_id: str, device: torch.device) -> None:
-        self.tc, self.rundir, self.run_id, self.device = tc, rundir, run_id, device
+    def __init__(self, bc: BroadcastConfig, rundir: RunDir, run_id: str, device: torch.device) -> None:
+        self.bc, self.rundir, self.run_id, self.device = bc, rundir, run_id, device
         self.rank = dist.get_rank()
-        self.timeout = timedelta(seconds=tc.broadcast_timeout_s)
+        self.timeout = timedelta(seconds=bc.timeout_s)
         self.store = None
         if self.rank == 0:
             from torch.distributed import TCPStore
 
             self.store = TCPStore(
-                "0.0.0.0", tc.broadcast_port, is_master=True, wait_for_workers=False, timeout=self.timeout
+                "0.0.0.0", bc.port, is_master=True, wait_for_workers=False, timeout=self.timeout
             )
         self.generation: int | None = None
         self.group = None
@@ -61,7 +58,7 @@ class WeightSender:
         """Collective over the trainer's ranks: True once every bucket reached the group."""
         params = published_parameters(model, tied)
         specs = [TensorSpec(name=n, dtype=dtype_name(dtype), shape=list(p.shape)) for n, p in params]
-        bucket_bytes = int(self.tc.broadcast_bucket_mb * 2**20)
+        bucket_bytes = int(self.bc.bucket_mb * 2**20)
         decision = [self.handshake(version, specs, bucket_bytes) if self.rank == 0 else None]
         dist.broadcast_object_list(decision, src=0)
         if decision[0] is None:
@@ -82,22 +79,22 @@ class WeightSender:
 
     def handshake(self, version: int, specs: list[TensorSpec], bucket_bytes: int) -> Receiving | None:
         """Say the update is ready; wait for the orchestrator's answer (None: use files)."""
-        step_dir = self.rundir.weights_dir(version)
-        clear_step_dir(step_dir)
+        self.rundir.weights.clear(version)
         ready = SendReady(run_id=self.run_id, version=version, tensors=specs, bucket_bytes=bucket_bytes)
-        write_handshake(step_dir, SEND_READY, ready)
-        deadline = time.monotonic() + self.tc.broadcast_timeout_s
+        write_handshake(self.rundir, version, Handshake.SEND_READY, ready)
+        deadline = time.monotonic() + self.bc.timeout_s
         while time.monotonic() < deadline:
-            answer = read_handshake(step_dir, RECEIVING, Receiving, self.run_id)
+            answer = read_handshake(self.rundir, version, Handshake.RECEIVING, Receiving, self.run_id)
             if answer is not None and answer.version == version:
                 return answer
-            fallback = read_handshake(step_dir, FALLBACK, Fallback, self.run_id)
+            fallback = read_handshake(self.rundir, version, Handshake.FALLBACK, Fallback, self.run_id)
             if fallback is not None:
                 log.warning("version %d goes by files: %s", version, fallback.reason)
                 return None
             time.sleep(POLL_S)
-        waited = self.tc.broadcast_timeout_s
-        log.warning("no answer to %s/%s within %.0f s: writing files", step_dir, SEND_READY, waited)
+        waited = self.bc.timeout_s
+        where = self.rundir.handshake_key(version, Handshake.SEND_READY)
+        log.warning("no answer to %s within %.0f s: writing files", where, waited)
         return None
 
     def join(self, receiving: Receiving) -> bool:

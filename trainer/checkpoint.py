@@ -13,9 +13,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from shared.rundir import CHECKPOINTS, RunDir, clear_step_dir, prune_steps, write_marker
-
-TRAINER_STATE = "trainer"
+from shared.rundir import RunDir
 
 
 def save_checkpoint(
@@ -27,16 +25,15 @@ def save_checkpoint(
     keep_last: int,
 ) -> None:
     """Collective: every rank writes its shards; rank 0 vouches with `DONE`."""
-    step_dir = rundir.checkpoint_dir(step)
     if dist.get_rank() == 0:
-        clear_step_dir(step_dir)
+        rundir.checkpoints.clear(step)
     dist.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=step_dir / TRAINER_STATE)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=rundir.trainer_state_dir(step))
     dist.barrier()
     if dist.get_rank() == 0:
-        write_marker(step_dir, run_id, step)
-        prune_steps(rundir.root / CHECKPOINTS, keep_last, done_upto=step)
+        rundir.checkpoints.write_marker(step, run_id)
+        rundir.checkpoints.prune(keep_last, done_upto=step)
     dist.barrier()
 
 
@@ -49,5 +46,5 @@ def load_checkpoint(
     something to load into."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=rundir.checkpoint_dir(step) / TRAINER_STATE)
+    dcp.load(state, checkpoint_id=rundir.trainer_state_dir(step))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -1,4 +1,5 @@
-"""From a published batch to this rank's tensors: wait, read, balance, pad."""
+"""From a batch's rows to this rank's tensors: balance, slice, micro-batch, pad. Pure: the
+batch is read by `shared/batch.py`."""
 
 from __future__ import annotations
 
@@ -7,21 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from shared.batch import read_batch
-from shared.faults import audit_read
-from shared.rundir import TRAINER, Marker, RunDir, read_marker
-from shared.waiting import wait_for
-
-
-def wait_for_batch(rundir: RunDir, step: int, run_id: str, timeout: float) -> tuple[Marker, list[dict]]:
-    """Block until batch `step` of this run is published, then read it."""
-    step_dir = rundir.rollout_dir(step)
-    marker = wait_for(
-        lambda: read_marker(step_dir, run_id), f"{step_dir}/DONE from the orchestrator", timeout
-    )
-    audit_read(step_dir, TRAINER)
-    return marker, read_batch(rundir.batch_file(step)).to_pylist()
 
 
 def balance(lengths: list[int], world_size: int) -> list[list[int]]:

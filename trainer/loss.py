@@ -37,27 +37,11 @@ k3 = exp(logr - logp) - 1 - (logr - logp).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import get_args
 
 import torch
 
-Kind = Literal["ppo_clip", "cispo", "gspo"]
-Importance = Literal["none", "tis", "mis_token", "mis_seq"]
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
-
-
-@dataclass(frozen=True)
-class LossSpec:
-    kind: Kind = "ppo_clip"
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    aggregation: Aggregation = "token_mean"
-    norm_length: int = 1024
-    importance: Importance = "none"
-    importance_cap: float = 2.0
-    kl_coef: float = 0.0
-    kl_estimator: KLEstimator = "k3"
+from shared.config import KLEstimator, LossConfig, LossKind
 
 
 @dataclass(frozen=True)
@@ -115,7 +99,9 @@ def kl_penalty(logp: torch.Tensor, logq: torch.Tensor, estimator: KLEstimator) -
         return diff
     if estimator == "k2":
         return 0.5 * diff.square()
-    return torch.exp(-diff) - 1 + diff
+    if estimator == "k3":
+        return torch.exp(-diff) - 1 + diff
+    raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
 def masked_kl(
@@ -129,7 +115,7 @@ def masked_kl(
 
 
 def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, spec: LossSpec, totals: BatchTotals
+    per_token: torch.Tensor, mask: torch.Tensor, spec: LossConfig, totals: BatchTotals
 ) -> torch.Tensor:
     """This rank's share of the batch aggregate of masked per-token losses."""
     masked = per_token * mask
@@ -138,17 +124,19 @@ def aggregate(
     per_seq = masked.sum(-1)
     if spec.aggregation == "seq_mean_token_mean":
         per_seq = per_seq / mask.sum(-1).clamp(min=1)
-    else:
+    elif spec.aggregation == "seq_mean_token_sum_norm":
         per_seq = per_seq / spec.norm_length
+    else:
+        raise ValueError(f"unknown loss aggregation {spec.aggregation!r}")
     return per_seq.sum() / max(totals.sequences, 1)
 
 
-def _clip(ratio: torch.Tensor, spec: LossSpec) -> torch.Tensor:
+def _clip(ratio: torch.Tensor, spec: LossConfig) -> torch.Tensor:
     return torch.clamp(ratio, 1 - spec.eps_low, 1 + spec.eps_high)
 
 
 def _behaviour_weight(
-    logp_prox: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor, spec: LossSpec
+    logp_prox: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor, spec: LossConfig
 ) -> torch.Tensor:
     """w = pi_prox / pi_sampler per token, truncated or masked as `spec.importance` says."""
     log_w = (logp_prox - logq) * mask
@@ -157,8 +145,10 @@ def _behaviour_weight(
         return torch.clamp(w, max=spec.importance_cap)
     if spec.importance == "mis_token":
         return w * (w <= spec.importance_cap)
-    seq_ok = torch.exp(log_w.sum(-1, keepdim=True)) <= spec.importance_cap
-    return w * seq_ok
+    if spec.importance == "mis_seq":
+        seq_ok = torch.exp(log_w.sum(-1, keepdim=True)) <= spec.importance_cap
+        return w * seq_ok
+    raise ValueError(f"unknown importance correction {spec.importance!r}")
 
 
 def policy_loss(
@@ -166,13 +156,15 @@ def policy_loss(
     logq: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    spec: LossSpec,
+    spec: LossConfig,
     totals: BatchTotals,
     logp_prox: torch.Tensor | None = None,
     logp_ref: torch.Tensor | None = None,
 ) -> LossParts:
     """`advantages` per sequence [B] or per token [B, T]; `mask` bool [B, T]; the optional
     `logp_prox` (no gradient) and `logp_ref` are [B, T] like `logp`."""
+    if spec.kind not in get_args(LossKind):
+        raise ValueError(f"unknown loss kind {spec.kind!r}")
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     m = mask.to(logp.dtype)
     prox = logp.detach() if logp_prox is None else logp_prox.detach()

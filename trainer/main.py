@@ -14,7 +14,7 @@ temperature), optionally with a KL penalty to a frozen reference model, and
 AdamW steps the FSDP2-sharded model after gradient clipping. Rank 0 then
 publishes the full weights as version n in `weights/step_n/` (safetensors plus
 config and tokenizer) with a `DONE` marker, which the orchestrator hands to
-inference; checkpoints are written every `checkpoint_every` updates.
+inference; checkpoints are written every `trainer.checkpoint.every` updates.
 """
 
 from __future__ import annotations
@@ -22,32 +22,23 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from shared.batch import wait_for_batch
 from shared.config import TriadConfig
 from shared.faults import TRAINER_MID_STEP, failpoint
 from shared.metrics import MetricsWriter, drop_rows_after
-from shared.resume import checkpointed_steps, discard_after_checkpoint, newest_checkpoint
-from shared.rundir import TRAINER, RunDir, ensure_run, read_marker, read_run
-from trainer.broadcast import WeightSender
+from shared.resume import discard_after_checkpoint, newest_checkpoint
+from shared.rundir import TRAINER, RunDir
 from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches, wait_for_batch
+from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
 from trainer.forward import Forward, packed_forward, padded_forward
 from trainer.host import keep_freed_memory
-from trainer.loss import BatchTotals, LossSpec, policy_loss
+from trainer.loss import BatchTotals, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
-from trainer.publish import (
-    export_state_dict,
-    finish_shards,
-    mark_broadcast,
-    publish_weights,
-    published_parameters,
-    start_shards,
-    write_shard,
-)
+from trainer.publish import Publisher
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
@@ -98,61 +89,58 @@ class Trainer:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         self.cfg, self.tc = cfg, cfg.trainer
+        self.optim, self.loss, self.parallel = cfg.trainer.optim, cfg.trainer.loss, cfg.trainer.parallel
         self.device = device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.rundir = RunDir(cfg.run_dir)
         hf_config = AutoConfig.from_pretrained(model_path)
-        self.publish_dtype = config_dtype(hf_config)
-        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         torch.manual_seed(cfg.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        if self.tc.activation_checkpointing:
+        if self.parallel.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.tc.compile:
+        if self.parallel.compile:
             for block in decoder_blocks(self.model):
                 block.compile()
         apply_fsdp(self.model, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
         self.reference = None
-        if self.tc.kl_target == "reference":  # a frozen copy of the base model, sharded the same way
+        if self.loss.kl_target == "reference":  # a frozen copy of the base model, sharded the same way
             # loaded once the policy is sharded: two full copies at once need not fit on a device
             self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
             self.reference.requires_grad_(False).eval()
             apply_fsdp(self.reference, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.tc.lr, weight_decay=self.tc.weight_decay
-        )
-        self.loss_spec = LossSpec(
-            **self.tc.model_dump(include=set(LossSpec.__dataclass_fields__) - {"kind"}), kind=self.tc.loss
+            self.model.parameters(), lr=self.optim.lr, weight_decay=self.optim.weight_decay
         )
         self.metrics = MetricsWriter(self.rundir.metrics_file(TRAINER)) if self.rank == 0 else None
-        self.sender: WeightSender | None = None
-
-    def start_broadcasting(self, run_id: str) -> None:
-        if self.cfg.weight_transport == "broadcast":
-            self.sender = WeightSender(self.tc, self.rundir, run_id, self.device)
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, config_dtype(hf_config))
 
     def compute_dtype(self) -> torch.dtype:
-        precision = self.tc.mixed_precision
+        precision = self.parallel.mixed_precision
         if precision == "auto":
             precision = "bf16" if self.device.type == "cuda" else "fp32"
         return torch.bfloat16 if precision == "bf16" else torch.float32
 
     @property
     def forward(self) -> Forward:
-        return packed_forward if self.tc.packing else padded_forward
+        return packed_forward if self.parallel.packing else padded_forward
 
     def uses_proximal_policy(self) -> bool:
         """AReaL's proximal logprobs differ from the current weights' only after a first
         optimizer step on the batch, and only the decoupled (importance) objective uses them."""
-        return self.tc.optimizer_steps > 1 and self.tc.loss == "ppo_clip" and self.tc.importance != "none"
+        return (
+            self.optim.optimizer_steps > 1 and self.loss.kind == "ppo_clip" and self.loss.importance != "none"
+        )
 
     def plan(self, rows: list[dict]) -> Slice:
         """This rank's token-balanced share of `rows`, in micro-batches (the same count on every rank)."""
         lengths = [len(r["input_ids"]) for r in rows]
         shares = balance(lengths, self.world)
-        plan = micro_batches(lengths, shares, self.tc.micro_batch_tokens, self.tc.packing)[self.rank]
+        plan = micro_batches(lengths, shares, self.parallel.micro_batch_tokens, self.parallel.packing)[
+            self.rank
+        ]
         totals = BatchTotals(sequences=len(rows), tokens=loss_token_count(rows))
         return Slice([[rows[i] for i in mb] for mb in plan], totals)
 
@@ -169,7 +157,7 @@ class Trainer:
         reference = None if self.reference is None else self.logprobs_of(self.reference, rows, temperature)
         logprobs, entropy = self.forward(self.model, batch, temperature)
         parts = policy_loss(
-            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss_spec, totals,
+            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss, totals,
             logp_prox=proximal, logp_ref=reference,
         )  # fmt: skip
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
@@ -186,18 +174,18 @@ class Trainer:
             self.forward_backward(rows, temperature, part.totals, prox)
             for rows, prox in zip(part.micro_batches, proximal, strict=True)
         )
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm)
         failpoint(TRAINER_MID_STEP, step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return sums, float(full_tensor(grad_norm))
 
     def train_step(self, step: int, rows: list[dict], temperature: float) -> dict[str, float]:
-        lr = lr_at(step, self.tc.lr, self.tc.warmup_steps, self.cfg.max_steps, self.tc.lr_schedule,
-                   self.tc.min_lr_ratio)  # fmt: skip
+        o = self.optim
+        lr = lr_at(step, o.lr, o.warmup_steps, self.cfg.max_steps, o.lr_schedule, o.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        parts = [self.plan([rows[i] for i in s]) for s in even_slices(len(rows), self.tc.optimizer_steps)]
+        parts = [self.plan([rows[i] for i in s]) for s in even_slices(len(rows), o.optimizer_steps)]
         if self.uses_proximal_policy():  # before any step: the weights this update starts from
             self.model.eval()  # the policy itself, not a dropout sample of it
             parts = [p.with_proximal(lambda mb: self.logprobs_of(self.model, mb, temperature)) for p in parts]
@@ -214,64 +202,6 @@ class Trainer:
             del metrics["ref_kl"]
         return metrics
 
-    def publish(self, version: int, run_id: str, files: bool = False) -> None:
-        """Hand version `version` to inference: by broadcast if configured (and it works),
-        else, or when `files`, as safetensors; then `DONE`."""
-        sent = False
-        if self.sender is not None:
-            sent = self.sender.send(version, self.model, self.tied, self.publish_dtype)
-        if sent and not files:
-            if self.rank == 0:
-                protect = checkpointed_steps(self.rundir, run_id)
-                mark_broadcast(self.rundir, run_id, version, self.tc.keep_weights, protect)
-            dist.barrier()
-            return
-        self.publish_files(version, run_id)
-
-    def save_metadata(self, directory: Path) -> None:
-        self.model.config.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
-        if self.model.generation_config is not None:
-            self.model.generation_config.save_pretrained(directory)
-
-    def publish_files(self, version: int, run_id: str) -> None:
-        """Safetensors in the Hugging Face layout: one file gathered on rank 0, or with
-        `sharded_publish` one shard per rank (each the parameters it owns) plus an index."""
-        if self.tc.sharded_publish:
-            self.publish_shards(version, run_id)
-            return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self.model, options=options)  # collective: every rank
-        if self.rank == 0:
-            exported = export_state_dict(state, self.tied, self.publish_dtype)
-            protect = checkpointed_steps(self.rundir, run_id)
-            publish_weights(
-                self.rundir, run_id, version, exported, self.save_metadata, self.tc.keep_weights, protect
-            )
-        dist.barrier()
-
-    def publish_shards(self, version: int, run_id: str) -> None:
-        """Parameter i is gathered (one at a time) and kept by rank i mod world only."""
-        names = [n for n, _ in published_parameters(self.model, self.tied)]
-        mine = {}
-        for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
-            full = full_tensor(param)  # collective
-            if i % self.world == self.rank:
-                mine[name] = full.detach().to("cpu", self.publish_dtype).contiguous()
-            del full
-        step_dir = self.rundir.weights_dir(version)
-        if self.rank == 0:
-            start_shards(step_dir, self.save_metadata)
-        dist.barrier()
-        write_shard(step_dir, self.rank, self.world, mine)
-        dist.barrier()
-        if self.rank == 0:
-            protect = checkpointed_steps(self.rundir, run_id)
-            finish_shards(self.rundir, run_id, version, names, self.world, self.tc.keep_weights, protect)
-        dist.barrier()
-
     def resume(self, run_id: str) -> int:
         """Load the newest checkpoint of this run (if any); return its update number."""
         found = [newest_checkpoint(self.rundir, run_id) if self.rank == 0 else 0]
@@ -285,31 +215,31 @@ class Trainer:
             # rows of discarded updates describe weights that no longer exist
             drop_rows_after(self.rundir.metrics_file(TRAINER), start)
         dist.barrier()
-        missing = [bool(start) and read_marker(self.rundir.weights_dir(start), run_id) is None]
+        missing = [bool(start) and self.rundir.weights.marker(start, run_id) is None]
         dist.broadcast_object_list(missing, src=0)  # one decision: publish() is collective
         if missing[0]:
-            self.publish_files(start, run_id)  # inference must be able to serve version `start`
+            self.publisher.publish_files(start, run_id)  # inference must be able to serve version `start`
         return start
 
     def should_checkpoint(self, step: int) -> bool:
-        every = self.tc.checkpoint_every
+        every = self.tc.checkpoint.every
         return every > 0 and (step % every == 0 or step == self.cfg.max_steps)
 
     def run(self, run_id: str) -> None:
         first = self.resume(run_id) + 1
-        self.start_broadcasting(run_id)
+        self.publisher.start_broadcasting(run_id, self.device)
         for step in range(first, self.cfg.max_steps + 1):
             t0 = time.monotonic()
-            marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s)
+            marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s, TRAINER)
             t1 = time.monotonic()
             stats = self.train_step(step, rows, float(getattr(marker, "temperature", 1.0)))
             t2 = time.monotonic()
             # checkpointed versions are also written as files: a restarted server loads them
-            self.publish(step, run_id, files=self.should_checkpoint(step))
+            self.publisher.publish(step, run_id, files=self.should_checkpoint(step))
             t3 = time.monotonic()
             if self.should_checkpoint(step):
                 save_checkpoint(
-                    self.rundir, run_id, step, self.model, self.optimizer, self.tc.keep_checkpoints
+                    self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
                 )
             if self.metrics is not None:
                 self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2)
@@ -324,10 +254,11 @@ def run_trainer(cfg: TriadConfig, model_path: str) -> None:
         log.info("trainer.keep_freed_memory: no glibc mallopt here; the allocator keeps its defaults")
     device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.collective_timeout_s)
     try:
+        rundir = RunDir(cfg.run_dir)
         if dist.get_rank() == 0:
-            ensure_run(cfg.run_dir, cfg.public_dict())
+            rundir.ensure_run(cfg.public_dict())
         dist.barrier()
-        run_id = read_run(cfg.run_dir).run_id
+        run_id = rundir.read_run().run_id
         Trainer(cfg, model_path, device, mesh).run(run_id)
     finally:
         dist.destroy_process_group()

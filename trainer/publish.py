@@ -1,24 +1,26 @@
-"""Publishing weights as a Hugging Face directory that vLLM and transformers load."""
+"""Publishing a version: by broadcast, or as a Hugging Face directory that vLLM and
+transformers load (one safetensors file gathered on rank 0, or one shard per rank).
+
+Every path goes through `RunDir`; `DONE` comes last, and old versions no consumer
+needs (except checkpointed ones) are pruned after it.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 
-from shared.rundir import (
-    WEIGHTS,
-    RunDir,
-    atomic_path,
-    atomic_write_json,
-    clear_step_dir,
-    prune_steps,
-    write_marker,
-)
+from shared.config import TriadConfig
+from shared.resume import checkpointed_steps
+from shared.rundir import RunDir
+from trainer.parallel import full_tensor
 
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+log = logging.getLogger("triad.trainer")
 
 
 def export_state_dict(state: dict[str, torch.Tensor], tied_embeddings: bool, dtype: torch.dtype) -> dict:
@@ -31,54 +33,32 @@ def export_state_dict(state: dict[str, torch.Tensor], tied_embeddings: bool, dty
     return out
 
 
-def publish_weights(
-    rundir: RunDir,
-    run_id: str,
-    version: int,
-    state: dict[str, torch.Tensor],
-    save_metadata,
-    keep_last: int,
-    protect: frozenset[int] = frozenset(),
-) -> Path:
+def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.nn.Parameter]]:
+    """Parameters under their Hugging Face names; a tied head is published once, as the embedding."""
+    return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
+
+
+def write_weights(
+    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor],
+    save_metadata: Callable[[Path], None], keep_last: int, protect: frozenset[int] = frozenset(),
+) -> None:  # fmt: skip
     """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE`."""
-    step_dir = rundir.weights_dir(version)
-    clear_step_dir(step_dir)
-    step_dir.mkdir(parents=True)
-    save_metadata(step_dir)
-    with atomic_path(step_dir / WEIGHTS_FILE) as tmp:
+    rundir.weights.clear(version)
+    with rundir.writing_weights_dir(version) as directory:
+        save_metadata(directory)
+    with rundir.writing_tensors(version) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
-    size = sum(f.stat().st_size for f in step_dir.iterdir())
-    write_marker(step_dir, run_id, version, version=version, bytes=size, files=True)
-    prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version, protect=protect)
-    return step_dir
+    size = rundir.weights.size(version)
+    rundir.weights.write_marker(version, run_id, version=version, bytes=size, files=True)
+    rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
 def mark_broadcast(
     rundir: RunDir, run_id: str, version: int, keep_last: int, protect: frozenset[int]
 ) -> None:
     """`DONE` for a version that reached inference by broadcast only: no files to load."""
-    write_marker(rundir.weights_dir(version), run_id, version, version=version, bytes=0, files=False)
-    prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version, protect=protect)
-
-
-def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.nn.Parameter]]:
-    """Parameters under their Hugging Face names; a tied head is published once, as the embedding."""
-    return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
-
-
-def shard_name(rank: int, world: int) -> str:
-    return f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
-
-
-def start_shards(step_dir: Path, save_metadata) -> None:
-    clear_step_dir(step_dir)
-    step_dir.mkdir(parents=True)
-    save_metadata(step_dir)
-
-
-def write_shard(step_dir: Path, rank: int, world: int, tensors: dict[str, torch.Tensor]) -> None:
-    with atomic_path(step_dir / shard_name(rank, world)) as tmp:
-        save_file(tensors, tmp, metadata={"format": "pt"})
+    rundir.weights.write_marker(version, run_id, version=version, bytes=0, files=False)
+    rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
 def finish_shards(
@@ -86,10 +66,84 @@ def finish_shards(
     protect: frozenset[int],
 ) -> None:  # fmt: skip
     """The Hugging Face index (which shard holds each tensor), then `DONE`."""
-    step_dir = rundir.weights_dir(version)
-    size = sum(f.stat().st_size for f in step_dir.glob("*.safetensors"))
-    weight_map = {name: shard_name(i % world, world) for i, name in enumerate(names)}
-    index = {"metadata": {"total_size": size}, "weight_map": weight_map}
-    atomic_write_json(step_dir / INDEX_FILE, index)
-    write_marker(step_dir, run_id, version, version=version, bytes=size, files=True)
-    prune_steps(rundir.root / WEIGHTS, keep_last, done_upto=version, protect=protect)
+    size = rundir.tensor_bytes(version)
+    weight_map = {name: rundir.shard_name(i % world, world) for i, name in enumerate(names)}
+    rundir.write_weights_index(version, {"metadata": {"total_size": size}, "weight_map": weight_map})
+    rundir.weights.write_marker(version, run_id, version=version, bytes=size, files=True)
+    rundir.weights.prune(keep_last, done_upto=version, protect=protect)
+
+
+class Publisher:
+    """Hands each version of the (FSDP2-sharded) model to inference. Collective: every rank
+    calls `publish` and `publish_files` together."""
+
+    def __init__(self, cfg: TriadConfig, rundir: RunDir, model: torch.nn.Module, tokenizer,
+                 tied: bool, dtype: torch.dtype) -> None:  # fmt: skip
+        self.wc, self.rundir, self.model, self.tokenizer = cfg.weights, rundir, model, tokenizer
+        self.tied, self.dtype = tied, dtype
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.sender = None
+
+    def start_broadcasting(self, run_id: str, device: torch.device) -> None:
+        if self.wc.transport == "broadcast":
+            from trainer.broadcast import WeightSender
+
+            self.sender = WeightSender(self.wc.broadcast, self.rundir, run_id, device)
+
+    def publish(self, version: int, run_id: str, files: bool = False) -> None:
+        """By broadcast if configured (and it works), else, or when `files`, as safetensors;
+        then `DONE`."""
+        sent = False
+        if self.sender is not None:
+            sent = self.sender.send(version, self.model, self.tied, self.dtype)
+        if sent and not files:
+            if self.rank == 0:
+                protect = checkpointed_steps(self.rundir, run_id)
+                mark_broadcast(self.rundir, run_id, version, self.wc.keep, protect)
+            dist.barrier()
+            return
+        self.publish_files(version, run_id)
+
+    def save_metadata(self, directory: Path) -> None:
+        self.model.config.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        if self.model.generation_config is not None:
+            self.model.generation_config.save_pretrained(directory)
+
+    def publish_files(self, version: int, run_id: str) -> None:
+        """Safetensors in the Hugging Face layout: one file gathered on rank 0, or with
+        `weights.sharded` one shard per rank (each the parameters it owns) plus an index."""
+        if self.wc.sharded:
+            self.publish_shards(version, run_id)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)  # collective: every rank
+        if self.rank == 0:
+            exported = export_state_dict(state, self.tied, self.dtype)
+            protect = checkpointed_steps(self.rundir, run_id)
+            write_weights(self.rundir, run_id, version, exported, self.save_metadata, self.wc.keep, protect)
+        dist.barrier()
+
+    def publish_shards(self, version: int, run_id: str) -> None:
+        """Parameter i is gathered (one at a time) and kept by rank i mod world only."""
+        names = [n for n, _ in published_parameters(self.model, self.tied)]
+        mine = {}
+        for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
+            full = full_tensor(param)  # collective
+            if i % self.world == self.rank:
+                mine[name] = full.detach().to("cpu", self.dtype).contiguous()
+            del full
+        if self.rank == 0:
+            self.rundir.weights.clear(version)
+            with self.rundir.writing_weights_dir(version) as directory:
+                self.save_metadata(directory)
+        dist.barrier()
+        with self.rundir.writing_tensors(version, self.rank, self.world) as tmp:
+            save_file(mine, tmp, metadata={"format": "pt"})
+        dist.barrier()
+        if self.rank == 0:
+            protect = checkpointed_steps(self.rundir, run_id)
+            finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect)
+        dist.barrier()

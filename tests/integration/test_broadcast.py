@@ -14,16 +14,17 @@ from __future__ import annotations
 import concurrent.futures
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from shared.admin_api import ADMIN_PREFIX, BROADCAST_INIT_ROUTE, BROADCAST_RECEIVE_ROUTE
-from shared.broadcast import RECEIVING, SEND_READY, Receiving, SendReady, read_handshake, write_handshake
+from shared.broadcast import Receiving, SendReady, read_handshake, write_handshake
 from shared.metrics import read_metrics
-from shared.rundir import DONE, RunDir, ensure_run, read_marker
+from shared.rundir import Handshake, RunDir
+from shared.waiting import wait_for
 from tests.helpers import REPO, Server, free_port, triad_cmd
 from tests.integration.test_trainer import make_batches, sequence_logprobs, vllm_prompt_logprobs
 
@@ -54,12 +55,18 @@ def gap(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for s, t in zip(a, b, strict=True) for x, y in zip(s, t, strict=True))
 
 
-def wait_for(path: Path, what: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+def wait_while_running(
+    present: Callable[[], bool], what: str, proc: subprocess.Popen, timeout: float = 180
+) -> None:
+    """Wait until `present()`; fail at once if the trainer `proc` exits first."""
+
+    def check() -> bool | None:
+        if present():
+            return True
         assert proc.poll() is None, f"the trainer exited ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
-        time.sleep(0.05)
+        return None
+
+    wait_for(check, what, timeout, poll=0.05)
 
 
 def start_servers(run_dir: Path, model: str, names: list[str]) -> list[Server]:
@@ -71,14 +78,15 @@ def start_servers(run_dir: Path, model: str, names: list[str]) -> list[Server]:
 
 def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
-    run_id = ensure_run(run_dir, {}).run_id
+    rundir = RunDir(run_dir)
+    run_id = rundir.ensure_run({}).run_id
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
     port = free_port()
     receivers = start_servers(run_dir, tiny_model, ["a", "b"])
     sets = [
-        f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={STEPS}", "trainer.lr=1e-3",
-        'weight_transport="broadcast"', f"trainer.broadcast_port={port}", "trainer.broadcast_timeout_s=60",
-        "trainer.checkpoint_every=1", "trainer.keep_weights=10", "trainer.broadcast_bucket_mb=0.5",
+        f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-3",
+        'weights.transport="broadcast"', f"weights.broadcast.port={port}", "weights.broadcast.timeout_s=60",
+        "trainer.checkpoint.every=1", "weights.keep=10", "weights.broadcast.bucket_mb=0.5",
     ]  # fmt: skip
     log = open(tmp_path / "trainer.log", "wb")  # noqa: SIM115
     trainer = subprocess.Popen(
@@ -86,7 +94,6 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
          "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    rundir = RunDir(run_dir)
     try:
         for i, s in enumerate(receivers):
             init = dict(
@@ -96,22 +103,28 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
             assert r.status_code == 200 and r.json()["workers"] == 1, r.text
         before = files_logprobs(tiny_model)
         for version in range(1, STEPS + 1):
-            step_dir = rundir.weights_dir(version)
-            wait_for(step_dir / SEND_READY, f"{SEND_READY} for version {version}", trainer)
-            ready = read_handshake(step_dir, SEND_READY, SendReady, run_id)
+            wait_while_running(
+                lambda v=version: rundir.has_handshake(v, Handshake.SEND_READY),
+                f"{Handshake.SEND_READY} for version {version}", trainer,
+            )  # fmt: skip
+            ready = read_handshake(rundir, version, Handshake.SEND_READY, SendReady, run_id)
             assert ready is not None and len({t.dtype for t in ready.tensors}) == 1
-            write_handshake(step_dir, RECEIVING, Receiving(run_id=run_id, version=version, generation=7,
-                                                           world_size=3))  # fmt: skip
-            path = rundir.relative(step_dir)
-            body = {"version": version, "path": path}
+            receiving = Receiving(run_id=run_id, version=version, generation=7, world_size=3)
+            write_handshake(rundir, version, Handshake.RECEIVING, receiving)
+            body = {"version": version, "path": rundir.weights.relative(version)}
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 answers = list(
                     pool.map(lambda s, b=body: admin_post(s, BROADCAST_RECEIVE_ROUTE, b), receivers)
                 )
             assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
-            wait_for(step_dir / DONE, f"{DONE} for version {version}", trainer)
-            assert read_marker(step_dir, run_id).files  # checkpoint_every=1: files too, to compare with
-            expected = files_logprobs(step_dir)
+            wait_while_running(
+                lambda v=version: rundir.weights.has_marker(v),
+                rundir.weights.describe_marker(version),
+                trainer,
+            )
+            marker = rundir.weights.marker(version, run_id)
+            assert marker is not None and marker.files  # checkpoint.every=1: files too, to compare with
+            expected = files_logprobs(rundir.weights.path(version))
             for s in receivers:
                 assert gap(served_logprobs(s.url), expected) < 1e-3, (version, s.url)
         assert trainer.wait(timeout=120) == 0
@@ -131,11 +144,13 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
     run_dir = tmp_path / "run"
     steps, port = 6, free_port()
     servers = start_servers(run_dir, tiny_model, ["a", "b"])
-    sets = [f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={steps}", 'weight_transport="broadcast"',
-            f"trainer.broadcast_port={port}", "trainer.broadcast_timeout_s=10", "trainer.checkpoint_every=0",
-            f'orchestrator.inference_urls=["{servers[0].url}", "{servers[1].url}"]',
-            "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
-            "orchestrator.health_interval_s=1", "orchestrator.retry_backoff_s=0.2"]  # fmt: skip
+    sets = [
+        f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={steps}", "trainer.checkpoint.every=0",
+        'weights.transport="broadcast"', f"weights.broadcast.port={port}", "weights.broadcast.timeout_s=10",
+        f'orchestrator.inference_urls=["{servers[0].url}", "{servers[1].url}"]',
+        "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
+        "orchestrator.health_interval_s=1", "orchestrator.retry_backoff_s=0.2",
+    ]  # fmt: skip
     flags = [f"--set={s}" for s in sets]
     commands = {
         "orchestrator": triad_cmd("orchestrator", *flags),
@@ -149,7 +164,10 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
     }
     rundir = RunDir(run_dir)
     try:
-        wait_for(rundir.weights_dir(3) / SEND_READY, "an update in flight", procs["trainer"], timeout=300)
+        wait_while_running(
+            lambda: rundir.has_handshake(3, Handshake.SEND_READY), "an update in flight", procs["trainer"],
+            timeout=300,
+        )  # fmt: skip
         servers[1].kill()  # while version 3 is being handed over
         codes = {n: p.wait(timeout=400) for n, p in procs.items()}
         text = {n: (tmp_path / f"{n}.out").read_text(errors="replace") for n in logs}

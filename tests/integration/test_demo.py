@@ -12,7 +12,8 @@ import pytest
 
 from shared.metrics import read_metrics
 from shared.resume import newest_checkpoint
-from shared.rundir import RunDir, read_run
+from shared.rundir import RunDir
+from shared.waiting import wait_for
 from tests.helpers import free_port, processes_mentioning, run_triad, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -25,18 +26,20 @@ def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) ->
     sets = [
         f"--set={s}" for s in (f"run_dir={run_dir}", f"max_steps={STEPS}", f"inference.port={free_port()}")
     ]
-    sets.append("--set=trainer.checkpoint_every=25")
+    sets.append("--set=trainer.checkpoint.every=25")
     proc = subprocess.Popen(triad_cmd("up", *sets), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     rundir = RunDir(run_dir)
 
     def checkpointed() -> int:
-        return newest_checkpoint(rundir, read_run(run_dir).run_id) if (run_dir / "run.json").exists() else 0
+        return newest_checkpoint(rundir, rundir.read_run().run_id) if rundir.run_file.exists() else 0
 
-    deadline = time.monotonic() + 600
-    while checkpointed() < INTERRUPT_AFTER:
+    def interruptible() -> bool | None:
+        if checkpointed() >= INTERRUPT_AFTER:
+            return True
         assert proc.poll() is None, proc.stdout.read().decode()
-        assert time.monotonic() < deadline, "no checkpoint in time"
-        time.sleep(0.5)
+        return None
+
+    wait_for(interruptible, f"the checkpoint of update {INTERRUPT_AFTER}", 600, poll=0.5)
 
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
     start = time.monotonic()
@@ -61,4 +64,4 @@ def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) ->
     evals = read_metrics(rundir.metrics_file("eval"))
     assert evals and evals[-1]["step"] == STEPS, evals  # held-out evaluation ran, the last at the end
     assert all(0 <= r["eval_pass@1"] <= r["eval_pass@4"] <= 1 for r in evals), evals
-    assert (run_dir / "plot.png").exists()
+    assert rundir.plot_file.exists()

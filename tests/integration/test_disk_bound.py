@@ -1,7 +1,8 @@
 """200 short steps with `triad up`: the run directory stays under the bound docs/reliability.md states.
 
-The bound, for keep_weights W, keep_checkpoints K, checkpoint_every E, keep_rollouts R and
-async level eta (weights of size S, a checkpoint about 3 S with AdamW, batches of size B):
+The bound, for weights.keep W, trainer.checkpoint.keep K, trainer.checkpoint.every E,
+orchestrator.keep_rollouts R and async level eta (weights of size S, a checkpoint about 3 S
+with AdamW, batches of size B):
     weights <= (W + K + 1) S (a new version is complete before the oldest goes),
     checkpoints <= (K + 1) 3 S (likewise),
     rollouts <= (R + E + eta + 2) B,  plus logs and metrics that grow by at most 4 KB a step.
@@ -18,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from shared.metrics import read_metrics
-from shared.rundir import CHECKPOINTS, ROLLOUTS, WEIGHTS, RunDir
+from shared.rundir import TRAINER, RunDir, Steps
 from tests.helpers import free_port, run_triad
 
 pytestmark = pytest.mark.integration
 STEPS = 200
+EVERY = 25
 MB = 1 << 20
 
 
@@ -38,20 +40,27 @@ def size(path: Path) -> int:
     return total
 
 
+def area_dir(area: Steps) -> Path:
+    """The directory that holds the step directories of one kind."""
+    return area.store.local_path(area.kind)
+
+
 class Sampler(threading.Thread):
     """Measures the run directory every 0.2 s while the run goes on."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, rundir: RunDir) -> None:
         super().__init__(daemon=True)
-        self.root, self.peak, self.peaks = root, 0, {WEIGHTS: 0, CHECKPOINTS: 0, ROLLOUTS: 0}
+        self.root, self.peak = rundir.root, 0
+        self.areas = {a.kind: a for a in (rundir.weights, rundir.checkpoints, rundir.rollouts)}
+        self.peaks = dict.fromkeys(self.areas, 0)
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.2):
             if self.root.exists():
                 self.peak = max(self.peak, size(self.root))
-                for kind in self.peaks:
-                    self.peaks[kind] = max(self.peaks[kind], size(self.root / kind))
+                for kind, area in self.areas.items():
+                    self.peaks[kind] = max(self.peaks[kind], size(area_dir(area)))
 
 
 def test_run_dir_stays_bounded_over_200_steps(tmp_path, tiny_model):
@@ -59,9 +68,10 @@ def test_run_dir_stays_bounded_over_200_steps(tmp_path, tiny_model):
     sets = [
         f"run_dir={run_dir}", f"max_steps={STEPS}", f"inference.port={free_port()}",
         "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
-        "orchestrator.eval_every=0", "trainer.checkpoint_every=25",
+        "orchestrator.eval_every=0", f"trainer.checkpoint.every={EVERY}",
     ]  # fmt: skip
-    sampler = Sampler(run_dir)
+    rundir = RunDir(run_dir)
+    sampler = Sampler(rundir)
     sampler.start()
     try:
         result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900)
@@ -70,21 +80,20 @@ def test_run_dir_stays_bounded_over_200_steps(tmp_path, tiny_model):
         sampler.done.set()
         sampler.join()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rundir = RunDir(run_dir)
     assert [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))] == list(range(1, STEPS + 1))
 
-    weights_size = size(rundir.weights_dir(STEPS))
-    checkpoint_size = size(rundir.checkpoint_dir(STEPS))
-    batch_size = max(size(rundir.rollout_dir(s)) for s in rundir.steps(ROLLOUTS))
-    w, k, e, r, eta = 3, 2, 25, 4, 1  # the defaults and the settings above
+    weights_size = size(rundir.weights.path(STEPS))
+    checkpoint_size = size(rundir.checkpoints.path(STEPS))
+    batch_size = max(size(rundir.rollouts.path(s)) for s in rundir.rollouts.steps())
+    w, k, e, r, eta = 3, 2, EVERY, 4, 1  # the defaults and the settings above
     bound = {
-        WEIGHTS: (w + k + 1) * weights_size,
-        CHECKPOINTS: (k + 1) * checkpoint_size,
-        ROLLOUTS: (r + e + eta + 2) * batch_size,
+        rundir.weights.kind: (w + k + 1) * weights_size,
+        rundir.checkpoints.kind: (k + 1) * checkpoint_size,
+        rundir.rollouts.kind: (r + e + eta + 2) * batch_size,
     }
     print(f"peak {sampler.peak / MB:.1f} MB; by kind {sampler.peaks}; bound {bound}")
     # step directories of one kind differ by a few bytes (marker times, metadata): 1% slack
     assert all(sampler.peaks[kind] <= 1.01 * bound[kind] for kind in bound), (sampler.peaks, bound)
-    logs_and_metrics = size(run_dir / "logs") + size(run_dir / "metrics")
+    logs_and_metrics = size(rundir.logs_dir) + size(rundir.metrics_file(TRAINER).parent)
     assert logs_and_metrics < STEPS * 4096 + 256 * 1024, logs_and_metrics
     assert sampler.peak < 40 * MB, sampler.peak  # the figure docs/reliability.md gives for this run

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shared.metrics import read_metrics
-from shared.rundir import DONE, ROLLOUTS, WEIGHTS, RunDir, read_run
+from shared.rundir import RunDir
 from tests.helpers import free_port, run_triad
 
 pytestmark = pytest.mark.integration
@@ -31,11 +31,11 @@ def triad_up(run_dir: Path, max_async_level: int) -> None:
         "orchestrator.group_size=4",
         "orchestrator.keep_rollouts=100",
         "trainer.nproc=2",
-        "trainer.lr=1e-3",
-        "trainer.keep_weights=100",
+        "trainer.optim.lr=1e-3",
+        "weights.keep=100",
     ]
     result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900, cwd=run_dir.parent)
-    logs = "\n".join(p.read_text()[-3000:] for p in sorted((run_dir / "logs").glob("*.log")))
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted(RunDir(run_dir).logs_dir.glob("*.log")))
     assert result.returncode == 0, f"triad up failed:\n{result.stdout}\n{result.stderr}\n{logs}"
 
 
@@ -44,11 +44,11 @@ def batch_versions(rundir: RunDir, step: int) -> list[int]:
 
 
 def check_markers(rundir: RunDir, run_id: str) -> None:
-    for kind in (ROLLOUTS, WEIGHTS):
-        steps = rundir.steps(kind)
-        assert steps == list(range(1, STEPS + 1)), f"{kind}: {steps}"
+    for area in (rundir.rollouts, rundir.weights):
+        steps = area.steps()
+        assert steps == list(range(1, STEPS + 1)), f"{area.kind}: {steps}"
         for step in steps:
-            marker = json.loads((rundir.root / kind / f"step_{step:06d}" / DONE).read_text())
+            marker = json.loads(area.marker_path(step).read_text())
             assert marker["run_id"] == run_id and marker["step"] == step
             assert marker["created_at"] > 0
 
@@ -69,7 +69,7 @@ def test_triad_up_respects_async_level(tmp_path: Path, tiny_model: str, max_asyn
     run_dir = tmp_path / "run"
     triad_up(run_dir, max_async_level)
     rundir = RunDir(run_dir)
-    check_markers(rundir, read_run(run_dir).run_id)
+    check_markers(rundir, rundir.read_run().run_id)
     check_training(rundir)
     lags = {step: [step - 1 - v for v in batch_versions(rundir, step)] for step in range(1, STEPS + 1)}
     all_lags = [x for step_lags in lags.values() for x in step_lags]

@@ -20,14 +20,15 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from orchestrator.batch_builder import Group
 from orchestrator.client import InferenceClient
 from orchestrator.environments import load_environment
-from orchestrator.loop import Group, Orchestrator, connect_servers
+from orchestrator.loop import Orchestrator, connect_servers
 from orchestrator.pool import ServerPool
-from shared.batch import read_batch
+from shared.batch import publish_batch, read_batch
 from shared.config import load_config
 from shared.metrics import read_metrics
-from shared.rundir import RunDir, ensure_run, read_marker
+from shared.rundir import RunDir
 from tests.helpers import REPO, Server, triad_cmd, write_env_plugin
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,8 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
             "orchestrator.max_tokens=8", "orchestrator.temperature=0.4", "max_steps=2",
         ],
     )  # fmt: skip
-    run = ensure_run(run_dir, {})
+    rundir = RunDir(run_dir)
+    run = rundir.ensure_run({})
 
     async def run_one_batch() -> list[Group]:
         clients = [InferenceClient(u, None, 60) for u in cfg.inference_urls()]
@@ -74,10 +76,10 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
         assert [s.backend.kind for s in servers] == ["none"]
         env = load_environment(cfg.orchestrator.env)
         orch = Orchestrator(cfg, run.run_id, ServerPool(servers, cfg.orchestrator), env)
-        await orch.connect()
+        await orch.weights.connect()
         producer = asyncio.create_task(orch.produce())
         batch, _, _ = await orch.assemble(1)
-        orch.publish(1, orch.rows(1, batch))
+        publish_batch(rundir, run.run_id, 1, orch.builder.rows(1, batch), cfg.orchestrator.temperature)
         producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)
         for client in clients:
@@ -85,8 +87,8 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
         return batch
 
     batch = asyncio.run(run_one_batch())
-    assert read_marker(RunDir(run_dir).rollout_dir(1), run.run_id) is not None
-    return batch, read_batch(RunDir(run_dir).batch_file(1)).to_pylist()
+    assert rundir.rollouts.marker(1, run.run_id) is not None
+    return batch, read_batch(rundir.batch_file(1)).to_pylist()
 
 
 def test_multi_turn_batches_mask_exactly_the_environment_tokens(tmp_path, tiny_model, plain_server):
@@ -137,7 +139,7 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
         f"run_dir={run_dir}", f"model={tiny_model}", "max_steps=3",
         f'orchestrator.inference_urls=["{plain_server.url}"]', 'orchestrator.env="echo"',
         "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
-        "trainer.lr=1e-4", "trainer.batch_timeout_s=300", "orchestrator.weights_timeout_s=300",
+        "trainer.optim.lr=1e-4", "trainer.batch_timeout_s=300", "orchestrator.weights_timeout_s=300",
     ]  # fmt: skip
     flags = [f"--set={s}" for s in sets]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}

@@ -29,9 +29,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from shared.errors import WaitTimeout
 from shared.faults import AUDIT_VAR, FAILPOINT_VAR, ORCHESTRATOR_BEFORE_MARKER, TRAINER_MID_STEP
 from shared.metrics import read_metrics
-from shared.rundir import ROLLOUTS, RunDir, read_run
+from shared.rundir import RunDir
+from shared.waiting import wait_for
 from tests.helpers import REPO, Server, triad_cmd
 
 pytestmark = pytest.mark.integration
@@ -49,7 +51,7 @@ class Run:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def shared_sets(self) -> list[str]:
-        return [f"max_steps={STEPS}", f"max_async_level={ASYNC}", "trainer.checkpoint_every=3"]
+        return [f"max_steps={STEPS}", f"max_async_level={ASYNC}", "trainer.checkpoint.every=3"]
 
     def sets(self) -> list[str]:
         return [
@@ -57,7 +59,7 @@ class Run:
             f'orchestrator.inference_urls=["{self.url}"]', "orchestrator.batch_size=4",
             "orchestrator.group_size=4", "orchestrator.max_tokens=6", "orchestrator.health_interval_s=1",
             "orchestrator.retry_backoff_s=0.2", "orchestrator.inference_timeout_s=240",
-            "orchestrator.keep_rollouts=100", "trainer.keep_weights=100", "trainer.lr=1e-4",
+            "orchestrator.keep_rollouts=100", "weights.keep=100", "trainer.optim.lr=1e-4",
         ]  # fmt: skip
 
     def start(self, service: str, failpoint: str | None = None) -> None:
@@ -95,23 +97,24 @@ class Run:
         self.inference.stop()
 
     def wait_for_batch(self, step: int, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while not (RunDir(self.run_dir).rollout_dir(step) / "DONE").exists():
-            assert time.monotonic() < deadline, f"no batch {step}:\n{self.log('orchestrator')[-3000:]}"
-            time.sleep(0.05)
+        rollouts = RunDir(self.run_dir).rollouts
+        try:
+            wait_for(lambda: rollouts.has_marker(step) or None, f"batch {step}", timeout, poll=0.05)
+        except WaitTimeout as e:
+            raise AssertionError(f"{e}:\n{self.log('orchestrator')[-3000:]}") from None
 
     def check(self) -> None:
         rundir = RunDir(self.run_dir)
         trained = [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))]
         assert trained == list(range(1, STEPS + 1)), trained
-        for step in rundir.steps(ROLLOUTS):
+        for step in rundir.rollouts.steps():
             versions = pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0)
             assert all(0 <= step - 1 - v <= ASYNC for v in versions.to_pylist()), (step, versions)
         reads = [json.loads(line) for line in self.audit.read_text().splitlines()]
         readers = {r["reader"] for r in reads}
         assert readers == {"trainer", "inference"}, readers
         assert all(r["done"] for r in reads), [r for r in reads if not r["done"]]
-        assert read_run(self.run_dir).run_id  # the run directory is still this run's
+        assert rundir.read_run().run_id  # the run directory is still this run's
 
 
 @pytest.fixture
@@ -145,8 +148,8 @@ def test_orchestrator_killed_while_writing_a_batch_is_restarted(run):
     run.start("trainer")
     run.start("orchestrator", failpoint=f"{ORCHESTRATOR_BEFORE_MARKER}:5")
     assert run.wait("orchestrator") != 0
-    step5 = RunDir(run.run_dir).rollout_dir(5)
-    assert (step5 / "batch.parquet").exists() and not (step5 / "DONE").exists()  # half-written
+    rundir = RunDir(run.run_dir)
+    assert rundir.batch_file(5).exists() and not rundir.rollouts.has_marker(5)  # half-written
     run.start("orchestrator")
     run.finish()
     run.check()

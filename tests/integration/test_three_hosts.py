@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shared.metrics import read_metrics
-from shared.rundir import ROLLOUTS, WEIGHTS, RunDir, read_run
+from shared.rundir import RunDir
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,7 @@ def test_three_hosts_share_only_a_directory(hosts, orchestrator_venv, tiny_model
         f'run_dir = "{run_dir}"\nmodel = "{tiny_model}"\nmax_steps = {STEPS}\nmax_async_level = 1\n'
         f'[inference]\nhost = "{INFERENCE_IP}"\nport = 8000\nadmin_token = "{TOKEN}"\n'
         f'[orchestrator]\ninference_urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
-        f"[trainer]\nlr = 1e-3\n"
+        f"[trainer.optim]\nlr = 1e-3\n"
     )
     py = sys.executable
     inference = in_ns(
@@ -120,8 +120,8 @@ def test_three_hosts_share_only_a_directory(hosts, orchestrator_venv, tiny_model
         for proc in (inference, trainer, orchestrator):
             stop(proc)
     rundir = RunDir(run_dir)
-    run_id = read_run(run_dir).run_id
-    assert rundir.done_steps(ROLLOUTS, run_id) == list(range(1, STEPS + 1))
-    assert rundir.done_steps(WEIGHTS, run_id)[-1] == STEPS
+    run_id = rundir.read_run().run_id
+    assert rundir.rollouts.done_steps(run_id) == list(range(1, STEPS + 1))
+    assert rundir.weights.done_steps(run_id)[-1] == STEPS
     assert read_metrics(rundir.metrics_file("inference"))[-1]["version"] == STEPS
     assert f"http://{INFERENCE_IP}:8000" in (tmp_path / "orc.log").read_text()

@@ -7,16 +7,16 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from shared.batch import write_batch
+from shared.batch import publish_batch
 from shared.metrics import read_metrics
-from shared.rundir import RunDir, ensure_run, write_marker
+from shared.rundir import RunDir
+from shared.waiting import wait_for
 from tests.helpers import REPO, free_port, wait_until_gone
 
 pytestmark = pytest.mark.integration
@@ -33,9 +33,9 @@ def make_batches(
 
     from trainer.loss import token_logprobs
 
-    run_id = ensure_run(run_dir, {}).run_id
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rundir = RunDir(run_dir)
+    run_id = rundir.ensure_run({}).run_id
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for step in steps:
         rng = random.Random(f"{seed}-{step}")  # batch n is the same whichever call writes it
         noise = random.Random(f"noise-{seed}-{step}")
@@ -56,11 +56,7 @@ def make_batches(
                     advantage=rng.uniform(-1, 1), reward=0.0, truncated=False, env="test", metrics="{}",
                 )
             )  # fmt: skip
-        write_batch(rundir.batch_file(step), rows)
-        write_marker(
-            rundir.rollout_dir(step), run_id, step, samples=len(rows), temperature=1.0,
-            min_policy_version=0, max_policy_version=0,
-        )  # fmt: skip
+        publish_batch(rundir, run_id, step, rows, temperature=1.0)
 
 
 def trainer_cmd(
@@ -69,8 +65,8 @@ def trainer_cmd(
     # A realistic RL learning rate. Adam normalises each gradient element, so float rounding
     # (which differs with the rank count) in near-zero elements becomes an update of up to lr:
     # measured 3.4e-5 apart at lr 1e-4 after 4 steps, so rank equivalence is checked at 1e-5.
-    base = [f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.lr=1e-5"]
-    base += ["trainer.checkpoint_every=2", "trainer.keep_weights=10", "trainer.batch_timeout_s=120"]
+    base = [f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-5"]
+    base += ["trainer.checkpoint.every=2", "weights.keep=10", "trainer.batch_timeout_s=120"]
     return [
         sys.executable, "-m", "torch.distributed.run", *(launch or ("--standalone",)),
         f"--nproc-per-node={nproc}",
@@ -86,7 +82,12 @@ def train(run_dir: Path, model: str, nproc: int, *sets: str) -> None:
 
 
 def final_weights(run_dir: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
-    return load_file(RunDir(run_dir).weights_dir(step) / "model.safetensors")
+    return load_file(RunDir(run_dir).weights_file(step))
+
+
+def model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face model directory's safetensors files."""
+    return {k: v for f in RunDir.tensor_files_at(model_dir) for k, v in load_file(f).items()}
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -106,7 +107,7 @@ def test_one_rank_equals_two_ranks(straight: Path, tiny_model: str, tmp_path: Pa
     run_dir = tmp_path / "one-rank"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
     train(run_dir, tiny_model, nproc=1)
-    base = load_file(Path(tiny_model) / "model.safetensors")
+    base = model_weights(Path(tiny_model))
     assert max_diff(final_weights(straight), base) > 2e-5  # training really moved the weights
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
 
@@ -118,11 +119,15 @@ def test_killed_and_resumed_equals_straight(straight: Path, tiny_model: str, tmp
         trainer_cmd(run_dir, tiny_model, 2), cwd=REPO, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    done = RunDir(run_dir).checkpoint_dir(2) / "DONE"
-    deadline = time.monotonic() + 240
-    while not done.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "trainer never checkpointed step 2"
-        time.sleep(0.2)
+    checkpoints = RunDir(run_dir).checkpoints
+
+    def checkpointed() -> bool | None:
+        if checkpoints.has_marker(2):
+            return True
+        assert proc.poll() is None, f"the trainer exited ({proc.returncode}) before checkpointing step 2"
+        return None
+
+    wait_for(checkpointed, checkpoints.describe_marker(2), 240, poll=0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # kill -9 of torchrun while the ranks wait for batch 3
     proc.wait()
     # torchrun starts each rank in a session of its own: they must die with it, not train on
@@ -135,7 +140,7 @@ def test_killed_and_resumed_equals_straight(straight: Path, tiny_model: str, tmp
 def test_micro_batches_equal_one_batch(straight: Path, tiny_model: str, tmp_path: Path):
     run_dir = tmp_path / "micro"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
-    train(run_dir, tiny_model, 2, "trainer.micro_batch_tokens=16")  # several micro-batches per rank
+    train(run_dir, tiny_model, 2, "trainer.parallel.micro_batch_tokens=16")  # several micro-batches per rank
     trainer_rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
     assert all(r["micro_batches"] > 1 for r in trainer_rows)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
@@ -164,7 +169,7 @@ def test_two_nodes_on_one_machine_equal_one_node(straight: Path, tiny_model: str
 def test_activation_checkpointing_changes_nothing(straight: Path, tiny_model: str, tmp_path: Path):
     run_dir = tmp_path / "checkpointed-activations"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
-    train(run_dir, tiny_model, 2, "trainer.activation_checkpointing=true")
+    train(run_dir, tiny_model, 2, "trainer.parallel.activation_checkpointing=true")
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6
 
 
@@ -173,11 +178,9 @@ def checkpointed_model(tiny_model: str, run_dir: Path, step: int) -> torch.nn.Mo
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
-    from trainer.checkpoint import TRAINER_STATE
-
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=RunDir(run_dir).checkpoint_dir(step) / TRAINER_STATE)
+    dcp.load(state, checkpoint_id=RunDir(run_dir).trainer_state_dir(step))
     model.load_state_dict(state["model"])
     return model.eval()
 
@@ -216,7 +219,7 @@ def test_published_weights_give_the_trainers_logprobs_in_transformers_and_vllm(
 
     rng = random.Random(7)
     sequences = [[rng.randrange(256) for _ in range(rng.randint(4, 12))] for _ in range(6)]
-    published = str(RunDir(straight).weights_dir(STEPS))
+    published = str(RunDir(straight).weights.path(STEPS))
     trainer = sequence_logprobs(checkpointed_model(tiny_model, straight, STEPS), sequences)
     hf = sequence_logprobs(AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32), sequences)
     base = sequence_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), sequences)
@@ -238,7 +241,7 @@ def test_published_weights_give_the_trainers_logprobs_in_transformers_and_vllm(
 def test_packed_micro_batches_equal_one_batch(straight: Path, tiny_model: str, tmp_path: Path):
     run_dir = tmp_path / "packed"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
-    train(run_dir, tiny_model, 2, "trainer.packing=true", "trainer.micro_batch_tokens=24")
+    train(run_dir, tiny_model, 2, "trainer.parallel.packing=true", "trainer.parallel.micro_batch_tokens=24")
     trainer_rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
     assert all(r["micro_batches"] > 1 for r in trainer_rows)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
@@ -250,10 +253,11 @@ def test_sharded_publish_equals_the_gathered_one(straight: Path, tiny_model: str
 
     run_dir = tmp_path / "sharded"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
-    train(run_dir, tiny_model, 2, "trainer.sharded_publish=true")
-    step_dir = RunDir(run_dir).weights_dir(STEPS)
-    shards = sorted(step_dir.glob("model-*-of-00002.safetensors"))
-    assert len(shards) == 2 and not (step_dir / "model.safetensors").exists()
+    train(run_dir, tiny_model, 2, "weights.sharded=true")
+    rundir = RunDir(run_dir)
+    step_dir = rundir.weights.path(STEPS)
+    shards = RunDir.tensor_files_at(step_dir)
+    assert shards == [rundir.shard_file(STEPS, rank, 2) for rank in range(2)], shards  # no single file
     merged = {k: v for shard in shards for k, v in load_file(shard).items()}
     assert max_diff(merged, final_weights(straight)) < 1e-6
     loaded = AutoModelForCausalLM.from_pretrained(step_dir, dtype=torch.float32).state_dict()
@@ -306,14 +310,16 @@ def test_decoupled_mini_batches_and_reference_kl_equal_a_plain_loop(tiny_model: 
     forward pass) with a KL penalty to the frozen base model, on 2 FSDP2 ranks, against the
     plain single-process algorithm; the plain loop with the proximal policy taken as the
     current weights, or the KL taken to the sampler, ends measurably elsewhere."""
-    from trainer.loss import LossSpec
+    from shared.config import LossConfig
 
     run_dir = tmp_path / "decoupled"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1), sampler_noise=0.3)
-    lr, spec = 1e-3, LossSpec(eps_low=0.05, eps_high=0.05, importance="tis", importance_cap=1.2, kl_coef=0.5)
-    train(run_dir, tiny_model, 2, f"trainer.lr={lr}", "trainer.optimizer_steps=2", "trainer.eps_low=0.05",
-          "trainer.eps_high=0.05", "trainer.importance=tis", "trainer.importance_cap=1.2",
-          "trainer.kl_coef=0.5", "trainer.kl_target=reference")  # fmt: skip
+    lr = 1e-3
+    spec = LossConfig(eps_low=0.05, eps_high=0.05, importance="tis", importance_cap=1.2, kl_coef=0.5)
+    train(run_dir, tiny_model, 2, f"trainer.optim.lr={lr}", "trainer.optim.optimizer_steps=2",
+          "trainer.loss.eps_low=0.05", "trainer.loss.eps_high=0.05", "trainer.loss.importance=tis",
+          "trainer.loss.importance_cap=1.2", "trainer.loss.kl_coef=0.5",
+          "trainer.loss.kl_target=reference")  # fmt: skip
     trained = final_weights(run_dir)
 
     def gap(**variant: bool) -> float:
@@ -338,8 +344,8 @@ def test_decoupled_mini_batches_and_reference_kl_equal_a_plain_loop(tiny_model: 
 
 
 def test_compiled_blocks_change_nothing(straight: Path, tiny_model: str, tmp_path: Path):
-    """`trainer.compile`: decoder blocks through torch.compile (inductor, C++ on CPU), 2 ranks."""
+    """`trainer.parallel.compile`: decoder blocks through torch.compile (inductor, C++ on CPU), 2 ranks."""
     run_dir = tmp_path / "compiled"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
-    train(run_dir, tiny_model, 2, "trainer.compile=true")
+    train(run_dir, tiny_model, 2, "trainer.parallel.compile=true")
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6

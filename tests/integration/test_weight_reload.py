@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 
-from shared.rundir import RunDir, write_marker
+from shared.rundir import RunDir, step_name
 from tests.helpers import Server
 
 pytestmark = pytest.mark.integration
@@ -21,7 +21,7 @@ def perturbed_weights(model_dir: str, rundir: RunDir, version: int, seed: int) -
     """Publish the tiny model with noise added (tied embeddings included) as `version`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.publish import export_state_dict, publish_weights
+    from trainer.publish import export_state_dict, write_weights
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
@@ -35,7 +35,8 @@ def perturbed_weights(model_dir: str, rundir: RunDir, version: int, seed: int) -
         model.config.save_pretrained(d)
         tokenizer.save_pretrained(d)
 
-    return publish_weights(rundir, "test-run", version, state, metadata, keep_last=10)
+    write_weights(rundir, "test-run", version, state, metadata, keep_last=10)
+    return rundir.weights.path(version)
 
 
 def greedy_logprobs(url: str, model: str) -> list[list[float]]:
@@ -64,7 +65,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(run_dir: Path, tiny_model: str, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "a.log"
+    log = tmp_path_factory.mktemp("server-logs") / "a.log"
     s = Server(run_dir, tiny_model, log, f"inference.admin_token={TOKEN}")
     try:
         s.wait_healthy()
@@ -77,13 +78,10 @@ def test_reloaded_weights_match_a_fresh_server(server: Server, run_dir: Path, ti
     rundir = RunDir(run_dir)
     before = greedy_logprobs(server.url, model_id(server.url))
     step_dir = perturbed_weights(tiny_model, rundir, version=1, seed=1)
-    r = admin(server, "POST", json={"version": 1, "path": "weights/step_000001"})  # relative to run_dir
+    relative = rundir.weights.relative(1)  # a path relative to run_dir, as the orchestrator sends
+    r = admin(server, "POST", json={"version": 1, "path": relative})
     assert r.status_code == 200, r.text
-    assert admin(server, "GET").json() == {
-        "version": 1,
-        "path": "weights/step_000001",
-        "base_path": tiny_model,
-    }
+    assert admin(server, "GET").json() == {"version": 1, "path": relative, "base_path": tiny_model}
     reloaded = greedy_logprobs(server.url, model_id(server.url))
 
     fresh = Server(run_dir, str(step_dir), tmp_path / "fresh.log")
@@ -106,15 +104,15 @@ def test_admin_rejects_bad_requests_and_keeps_weights(server: Server, run_dir: P
     good = perturbed_weights(tiny_model, rundir, version=2, seed=2)
     outside = run_dir.parent / "outside"
     shutil.copytree(good, outside, dirs_exist_ok=True)
-    link = run_dir / "weights" / "escape"
+    link = rundir.weights.path(2).parent / "escape"  # beside the step directories
     link.symlink_to(outside, target_is_directory=True)
-    incomplete = rundir.weights_dir(3)
+    incomplete = rundir.weights.path(3)
     incomplete.mkdir(parents=True)
     truncated = perturbed_weights(tiny_model, rundir, version=4, seed=4)
-    data = (truncated / "model.safetensors").read_bytes()
-    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    data = rundir.weights_file(4).read_bytes()
+    rundir.weights_file(4).write_bytes(data[: len(data) // 2])
     garbage = perturbed_weights(tiny_model, rundir, version=5, seed=5)
-    (garbage / "model.safetensors").write_bytes(b"\x00" * 64)
+    rundir.weights_file(5).write_bytes(b"\x00" * 64)
 
     cases = [
         (dict(token=None, json={"version": 2, "path": str(good)}), 401),
@@ -135,8 +133,9 @@ def test_admin_rejects_bad_requests_and_keeps_weights(server: Server, run_dir: P
         r = admin(server, "POST", **kwargs)
         assert r.status_code == status, (kwargs, r.status_code, r.text)
         if status == 400 and kwargs["json"]["path"] in (str(truncated), str(garbage)):
-            assert "not a valid safetensors file" in r.text and "step_00000" in r.text, r.text
+            assert "not a valid safetensors file" in r.text, r.text
+            assert step_name(kwargs["json"]["version"]) in r.text, r.text  # names the step directory
         assert admin(server, "GET").json() == served
     assert admin(server, "GET", token=None).status_code == 401
-    write_marker(incomplete, "test-run", 3)  # a DONE alone vouches for no weights
+    rundir.weights.write_marker(3, "test-run")  # a marker alone vouches for no weights
     assert admin(server, "POST", json={"version": 3, "path": str(incomplete)}).status_code == 400

@@ -4,6 +4,7 @@ import pytest
 
 from shared.batch import BATCH_SCHEMA, COLUMNS, read_batch, token_count, write_batch
 from shared.errors import TriadError
+from shared.rundir import RunDir
 
 
 def sample(i: int, n_prompt: int = 2, n_completion: int = 3) -> dict:
@@ -26,9 +27,10 @@ def sample(i: int, n_prompt: int = 2, n_completion: int = 3) -> dict:
 
 def test_round_trip_keeps_values_and_schema(tmp_path):
     rows = [sample(i) for i in range(3)]
-    path = tmp_path / "batch.parquet"
-    write_batch(path, rows)
-    table = read_batch(path)
+    rundir = RunDir(tmp_path)
+    with rundir.writing_batch(4) as tmp:
+        write_batch(tmp, rows)
+    table = read_batch(rundir.batch_file(4))
     assert table.schema.equals(BATCH_SCHEMA)
     assert tuple(table.column_names) == COLUMNS
     assert table.to_pylist() == rows

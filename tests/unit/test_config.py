@@ -15,15 +15,28 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_precedence_cli_over_env_over_toml_over_default(tmp_path, monkeypatch):
-    cfg_file = write(tmp_path, "max_steps = 3\n[trainer]\nlr = 0.1\neps_low = 0.3\n")
-    monkeypatch.setenv("TRIAD_TRAINER__LR", "0.2")
+    cfg_file = write(tmp_path, "max_steps = 3\n[trainer.optim]\nlr = 0.1\n[trainer.loss]\neps_low = 0.3\n")
+    monkeypatch.setenv("TRIAD_TRAINER__OPTIM__LR", "0.2")
     monkeypatch.setenv("TRIAD_SEED", "7")
-    cfg = load_config(cfg_file, ["trainer.eps_low=0.4", "seed=9"])
+    cfg = load_config(cfg_file, ["trainer.loss.eps_low=0.4", "seed=9"])
     assert cfg.max_steps == 3  # toml over default
-    assert cfg.trainer.lr == 0.2  # env over toml
-    assert cfg.trainer.eps_low == 0.4  # cli over toml
+    assert cfg.trainer.optim.lr == 0.2  # env over toml
+    assert cfg.trainer.loss.eps_low == 0.4  # cli over toml
     assert cfg.seed == 9  # cli over env
-    assert cfg.trainer.max_grad_norm == 1.0  # default
+    assert cfg.trainer.optim.max_grad_norm == 1.0  # default
+
+
+def test_sections_read_from_toml_env_and_set(tmp_path, monkeypatch):
+    text = (
+        "[trainer.parallel]\npacking = true\n[trainer.checkpoint]\nevery = 5\n"
+        '[weights]\ntransport = "broadcast"\n[weights.broadcast]\nport = 29999\n'
+    )
+    monkeypatch.setenv("TRIAD_WEIGHTS__KEEP", "7")
+    cfg = load_config(write(tmp_path, text), ['trainer.loss.kind="gspo"', "trainer.checkpoint.keep=4"])
+    assert cfg.trainer.parallel.packing and cfg.trainer.loss.kind == "gspo"
+    assert (cfg.trainer.checkpoint.every, cfg.trainer.checkpoint.keep) == (5, 4)  # toml, then --set
+    assert cfg.weights.transport == "broadcast" and cfg.weights.broadcast.port == 29999
+    assert cfg.weights.keep == 7 and cfg.weights.sharded is False  # env, and a default
 
 
 def test_override_values_are_toml_typed():
@@ -46,10 +59,31 @@ def test_override_values_are_toml_typed():
         ("", ["max_async_level=-1"], "bad config value for 'max_async_level'"),
         ("max_steps = \n", [], "is not valid TOML"),
         ("", ['orchestrator.inference_urls=["gpu-1:8000"]'], "is not an http"),
-        ("", ["max_async_level=3", "trainer.keep_weights=3"], "keep_weights .3. must be at least"),
-        ("", ["trainer.loss=cispo", "trainer.importance=tis"], "needs trainer.loss = 'ppo_clip'"),
-        ("", ["orchestrator.batch_size=2", "trainer.optimizer_steps=9"], r"steps \(9\) is more than the"),
-        ("", ["trainer.kl_target=base"], "bad config value for 'trainer.kl_target'"),
+        ("", ["max_async_level=3", "weights.keep=3"], r"weights\.keep .3. must be at least"),
+        (
+            "",
+            ["trainer.loss.kind=cispo", "trainer.loss.importance=tis"],
+            "needs trainer.loss.kind = 'ppo_clip'",
+        ),
+        (
+            "",
+            ["orchestrator.batch_size=2", "trainer.optim.optimizer_steps=9"],
+            r"steps \(9\) is more than the",
+        ),
+        ("", ["trainer.loss.kl_target=base"], "bad config value for 'trainer.loss.kl_target'"),
+        ("", ["trainer.lr=1e-6"], "config key 'trainer.lr' is now 'trainer.optim.lr'"),
+        ("[trainer]\nkeep_weights = 5\n", [], "config key 'trainer.keep_weights' is now 'weights.keep'"),
+        ("", ['weight_transport="broadcast"'], "config key 'weight_transport' is now 'weights.transport'"),
+        (
+            "",
+            ["trainer.broadcast_port=1"],
+            "config key 'trainer.broadcast_port' is now 'weights.broadcast.port'",
+        ),
+        (
+            "",
+            ['trainer.loss="cispo"'],
+            "is a table .trainer.loss., not a value; the objective is trainer.loss.kind",
+        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, toml, sets, message):
@@ -67,7 +101,11 @@ def test_bad_set_syntax():
         load_config(None, ["max_steps"])
 
 
-SHIPPED = [*sorted((REPO / "configs").glob("*.toml")), REPO / "services" / "embedded_default.toml"]
+SHIPPED = [
+    *sorted((REPO / "configs").glob("*.toml")),
+    REPO / "services" / "embedded_default.toml",
+    *sorted((REPO / "deploy").rglob("*.toml")),
+]
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -93,3 +131,18 @@ def test_admin_token_from_a_secret_file(tmp_path):
     assert load_config(None, []).inference.token() is None
     with pytest.raises(TriadError, match="cannot read inference.admin_token_file"):
         load_config(None, [f"inference.admin_token_file={tmp_path / 'missing'}"]).inference.token()
+
+
+def test_the_kubernetes_config_map_parses(tmp_path):
+    """The TOML that deploy/k8s/triad.yaml mounts as the services' config file."""
+    import yaml
+
+    docs = yaml.safe_load_all((REPO / "deploy" / "k8s" / "triad.yaml").read_text())
+    maps = [d for d in docs if d and d.get("kind") == "ConfigMap"]
+    tomls = [text for m in maps for name, text in m["data"].items() if name.endswith(".toml")]
+    assert tomls, "no TOML in the ConfigMap"
+    for i, text in enumerate(tomls):
+        path = tmp_path / f"k8s-{i}.toml"
+        path.write_text(text)
+        cfg = load_config(path)
+        assert cfg.weights.keep >= cfg.max_async_level + 2

@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from shared.config import LossConfig
 from trainer.data import collate, micro_batches
 from trainer.forward import packed_forward, packing_layout, padded_forward
-from trainer.loss import BatchTotals, LossSpec, policy_loss
+from trainer.loss import BatchTotals, policy_loss
 
 
 def tiny_model() -> Qwen2ForCausalLM:
@@ -55,8 +56,8 @@ def test_packed_equals_padded_in_values_and_gradients(temperature):
     for forward in (padded_forward, packed_forward):
         model = tiny_model()
         logprobs, entropy = forward(model, batch, temperature)
-        parts = policy_loss(logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask,
-                            LossSpec(kind="ppo_clip", aggregation="seq_mean_token_mean"), totals)  # fmt: skip
+        spec = LossConfig(kind="ppo_clip", aggregation="seq_mean_token_mean")
+        parts = policy_loss(logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, spec, totals)
         parts.loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         results.append((logprobs * batch.loss_mask, entropy * batch.loss_mask, parts.loss, grads))

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from trainer.loss import BatchTotals, LossSpec, entropy, policy_loss, token_logprobs
+from shared.config import LossConfig
+from trainer.loss import BatchTotals, entropy, policy_loss, token_logprobs
 
 
 def test_token_logprobs_match_a_hand_softmax():
@@ -29,7 +30,9 @@ def test_clipped_loss_hand_computed():
     # two tokens of one sequence with advantage +1 and one of one with -1, eps 0.2
     lp = torch.tensor([[math.log(1.5), math.log(0.9)], [math.log(0.5), math.log(1.1)]])
     mask = torch.tensor([[True, True], [True, False]])
-    parts = policy_loss(lp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), mask, LossSpec(), BatchTotals(2, 3))
+    parts = policy_loss(
+        lp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), mask, LossConfig(), BatchTotals(2, 3)
+    )
     # A=+1: ratio 1.5 -> min(1.5, 1.2) = 1.2; ratio 0.9 -> 0.9.  A=-1: ratio 0.5 -> min(-0.5, -0.8) = -0.8
     assert parts.loss.item() == pytest.approx((-1.2 - 0.9 + 0.8) / 3, abs=1e-6)
     assert parts.clipped_tokens.item() == 2
@@ -40,9 +43,9 @@ def test_clip_higher_is_asymmetric():
     mask = torch.ones(1, 1, dtype=torch.bool)
     one = BatchTotals(1, 1)
     assert policy_loss(
-        lp, torch.zeros(1, 1), torch.ones(1), mask, LossSpec(), one
+        lp, torch.zeros(1, 1), torch.ones(1), mask, LossConfig(), one
     ).loss.item() == pytest.approx(-1.2)
-    dapo = LossSpec(eps_low=0.2, eps_high=0.28)
+    dapo = LossConfig(eps_low=0.2, eps_high=0.28)
     assert policy_loss(lp, torch.zeros(1, 1), torch.ones(1), mask, dapo, one).loss.item() == pytest.approx(
         -1.25
     )
@@ -60,7 +63,7 @@ def kl(lp, lq, estimator):
     return {"k1": d, "k2": 0.5 * d * d, "k3": torch.exp(-d) - 1 + d}[estimator]
 
 
-def reference_loss(lp, lq, adv, mask, spec: LossSpec, prox=None, ref=None):
+def reference_loss(lp, lq, adv, mask, spec: LossConfig, prox=None, ref=None):
     """`prox`: the proximal policy (default: the current weights, detached); `ref`: the KL target
     (default: the sampler)."""
     B, T = lp.shape
@@ -115,17 +118,17 @@ def reference_loss(lp, lq, adv, mask, spec: LossSpec, prox=None, ref=None):
 
 
 SPECS = [
-    LossSpec(),
-    LossSpec(eps_high=0.28, aggregation="seq_mean_token_mean"),
-    LossSpec(aggregation="seq_mean_token_sum_norm", norm_length=7),
-    LossSpec(kind="cispo", eps_low=1.0, eps_high=0.3),
-    LossSpec(kind="gspo", eps_low=3e-3, eps_high=4e-3),
-    LossSpec(importance="tis", importance_cap=1.5),
-    LossSpec(importance="mis_token", importance_cap=1.2),
-    LossSpec(importance="mis_seq", importance_cap=1.3),
-    LossSpec(kl_coef=0.1, kl_estimator="k1"),
-    LossSpec(kl_coef=0.1, kl_estimator="k2", aggregation="seq_mean_token_mean"),
-    LossSpec(kind="gspo", kl_coef=0.05, kl_estimator="k3"),
+    LossConfig(),
+    LossConfig(eps_high=0.28, aggregation="seq_mean_token_mean"),
+    LossConfig(aggregation="seq_mean_token_sum_norm", norm_length=7),
+    LossConfig(kind="cispo", eps_low=1.0, eps_high=0.3),
+    LossConfig(kind="gspo", eps_low=3e-3, eps_high=4e-3),
+    LossConfig(importance="tis", importance_cap=1.5),
+    LossConfig(importance="mis_token", importance_cap=1.2),
+    LossConfig(importance="mis_seq", importance_cap=1.3),
+    LossConfig(kl_coef=0.1, kl_estimator="k1"),
+    LossConfig(kl_coef=0.1, kl_estimator="k2", aggregation="seq_mean_token_mean"),
+    LossConfig(kind="gspo", kl_coef=0.05, kl_estimator="k3"),
 ]
 
 
@@ -155,11 +158,11 @@ def test_loss_and_gradient_against_float64_reference(spec, seed):
 
 
 DECOUPLED = [
-    LossSpec(importance="tis", importance_cap=1.5, kl_coef=0.1, kl_estimator="k3"),
-    LossSpec(importance="mis_token", importance_cap=1.2, eps_high=0.28, kl_coef=0.2, kl_estimator="k2"),
-    LossSpec(importance="mis_seq", importance_cap=1.3, aggregation="seq_mean_token_mean", kl_coef=0.1),
-    LossSpec(kind="gspo", eps_low=3e-3, eps_high=4e-3, kl_coef=0.05, kl_estimator="k1"),
-    LossSpec(kind="cispo", eps_low=1.0, eps_high=0.3, kl_coef=0.1),
+    LossConfig(importance="tis", importance_cap=1.5, kl_coef=0.1, kl_estimator="k3"),
+    LossConfig(importance="mis_token", importance_cap=1.2, eps_high=0.28, kl_coef=0.2, kl_estimator="k2"),
+    LossConfig(importance="mis_seq", importance_cap=1.3, aggregation="seq_mean_token_mean", kl_coef=0.1),
+    LossConfig(kind="gspo", eps_low=3e-3, eps_high=4e-3, kl_coef=0.05, kl_estimator="k1"),
+    LossConfig(kind="cispo", eps_low=1.0, eps_high=0.3, kl_coef=0.1),
 ]
 
 
@@ -192,7 +195,7 @@ def test_proximal_policy_and_reference_kl_against_float64_reference(spec, seed):
 def test_reference_kl_penalty_pulls_towards_the_reference_not_the_sampler():
     lp = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    spec = LossSpec(kl_coef=1.0, kl_estimator="k2")
+    spec = LossConfig(kl_coef=1.0, kl_estimator="k2")
     lq, ref = torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), -0.5, dtype=torch.float64)
     # zero advantage: only the penalty, k2 = (logp - ref)^2 / 2 = 0.125 on each of the 2 tokens
     parts = policy_loss(lp, lq, torch.zeros(1, dtype=torch.float64), mask, spec, BatchTotals(1, 2),
@@ -207,7 +210,7 @@ def test_clip_fractions_split_by_side():
     lp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.7]]))
     adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])  # per token
     mask = torch.ones(1, 4, dtype=torch.bool)
-    parts = policy_loss(lp, torch.zeros(1, 4), adv, mask, LossSpec(), BatchTotals(1, 4))
+    parts = policy_loss(lp, torch.zeros(1, 4), adv, mask, LossConfig(), BatchTotals(1, 4))
     # 1.5 with A>0 is clipped above; 0.5 with A<0 below; 1.1 is inside; 0.7 with A>0 is not clipped
     assert (parts.clipped_low.item(), parts.clipped_high.item()) == (1.0, 1.0)
 
@@ -228,7 +231,7 @@ def test_kl_to_the_sampler_ignores_prompt_positions_in_float32(estimator):
     lp = torch.tensor([[-100.0, -1.0, -2.0]], requires_grad=True)
     lq = torch.tensor([[0.0, -1.5, -1.0]])
     mask = torch.tensor([[False, True, True]])
-    spec = LossSpec(kl_coef=0.1, kl_estimator=estimator)
+    spec = LossConfig(kl_coef=0.1, kl_estimator=estimator)
     parts = policy_loss(lp, lq, torch.ones(1), mask, spec, BatchTotals(1, 2))
     (grad,) = torch.autograd.grad(parts.loss, lp)
     assert torch.isfinite(parts.loss) and torch.isfinite(grad).all() and grad[0, 0] == 0
@@ -239,7 +242,12 @@ def test_kl_to_the_sampler_ignores_prompt_positions_in_float32(estimator):
 
 def test_zero_advantages_and_all_masked_give_zero():
     lp = torch.randn(2, 3, requires_grad=True)
-    for spec in (LossSpec(), LossSpec(kind="gspo"), LossSpec(kind="cispo"), LossSpec(importance="tis")):
+    for spec in (
+        LossConfig(),
+        LossConfig(kind="gspo"),
+        LossConfig(kind="cispo"),
+        LossConfig(importance="tis"),
+    ):
         zero = policy_loss(
             lp, torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), spec, BatchTotals(2, 6)
         )
@@ -264,6 +272,25 @@ def test_shares_add_up_across_ranks():
 def test_mismatch_kl_is_zero_when_policies_agree():
     lp = torch.randn(2, 3)
     parts = policy_loss(
-        lp, lp.clone(), torch.ones(2), torch.ones(2, 3, dtype=torch.bool), LossSpec(), BatchTotals(2, 6)
+        lp, lp.clone(), torch.ones(2), torch.ones(2, 3, dtype=torch.bool), LossConfig(), BatchTotals(2, 6)
     )
     assert parts.mismatch_kl_sum.item() == pytest.approx(0.0, abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("kind", "ppo", "unknown loss kind 'ppo'"),
+        ("aggregation", "mean", "unknown loss aggregation 'mean'"),
+        ("importance", "is", "unknown importance correction 'is'"),
+        ("kl_estimator", "k4", "unknown KL estimator 'k4'"),
+    ],
+)
+def test_unknown_loss_settings_are_refused(field, value, message):
+    """The config refuses them; a spec built around validation fails in the loss, not silently."""
+    with pytest.raises(ValueError, match=field):
+        LossConfig(**{field: value})
+    spec = LossConfig.model_construct(**{field: value}, kl_coef=0.1)
+    lp, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match=message):
+        policy_loss(lp, lp.clone(), torch.ones(1), mask, spec, BatchTotals(1, 2))

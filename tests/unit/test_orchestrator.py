@@ -9,16 +9,18 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
+from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient
 from orchestrator.environments import Prompt, load_environment
-from orchestrator.loop import Group, Orchestrator
+from orchestrator.loop import Orchestrator
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.rollout import Sample, single_turn
 from shared.admin_api import WeightsInfo
+from shared.batch import publish_batch
 from shared.config import load_config
 from shared.errors import TriadError, WaitTimeout
 from shared.metrics import read_metrics
-from shared.rundir import RunDir, ensure_run, read_marker, write_marker
+from shared.rundir import RunDir
 from tests.fake_openai import FakeServer
 
 
@@ -50,7 +52,7 @@ def make(tmp_path, urls: list[str], *sets: str) -> Orchestrator:
             *sets,
         ],
     )
-    run = ensure_run(tmp_path, {})
+    run = RunDir(tmp_path).ensure_run({})
     oc = cfg.orchestrator
     servers = [Server(InferenceClient(url, None, oc.request_timeout_s), FakeBackend()) for url in urls]
     for server in servers:
@@ -80,7 +82,7 @@ def test_producer_keeps_max_inflight_requests_busy_and_no_more(tmp_path):
 
         async def run() -> None:
             orch = make(tmp_path, [fake.url], "orchestrator.max_inflight=6", "max_steps=50",
-                        "max_async_level=100", "trainer.keep_weights=200")  # fmt: skip
+                        "max_async_level=100", "weights.keep=200")  # fmt: skip
             producer = asyncio.create_task(orch.produce())
             for step in range(1, 9):
                 await orch.assemble(step)
@@ -208,13 +210,13 @@ def test_a_version_after_the_checkpoint_held_from_before_is_reloaded_on_connect(
         orch = make(tmp_path / str(checkpoint), ["http://127.0.0.1:9"])
         rundir = RunDir(tmp_path / str(checkpoint))
         for v in (1, 2, 3):
-            write_marker(rundir.weights_dir(v), orch.run_id, v, version=v, files=True)
-        write_marker(rundir.checkpoint_dir(checkpoint), orch.run_id, checkpoint)
+            rundir.weights.write_marker(v, orch.run_id, version=v, files=True)
+        rundir.checkpoints.write_marker(checkpoint, orch.run_id)
         server = orch.pool.servers[0]
-        server.backend.version, server.backend.path = 3, rundir.relative(rundir.weights_dir(3))
+        server.backend.version, server.backend.path = 3, rundir.weights.relative(3)
         server.version = 3  # as the orchestrator before the rewind left it
-        await orch.connect()
-        await orch.align(server)  # later (the health watcher): what this orchestrator loaded is kept
+        await orch.weights.connect()
+        await orch.weights.align(server)  # later (the health watcher): what this orchestrator loaded is kept
         await close(orch)
         return server.backend.loads, server.version
 
@@ -272,11 +274,11 @@ def test_overlong_mask_and_penalty(tmp_path):
                   truncated=True, reward=1.0)  # fmt: skip
     short = Sample(input_ids=[1] * 4, loss_mask=[False] * 2 + [True] * 2, logprobs=[0.0] * 4, reward=1.0)
     group = Group("g", Prompt("p", "a"), [long, short])
-    masked = make(tmp_path, ["http://127.0.0.1:9"], 'orchestrator.overlong="mask"').rows(1, [group])
+    masked = make(tmp_path, ["http://127.0.0.1:9"], 'orchestrator.overlong="mask"').builder.rows(1, [group])
     assert masked[0]["loss_mask"] == [False] * 10 and masked[1]["loss_mask"] == short.loss_mask
     penalised = make(tmp_path, ["http://127.0.0.1:9"], "orchestrator.overlong=\"penalty\"",
                      "orchestrator.max_tokens=8", "orchestrator.overlong_buffer=4")  # fmt: skip
-    penalised = penalised.rows(1, [group])
+    penalised = penalised.builder.rows(1, [group])
     assert [r["reward"] for r in penalised] == [0.0, 1.0]  # 8 tokens: the full penalty of 1
     assert penalised[0]["advantage"] < 0 < penalised[1]["advantage"]
 
@@ -284,18 +286,19 @@ def test_overlong_mask_and_penalty(tmp_path):
 def test_published_batch_has_advantages_versions_and_marker(tmp_path):
     orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=1", "max_steps=10")
     group = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0], version=3))
-    orch.publish(4, orch.rows(4, [group]))
+    publish_batch(orch.rundir, orch.run_id, 4, orch.builder.rows(4, [group]), orch.oc.temperature)
     table = pq.read_table(RunDir(tmp_path).batch_file(4)).to_pylist()
     assert [r["advantage"] for r in table] == pytest.approx([1.0, -1.0], abs=1e-5)  # grpo on rewards 1, 0
     assert table[0]["input_ids"] == [1, 2, 3] and table[0]["loss_mask"] == [False, False, True]
     assert table[0]["logprobs"] == pytest.approx([0.0, 0.0, -0.5])
-    marker = read_marker(RunDir(tmp_path).rollout_dir(4), orch.run_id)
+    marker = RunDir(tmp_path).rollouts.marker(4, orch.run_id)
     assert marker.min_policy_version == 3 and marker.samples == 2 and marker.temperature == 1.0
 
 
 def test_resumes_after_the_newest_batch(tmp_path):
     orch = make(tmp_path, ["http://127.0.0.1:9"])
-    orch.publish(1, orch.rows(1, [Group("g", Prompt("1+1=", "2"), samples([1.0]))]))
+    rows = orch.builder.rows(1, [Group("g", Prompt("1+1=", "2"), samples([1.0]))])
+    publish_batch(orch.rundir, orch.run_id, 1, rows, orch.oc.temperature)
     for step in (1, 2):  # killed after logging step 2, before its batch's DONE
         orch.metrics.log(step, reward_mean=0.5)
     again = make(tmp_path, ["http://127.0.0.1:9"])
@@ -318,7 +321,7 @@ def test_weights_timeout_counts_only_time_stalled_on_weights(tmp_path):
             with pytest.raises(ExceptionGroup) as caught:  # raised inside the producer's TaskGroup
                 await producer
             (timeout,) = caught.value.subgroup(WaitTimeout).exceptions
-            assert "version 1" in str(timeout) and "weights/step_000001/DONE" in str(timeout)
+            assert "version 1" in str(timeout) and orch.rundir.weights.describe_marker(1) in str(timeout)
             waited = asyncio.get_running_loop().time() - done
             await close(orch)
             return waited
@@ -333,8 +336,8 @@ def test_frozen_backend_paces_rollouts_by_the_trainer_and_skips_the_staleness_dr
     orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=0", "max_steps=10")
     orch.pool.servers[0].backend = Frozen()
     orch2 = Orchestrator(orch.cfg, orch.run_id, orch.pool, orch.env)
-    assert orch2.frozen and orch2.served_version == 0
-    orch2.trainer_version = 5
+    assert orch2.weights.frozen and orch2.served_version == 0
+    orch2.weights.trainer_version = 5
     assert orch2.served_version == 5
     old = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0], version=0))
     assert orch2.accepts(old, step=9, filtered=0) is None

@@ -1,4 +1,3 @@
-import importlib.util
 import io
 from contextlib import redirect_stdout
 
@@ -8,12 +7,19 @@ from services.progress import MetricsTail, ProgressPrinter
 from services.report import plot_run, rolling_mean, status_lines
 from shared.errors import TriadError
 from shared.metrics import MetricsWriter, drop_rows_after, read_metrics
-from shared.rundir import RunDir, ensure_run, write_marker
+from shared.rundir import RunDir
+
+try:
+    import tensorboard  # noqa: F401
+
+    HAS_TENSORBOARD = True
+except ImportError:
+    HAS_TENSORBOARD = False
 
 
 def fake_run(tmp_path, steps: int = 30):
-    run = ensure_run(tmp_path, {"max_steps": steps})
     rundir = RunDir(tmp_path)
+    run = rundir.ensure_run({"max_steps": steps})
     orch, trainer = (
         MetricsWriter(rundir.metrics_file("orchestrator")),
         MetricsWriter(rundir.metrics_file("trainer")),
@@ -30,8 +36,8 @@ def fake_run(tmp_path, steps: int = 30):
         )
         trainer.log(s, loss=0.1, grad_norm=1.0)
     for s in (steps - 1, steps):
-        rundir.rollout_dir(s).mkdir(parents=True)
-        write_marker(rundir.rollout_dir(s), run.run_id, s)
+        rundir.rollouts.path(s).mkdir(parents=True)
+        rundir.rollouts.write_marker(s, run.run_id)
     return rundir
 
 
@@ -41,7 +47,7 @@ def test_rolling_mean():
 
 def test_status_names_each_service_and_the_newest_steps(tmp_path):
     rundir = fake_run(tmp_path)
-    lines = status_lines(rundir.root, now=rundir.metrics_file("trainer").stat().st_mtime)
+    lines = status_lines(rundir, now=rundir.metrics_file("trainer").stat().st_mtime)
     text = "\n".join(lines)
     assert "newest batch 30" in text and "newest checkpoint 0" in text
     assert "orchestrator" in text and "reward 1.000" in text
@@ -50,14 +56,15 @@ def test_status_names_each_service_and_the_newest_steps(tmp_path):
 
 def test_plot_writes_a_png(tmp_path):
     rundir = fake_run(tmp_path)
-    out = plot_run(rundir.root)
+    out = plot_run(rundir)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
 def test_plot_without_metrics_is_a_clear_error(tmp_path):
-    ensure_run(tmp_path, {})
+    rundir = RunDir(tmp_path)
+    rundir.ensure_run({})
     with pytest.raises(TriadError, match="no orchestrator metrics"):
-        plot_run(tmp_path)
+        plot_run(rundir)
 
 
 def test_progress_lines_are_plain_text(tmp_path):
@@ -113,8 +120,8 @@ def test_a_row_torn_by_a_killed_writer_is_skipped_not_fatal(tmp_path):
     assert [r["step"] for r in read_metrics(path)] == [1, 2]
 
 
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="needs tensorboard")
 def test_tensorboard_exporter_writes_the_metrics(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from services.exporters import TensorBoardExporter
@@ -137,7 +144,7 @@ def test_exporters_follow_config(tmp_path):
     from shared.config import load_config
 
     cfg = load_config(None, [f"run_dir={tmp_path}", "metrics.tensorboard=false"])
-    assert make_exporters(cfg, "run") == []
+    assert make_exporters(cfg, RunDir(tmp_path), "run") == []
     cfg = load_config(None, [f"run_dir={tmp_path}"])
-    kinds = [type(e) for e in make_exporters(cfg, "run")]
-    assert kinds == ([TensorBoardExporter] if importlib.util.find_spec("tensorboard") else [])
+    exporters = make_exporters(cfg, RunDir(tmp_path), "run")
+    assert [type(e) for e in exporters] == ([TensorBoardExporter] if HAS_TENSORBOARD else [])

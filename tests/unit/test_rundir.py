@@ -1,96 +1,88 @@
 import json
 import logging
+import re
 
 import pytest
 
+from shared.batch import wait_for_batch
 from shared.errors import TriadError, WaitTimeout
-from shared.rundir import (
-    DONE,
-    RunDir,
-    atomic_write_bytes,
-    clear_step_dir,
-    ensure_run,
-    parse_step,
-    prune_steps,
-    read_marker,
-    step_name,
-    write_marker,
-)
+from shared.rundir import TRAINER, RunDir, parse_step, step_name
+from shared.storage import atomic_path, atomic_write_bytes
 from shared.waiting import wait_for
-from trainer.data import wait_for_batch
 
 
 def test_step_names_round_trip():
-    assert step_name(7) == "step_000007"
-    assert parse_step("step_000007") == 7
-    assert parse_step("step_7") is None and parse_step("other") is None
+    name = step_name(7)
+    assert name.endswith("000007") and len(name) == len(step_name(999999)) and parse_step(name) == 7
+    assert parse_step(step_name(123456)) == 123456
+    # the same prefix without the zero padding, and a name of another form, are not step names
+    assert parse_step(name.replace("00000", "")) is None and parse_step("other") is None
 
 
 def test_marker_is_written_last_and_read_back(tmp_path):
-    d = tmp_path / "step_000001"
-    d.mkdir()
-    assert read_marker(d, "run-a") is None
-    write_marker(d, "run-a", 1, samples=3)
-    m = read_marker(d, "run-a")
+    rundir = RunDir(tmp_path)
+    rundir.rollouts.path(1).mkdir(parents=True)
+    assert rundir.rollouts.marker(1, "run-a") is None
+    rundir.rollouts.write_marker(1, "run-a", samples=3)
+    m = rundir.rollouts.marker(1, "run-a")
     assert m is not None and m.step == 1 and m.samples == 3
-    assert json.loads((d / DONE).read_text())["run_id"] == "run-a"
+    assert json.loads(rundir.rollouts.marker_path(1).read_text())["run_id"] == "run-a"
 
 
 def test_marker_of_another_run_is_ignored_and_logged(tmp_path, caplog):
-    d = tmp_path / "step_000001"
-    d.mkdir()
-    write_marker(d, "old-run", 1)
+    rundir = RunDir(tmp_path)
+    rundir.rollouts.path(1).mkdir(parents=True)
+    rundir.rollouts.write_marker(1, "old-run")
     with caplog.at_level(logging.WARNING):
-        assert read_marker(d, "new-run") is None
+        assert rundir.rollouts.marker(1, "new-run") is None
     assert "old-run" in caplog.text
 
 
 def test_malformed_marker_is_ignored(tmp_path):
-    d = tmp_path / "step_000001"
-    d.mkdir()
-    (d / DONE).write_text("{not json")
-    assert read_marker(d, "run") is None
-    (d / DONE).write_text('{"run_id": "run"}')  # missing fields
-    assert read_marker(d, "run") is None
+    rundir = RunDir(tmp_path)
+    rundir.rollouts.path(1).mkdir(parents=True)
+    done = rundir.rollouts.marker_path(1)
+    done.write_text("{not json")
+    assert rundir.rollouts.marker(1, "run") is None
+    done.write_text('{"run_id": "run"}')  # missing fields
+    assert rundir.rollouts.marker(1, "run") is None
 
 
 def test_reader_never_opens_a_step_without_done(tmp_path):
     """A half-written batch (no DONE) is never read: the reader times out naming the file."""
     rundir = RunDir(tmp_path)
-    rundir.rollout_dir(1).mkdir(parents=True)
+    rundir.rollouts.path(1).mkdir(parents=True)
     rundir.batch_file(1).write_bytes(b"PAR1 half-written garbage")
-    with pytest.raises(WaitTimeout, match=r"step_000001/DONE"):
-        wait_for_batch(rundir, 1, "run", timeout=0.3)
+    with pytest.raises(WaitTimeout, match=re.escape(rundir.rollouts.describe_marker(1))):
+        wait_for_batch(rundir, 1, "run", timeout=0.3, reader=TRAINER)
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path):
     target = tmp_path / "f.bin"
     atomic_write_bytes(target, b"one")
-    with pytest.raises(RuntimeError):
-        from shared.rundir import atomic_path
-
-        with atomic_path(target) as tmp:
-            tmp.write_bytes(b"two-partial")
-            raise RuntimeError("killed mid-write")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"two-partial")
+        raise RuntimeError("killed mid-write")
     assert target.read_bytes() == b"one"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
 
 
 def test_clear_and_prune(tmp_path):
+    rundir = RunDir(tmp_path)
     for s in range(1, 7):
-        d = tmp_path / step_name(s)
-        d.mkdir()
-        write_marker(d, "r", s)
+        rundir.rollouts.path(s).mkdir(parents=True)
+        rundir.rollouts.write_marker(s, "r")
     # steps <= 4 are done with; keep the newest 2 of those, and step 1 is protected
-    assert prune_steps(tmp_path, keep_last=2, done_upto=4, protect=frozenset({1})) == [2]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [step_name(s) for s in (1, 3, 4, 5, 6)]
-    clear_step_dir(tmp_path / step_name(5))
-    assert not (tmp_path / step_name(5)).exists()
+    assert rundir.rollouts.prune(keep_last=2, done_upto=4, protect=frozenset({1})) == [2]
+    assert rundir.rollouts.steps() == [1, 3, 4, 5, 6]
+    assert [s for s in range(1, 7) if rundir.rollouts.path(s).exists()] == [1, 3, 4, 5, 6]
+    rundir.rollouts.clear(5)
+    assert not rundir.rollouts.path(5).exists() and rundir.rollouts.steps() == [1, 3, 4, 6]
 
 
 def test_ensure_run_creates_once(tmp_path):
-    a = ensure_run(tmp_path / "run", {"x": 1})
-    b = ensure_run(tmp_path / "run", {"x": 2})
+    a = RunDir(tmp_path / "run").ensure_run({"x": 1})
+    b = RunDir(tmp_path / "run").ensure_run({"x": 2})
     assert a.run_id == b.run_id and b.config == {"x": 1}
 
 
@@ -98,7 +90,7 @@ def test_unwritable_run_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(TriadError, match="is not writable"):
-        ensure_run(blocker / "run", {})
+        RunDir(blocker / "run").ensure_run({})
 
 
 def test_wait_for_returns_value_or_times_out_with_message():
@@ -114,8 +106,8 @@ def test_published_files_are_readable_by_other_users(tmp_path):
 
 
 def batch_with_versions(rundir, run_id, step, max_version):
-    rundir.rollout_dir(step).mkdir(parents=True)
-    write_marker(rundir.rollout_dir(step), run_id, step, max_policy_version=max_version)
+    rundir.rollouts.path(step).mkdir(parents=True)
+    rundir.rollouts.write_marker(step, run_id, max_policy_version=max_version)
 
 
 def test_resume_keeps_only_an_unbroken_run_of_batches_after_the_checkpoint(tmp_path):
@@ -125,12 +117,12 @@ def test_resume_keeps_only_an_unbroken_run_of_batches_after_the_checkpoint(tmp_p
     for step, version in [(9, 8), (10, 9), (11, 9), (12, 10), (13, 11), (14, 10)]:
         batch_with_versions(rundir, "r", step, version)
     for v in (10, 11, 12):
-        rundir.weights_dir(v).mkdir(parents=True)
-        write_marker(rundir.weights_dir(v), "r", v)
+        rundir.weights.path(v).mkdir(parents=True)
+        rundir.weights.write_marker(v, "r")
     discard_after_checkpoint(rundir, "r", checkpoint_step=10)
     # 13 was sampled from version 11 (discarded); 14 comes after the break, so it goes too
-    assert rundir.steps("rollouts") == [9, 10, 11, 12]
-    assert rundir.steps("weights") == [10]
+    assert rundir.rollouts.steps() == [9, 10, 11, 12]
+    assert rundir.weights.steps() == [10]
 
 
 def test_resume_drops_batches_after_a_gap(tmp_path):
@@ -140,7 +132,7 @@ def test_resume_drops_batches_after_a_gap(tmp_path):
     for step in (11, 13):
         batch_with_versions(rundir, "r", step, 10)
     discard_after_checkpoint(rundir, "r", checkpoint_step=10)
-    assert rundir.steps("rollouts") == [11]
+    assert rundir.rollouts.steps() == [11]
 
 
 def test_an_orchestrator_following_a_rewind_leaves_the_resumed_trainers_weights(tmp_path):
@@ -149,13 +141,13 @@ def test_an_orchestrator_following_a_rewind_leaves_the_resumed_trainers_weights(
     from orchestrator.loop import follow_rewound_trainer
 
     rundir = RunDir(tmp_path)
-    rundir.checkpoint_dir(3).mkdir(parents=True)
-    write_marker(rundir.checkpoint_dir(3), "r", 3)
+    rundir.checkpoints.path(3).mkdir(parents=True)
+    rundir.checkpoints.write_marker(3, "r")
     for step, version in [(4, 3), (5, 3), (6, 4)]:  # batch 6 was sampled from the old version 4
         batch_with_versions(rundir, "r", step, version)
     for v in (3, 4):
-        rundir.weights_dir(v).mkdir(parents=True)
-        write_marker(rundir.weights_dir(v), "r", v)
+        rundir.weights.path(v).mkdir(parents=True)
+        rundir.weights.write_marker(v, "r")
     follow_rewound_trainer(rundir, "r")
-    assert rundir.steps("rollouts") == [4, 5]
-    assert rundir.steps("weights") == [3, 4]
+    assert rundir.rollouts.steps() == [4, 5]
+    assert rundir.weights.steps() == [3, 4]

@@ -1,0 +1,131 @@
+"""The weight follower: which version every server serves, and bringing them up to date.
+
+It watches the trainer's published versions (`weights/step_V/DONE`, or the
+broadcast handshake), has every healthy server load the newest one through its
+weight backend, aligns a server that (re)connects with this run's newest
+loadable version, and prunes the batches the trainer is done with. With a
+backend that cannot load weights (`none`) the policy is frozen; the trainer's
+published version then stands in for the served one, so it still paces rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from orchestrator.broadcasting import BroadcastCoordinator
+from orchestrator.pool import Server, ServerPool
+from orchestrator.published import PublishedWeights
+from shared.config import TriadConfig
+from shared.errors import TriadError
+from shared.resume import newest_checkpoint
+from shared.rundir import RunDir
+from shared.waiting import async_wait_for
+
+log = logging.getLogger("triad.orchestrator")
+POLL_S = 0.1
+
+
+class WeightFollower:
+    def __init__(
+        self, cfg: TriadConfig, rundir: RunDir, run_id: str, pool: ServerPool,
+        on_change: Callable[[], Awaitable[None]],
+    ) -> None:  # fmt: skip
+        self.cfg, self.rundir, self.run_id, self.pool = cfg, rundir, run_id, pool
+        self.on_change = on_change
+        self.published = PublishedWeights(rundir, run_id)
+        self.frozen = not any(s.backend.updates for s in pool.servers)
+        self.trainer_version = 0  # the newest version the trainer has published
+        self.trainer_version_created = 0.0  # its marker's time: a resumed trainer republishes
+        self.broadcast = None
+        if cfg.weights.transport == "broadcast" and not self.frozen:
+            self.broadcast = BroadcastCoordinator(rundir, run_id, pool, cfg.weights.broadcast)
+
+    @property
+    def served_version(self) -> int:
+        """The version rollouts may count on: the oldest a healthy server serves, or
+        when frozen the trainer's progress (which then paces rollouts)."""
+        if self.frozen:
+            return self.trainer_version
+        servers = self.pool.healthy() or self.pool.servers
+        return min(s.version for s in servers)
+
+    async def load(self, server: Server, version: int) -> None:
+        async with server.loading:
+            if server.version >= version:
+                return
+            try:
+                await server.backend.load(version, self.rundir.weights.relative(version))
+            except TriadError as e:
+                self.pool.take_out(server, f"could not load version {version}: {e}")
+                return
+            server.version = version
+
+    async def align(self, server: Server) -> None:
+        """Make a server serve this run's newest published weights (or its base).
+
+        What it holds is kept if it is this run's and at least that new, and it is certain
+        to be of the trainer's current lineage: checkpointed, or loaded by this orchestrator
+        (which would have seen a rewind). A version after the checkpoint that a server held
+        before may be one a resumed trainer has since published again, with other weights."""
+        if not server.backend.updates:
+            return
+        async with server.loading:
+            info = await server.backend.current()
+            newest = self.published.newest(after=-1, loadable=True) or 0
+            current_lineage = info.version <= newest_checkpoint(self.rundir, self.run_id) or (
+                info.version == server.version
+            )
+            if self.published.holds(info) and info.version >= newest and current_lineage:
+                server.version = info.version
+                return
+            path = self.rundir.weights.relative(newest) if newest else info.base_path
+            log.info("%s serves %s v%d: loading this run's v%d", server.url, info.path, info.version, newest)
+            await server.backend.load(newest, path)
+            server.version = newest
+
+    async def connect(self) -> None:
+        """Align every server; what each holds was loaded before this orchestrator started."""
+        for server in self.pool.servers:
+            if server.backend.updates:
+                server.version = -1
+            await self.align(server)
+        if self.frozen:
+            log.warning(
+                "the inference backend cannot load weights: the policy stays frozen at the served model; "
+                "max_async_level only bounds how far rollouts run ahead of the trainer"
+            )
+
+    async def follow(self) -> None:
+        """Forever: take each newly published version to the servers, then prune consumed batches."""
+        while True:
+            self.published.check_lineage(self.trainer_version, self.trainer_version_created)
+            if self.broadcast is not None:
+                ready = self.broadcast.ready_to_send(after=self.trainer_version)
+                if ready is not None:
+                    await self.broadcast.deliver(ready)
+            version = self.published.newest(after=self.trainer_version)
+            if version is None:
+                await asyncio.sleep(POLL_S)
+                continue
+            marker = self.rundir.weights.marker(version, self.run_id)
+            if marker is None:  # pruned or discarded between the two reads
+                continue
+            self.trainer_version, self.trainer_version_created = version, marker.created_at
+            if not self.frozen and getattr(marker, "files", True):
+                await asyncio.gather(*(self.load(s, version) for s in self.pool.healthy()))
+                log.info("inference now serves version %d", self.served_version)
+            # a batch is done with once trained *and* checkpointed: a resumed trainer restarts after C
+            consumed = min(version, newest_checkpoint(self.rundir, self.run_id))
+            self.rundir.rollouts.prune(self.cfg.orchestrator.keep_rollouts, done_upto=consumed)
+            await self.on_change()
+
+    async def wait_for_version(self, version: int) -> None:
+        """Until the servers serve `version` (the trainer's last): a timeout names its marker."""
+
+        async def served() -> bool | None:
+            return True if self.served_version >= version else None
+
+        what = f"{self.rundir.weights.describe_marker(version)} from the trainer, after the last batch"
+        await async_wait_for(served, what, self.cfg.orchestrator.weights_timeout_s, poll=POLL_S)

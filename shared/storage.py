@@ -1,0 +1,182 @@
+"""The one layer under every file a run directory holds.
+
+Services never open run-directory files themselves: `shared/rundir.py` names
+them and goes through a `Storage`, which speaks in keys (posix paths relative
+to the run directory). `LocalStore` keeps them in a local (or mounted)
+directory; an object store can stand in its place without touching a service.
+
+Writes are atomic: a file is written under a temporary name beside its key and
+renamed into place, so a reader sees the old file, the new one, or none.
+Writers that need a real path (safetensors, Parquet, torch.distributed.checkpoint,
+`save_pretrained`) get one from `writing` or `writing_dir`; readers from `local_path`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Protocol
+
+from shared.errors import TriadError
+
+TMP_PREFIX = ".tmp-"
+FILE_MODE = 0o644  # mkstemp's 0600 would hide published files from services running as other users
+
+
+class Storage(Protocol):
+    """What the run directory needs from where its files live."""
+
+    def read_bytes(self, key: str) -> bytes | None: ...
+
+    def write_bytes(self, key: str, data: bytes) -> None: ...
+
+    def create_once(self, key: str, data: bytes) -> bool: ...
+
+    def writing(self, key: str) -> AbstractContextManager[Path]: ...
+
+    def writing_dir(self, key: str) -> AbstractContextManager[Path]: ...
+
+    def local_path(self, key: str) -> Path: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def children(self, key: str, dirs: bool = True) -> list[str]: ...
+
+    def size(self, key: str) -> int: ...
+
+    def remove(self, key: str) -> None: ...
+
+    def flush(self, key: str) -> None: ...
+
+    def check_writable(self) -> None: ...
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it into place on success."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name, dir=path.parent)
+    os.fchmod(fd, FILE_MODE)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+class LocalStore:
+    """A run directory on a local or mounted POSIX filesystem."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    def local_path(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def read_bytes(self, key: str) -> bytes | None:
+        """The file's bytes; None if it does not exist."""
+        try:
+            return self.local_path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        atomic_write_bytes(self.local_path(key), data)
+
+    def create_once(self, key: str, data: bytes) -> bool:
+        """Write `key` only if it does not exist yet; whether this call created it."""
+        path = self.local_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, path)  # fails if another writer created it first
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    @contextmanager
+    def writing(self, key: str) -> Iterator[Path]:
+        """A local path to write `key` to; it appears under `key` (atomically) on success."""
+        with atomic_path(self.local_path(key)) as tmp:
+            yield tmp
+
+    @contextmanager
+    def writing_dir(self, key: str) -> Iterator[Path]:
+        """A local directory whose files end up under `key`: here, the directory itself."""
+        path = self.local_path(key)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+
+    def exists(self, key: str) -> bool:
+        return self.local_path(key).exists()
+
+    def children(self, key: str, dirs: bool = True) -> list[str]:
+        """Names of the directories (or with `dirs=False`, the files) directly under `key`."""
+        try:
+            entries = list(os.scandir(self.local_path(key)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(e.name for e in entries if e.is_dir() == dirs and not e.name.startswith(TMP_PREFIX))
+
+    def size(self, key: str) -> int:
+        path = self.local_path(key)
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+    def remove(self, key: str) -> None:
+        path = self.local_path(key)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def flush(self, key: str) -> None:
+        """Make everything under `key` durable (fsync files, then directories)."""
+        for dirpath, _, filenames in os.walk(self.local_path(key)):
+            for name in filenames:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(Path(dirpath))
+
+    def check_writable(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f"{TMP_PREFIX}probe-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise TriadError(f"run directory {self.root} is not writable: {e.strerror or e}") from None

@@ -237,16 +237,17 @@ class Trainer:
             # checkpointed versions are also written as files: a restarted server loads them
             self.publisher.publish(step, run_id, files=self.should_checkpoint(step))
             t3 = time.monotonic()
-            if self.should_checkpoint(step):
-                save_checkpoint(
-                    self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
-                )
+            # the row before the checkpoint: a resume starts after the checkpoint and keeps its rows
             if self.metrics is not None:
                 self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2)
                 log.info(
                     "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
                     step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,
                 )  # fmt: skip
+            if self.should_checkpoint(step):
+                save_checkpoint(
+                    self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
+                )
 
 
 def run_trainer(cfg: TriadConfig, model_path: str) -> None:

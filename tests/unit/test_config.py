@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,30 @@ def test_the_kubernetes_config_map_parses(tmp_path):
         path.write_text(text)
         cfg = load_config(path)
         assert cfg.weights.keep >= cfg.max_async_level + 2
+
+
+def documented_tomls() -> list[tuple[str, str]]:
+    """(where, text) of every triad config block in the README and docs/ (not pyproject.toml ones)."""
+    blocks = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        fence = "`" * 3
+        for i, block in enumerate(re.findall(fence + r"toml\n(.*?)" + fence, doc.read_text(), re.S)):
+            if "[project" not in block:
+                blocks.append((f"{doc.name}#{i}", block))
+    return blocks
+
+
+@pytest.mark.parametrize("where, text", documented_tomls(), ids=lambda v: v if "#" in str(v) else "")
+def test_every_documented_toml_parses(tmp_path, where, text):
+    path = tmp_path / "doc.toml"
+    path.write_text(text)
+    load_config(path)
+
+
+def test_documented_set_flags_parse():
+    """Every `--set key=value` in the README and docs/ names a real key."""
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    flags = {f for doc in docs for f in re.findall(r"--set[= ]'?([\w.]+=[^\s'`]+)", doc.read_text())}
+    assert flags
+    for flag in sorted(flags - {"key=value"}):
+        load_config(None, [flag])

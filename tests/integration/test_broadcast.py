@@ -28,7 +28,7 @@ from shared.waiting import wait_for
 from tests.helpers import REPO, Server, free_port, triad_cmd
 from tests.integration.test_trainer import make_batches, sequence_logprobs, vllm_prompt_logprobs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 4
 SEQUENCES = [[5, 17, 3, 99, 42, 7, 7, 120], [200, 1, 64, 64, 31], [9, 250, 13, 77, 2, 18, 40]]
 

@@ -16,7 +16,7 @@ from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import free_port, run_triad
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 4
 
 

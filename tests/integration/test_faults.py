@@ -36,7 +36,7 @@ from shared.rundir import RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, Server, triad_cmd
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 8
 ASYNC = 1
 

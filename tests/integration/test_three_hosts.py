@@ -21,7 +21,7 @@ from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 3
 INFERENCE_IP, ORCHESTRATOR_IP = "10.231.77.1", "10.231.77.2"
 TOKEN = "netns-test-token"

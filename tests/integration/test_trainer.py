@@ -209,6 +209,7 @@ def vllm_prompt_logprobs(url: str, model: str, sequences: list[list[int]]) -> li
     return out
 
 
+@pytest.mark.slow
 def test_published_weights_give_the_trainers_logprobs_in_transformers_and_vllm(
     straight: Path, tiny_model: str, tmp_path: Path
 ):
@@ -305,6 +306,7 @@ def plain_loop(
     return model.state_dict()
 
 
+@pytest.mark.slow
 def test_decoupled_mini_batches_and_reference_kl_equal_a_plain_loop(tiny_model: str, tmp_path: Path):
     """AReaL's decoupled PPO over 2 optimizer steps per batch (proximal policy from a no-grad
     forward pass) with a KL penalty to the frozen base model, on 2 FSDP2 ranks, against the

@@ -74,6 +74,7 @@ def server(run_dir: Path, tiny_model: str, tmp_path_factory):
         s.stop()
 
 
+@pytest.mark.slow
 def test_reloaded_weights_match_a_fresh_server(server: Server, run_dir: Path, tiny_model: str, tmp_path):
     rundir = RunDir(run_dir)
     before = greedy_logprobs(server.url, model_id(server.url))

@@ -140,6 +140,9 @@ def _interrupt(*_) -> None:
 
 def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the children too, like Ctrl-C
+    # explicitly: a process started with SIGINT ignored (nohup, a script's background job) keeps it
+    # ignored, and Ctrl-C would then leave the run going
+    signal.signal(signal.SIGINT, _interrupt)
     rundir = RunDir(cfg.run_dir)
     rundir.check_writable()
     model = resolve_model(cfg.model)

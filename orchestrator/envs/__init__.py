@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from orchestrator.envs.basic import Addition, ReverseText
-from orchestrator.envs.calculator import Calculator
+from orchestrator.envs.calculator import ChatCalculator, TextCalculator
 from orchestrator.envs.grade_school import GradeSchoolMath
 
 BUILTIN = {
     "reverse": ReverseText,
     "addition": Addition,
     "grade_school_math": GradeSchoolMath,
-    "calculator": Calculator,
+    "calculator": ChatCalculator,
+    "calculator_text": TextCalculator,
 }

@@ -1,25 +1,34 @@
-"""A multi-turn tool-use environment: arithmetic with a calculator tool.
+"""Arithmetic with a calculator tool, in two forms.
 
-The model may write `calc(<expression>)`; the environment answers with
-`= <value>` on a new line and the model continues. The episode ends when the
-model writes `answer: <number>` or after `max_turns` model turns; the reward
-is 1 for the right final answer. The environment's lines are inserted as
-tokens the model did not sample, so they carry `loss_mask = false`.
+`ChatCalculator` (built-in "calculator") is a chat environment: the user asks
+`a*b+c=?`, the model may call the tool `calculate` (OpenAI tool calls, run by
+triad) and answers in a turn without a tool call; the reward is 1 when that last
+assistant message ends on the right number.
+
+`TextCalculator` (built-in "calculator_text", for base models) is the text form:
+the model may write `calc(<expression>)`; the environment answers with `= <value>`
+on a new line and the model continues. The episode ends when the model writes
+`answer: <number>` or after `max_turns` model turns; the reward is 1 for the right
+final answer. The environment's lines are inserted as tokens the model did not
+sample, so they carry `loss_mask = false`.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import random
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from orchestrator.environments import Prompt
 from orchestrator.envs.grade_school import parse_number
 
 CALL = re.compile(r"calc\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
 ANSWER = re.compile(r"answer:\s*(-?\d+)")
+NUMBER = re.compile(r"-?\d+")
 OPERATORS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -57,9 +66,64 @@ def evaluate(expression: str) -> int:
         raise ValueError(str(e)) from None
 
 
+def calculate(expression: str) -> str:
+    """Evaluate an integer arithmetic expression."""
+    return str(evaluate(expression))
+
+
+def final_number(content: str) -> int | None:
+    """The last whole number in a message, or None."""
+    found = NUMBER.findall(content)
+    return int(found[-1]) if found else None
+
+
 @dataclass(frozen=True)
-class Calculator:
+class ChatCalculator:
+    """`a*b+c=?` as a chat; the model calls `calculate` and answers with the number."""
+
     name: str = "calculator"
+    max_turns: int = 3
+    max_operand: int = 99
+    tools: ClassVar[tuple] = (calculate,)
+
+    def sample(self, rng: random.Random) -> Prompt:
+        a, b, c = (rng.randint(2, self.max_operand) for _ in range(3))
+        question = {"role": "user", "content": f"{a}*{b}+{c}=?"}
+        return Prompt(messages=[question], answer=str(a * b + c))
+
+    def respond(self, prompt: Prompt, conversation: list[dict]) -> str | None:
+        return None  # an answer without a tool call ends the episode
+
+    def reward(self, prompt: Prompt, conversation: list[dict]) -> float:
+        """1 if the last assistant message made no tool call (nor had one answered) and its
+        last number is the answer, else 0."""
+        turns = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
+        if not turns:
+            return 0.0
+        last = conversation[turns[-1]]
+        content = last.get("content") or ""
+        called = last.get("tool_calls") or "<tool_call>" in content
+        if called or any(m.get("role") == "tool" for m in conversation[turns[-1] :]):
+            return 0.0
+        return 1.0 if final_number(content) == int(prompt.answer) else 0.0
+
+    def demonstration(self, prompt: Prompt) -> list[dict]:
+        """The ideal conversation after the prompt: one tool call, then the result (for warm-ups)."""
+        expression = prompt.messages[-1]["content"].removesuffix("=?")
+        call = {"name": "calculate", "arguments": json.dumps({"expression": expression})}
+        tool_call = {"id": "call_0", "type": "function", "function": call}
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [tool_call]},
+            {"role": "tool", "tool_call_id": "call_0", "name": "calculate", "content": calculate(expression)},
+            {"role": "assistant", "content": prompt.answer},
+        ]
+
+
+@dataclass(frozen=True)
+class TextCalculator:
+    """The text form for base models: `calc(...)` lines and `answer: N`."""
+
+    name: str = "calculator_text"
     max_turns: int = 3
     max_operand: int = 99
 
@@ -83,3 +147,5 @@ class Calculator:
     def reward(self, prompt: Prompt, completion: str) -> float:
         found = ANSWER.findall(completion)
         return 1.0 if found and parse_number(found[-1]) == parse_number(prompt.answer) else 0.0
+
+

@@ -13,7 +13,7 @@ from orchestrator.advantages import has_signal, overlong_penalty
 from orchestrator.client import InferenceClient
 from orchestrator.environments import eval_prompts, load_environment, score
 from orchestrator.envs.basic import ReverseText, positional_match
-from orchestrator.envs.calculator import Calculator, evaluate
+from orchestrator.envs.calculator import TextCalculator, evaluate
 from orchestrator.envs.grade_school import GradeSchoolMath, extract_answer, is_correct
 from orchestrator.evaluation import pass_at_k
 from orchestrator.pool import Server, ServerPool
@@ -87,7 +87,7 @@ def test_calculator_evaluates_only_integer_arithmetic():
 
 
 def test_calculator_responds_to_tool_calls_and_scores_the_final_answer():
-    env = Calculator()
+    env = TextCalculator()
     p = env.sample(random.Random(0))
     assert env.respond(p, "let me calc(6*7)") == "\n= 42\n"
     assert env.respond(p, "calc(6*7)\n= 42\nthen calc(42+1)") == "\n= 43\n"  # the last turn only
@@ -137,7 +137,7 @@ def test_eval_prompts_fall_back_to_a_fixed_seed():
 
 def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
     cfg = load_config(None, ['orchestrator.env="calculator"', "orchestrator.group_size=3"])
-    env = Calculator(max_turns=3)
+    env = TextCalculator(max_turns=3)
     prompt = env.sample(random.Random(0))
     with FakeServer() as fake:
         fake.state.answer = "calc(2*3)"

@@ -94,7 +94,9 @@ CHAT_TEMPLATE = """\
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}
-  {%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}
+  {%- if enable_thinking is defined and not enable_thinking -%}
+    {{- '<think>\\n\\n</think>\\n\\n' -}}
+  {%- endif -%}
 {%- endif -%}
 """
 # The calculator tool's OpenAI schema, as orchestrator.tools.tool_schema makes it (the warm-up's tools).

@@ -147,5 +147,3 @@ class TextCalculator:
     def reward(self, prompt: Prompt, completion: str) -> float:
         found = ANSWER.findall(completion)
         return 1.0 if found and parse_number(found[-1]) == parse_number(prompt.answer) else 0.0
-
-

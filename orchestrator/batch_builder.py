@@ -37,6 +37,14 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def sample_metrics(sample: Sample) -> dict[str, float]:
+    """The row's `metrics` JSON: the environment's reward and turns, and tool use where there was any."""
+    out = {"env_reward": sample.reward, "turns": sample.turns}
+    if sample.tool_calls:
+        out |= {"tool_calls": sample.tool_calls, "tool_errors": sample.tool_errors}
+    return out
+
+
 class BatchBuilder:
     """Rows and statistics of one batch, as the orchestrator's config says."""
 
@@ -75,7 +83,7 @@ class BatchBuilder:
                         reward=reward,
                         truncated=s.truncated,
                         env=self.env_name,
-                        metrics=json.dumps({"env_reward": s.reward, "turns": s.turns}),
+                        metrics=json.dumps(sample_metrics(s)),
                     )
                 )
         return rows
@@ -97,6 +105,8 @@ class BatchBuilder:
             "lag_max": max(lags),
             "truncated_frac": _mean([float(s.truncated) for s in samples]),
             "turns_mean": _mean([s.turns for s in samples]),
+            "tool_calls_mean": _mean([s.tool_calls for s in samples]),
+            "tool_errors_mean": _mean([s.tool_errors for s in samples]),
             "samples": len(rows),
             "tokens": sum(len(r["input_ids"]) for r in rows),
         }

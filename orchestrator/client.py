@@ -136,6 +136,27 @@ class InferenceClient:
             )
         return list(r.json()["tokens"])
 
+    async def tokenize_chat(
+        self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool, template_kwargs: dict
+    ) -> list[int]:
+        """Token ids of `messages` rendered with the served model's own chat template."""
+        body: dict = {"model": self.model, "messages": messages, "add_generation_prompt": generation_prompt}
+        if tools:
+            body["tools"] = tools
+        if template_kwargs:
+            body["chat_template_kwargs"] = template_kwargs
+        try:
+            r = await self.http.post("/tokenize", json=body)
+        except httpx.HTTPError as e:
+            raise TriadError(f"POST {self.base_url}/tokenize failed: {e!r}") from None
+        if r.status_code != 200:
+            detail = " ".join(r.text[:300].split())
+            raise RequestRejected(
+                f"POST {self.base_url}/tokenize could not render chat messages with the model's chat "
+                f"template (status {r.status_code}): {detail}"
+            )
+        return list(r.json()["tokens"])
+
     async def admin_weights(self) -> WeightsInfo | None:
         """What the server serves, or None if it has no triad admin routes."""
         r = await self._admin("GET")

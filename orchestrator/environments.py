@@ -12,11 +12,19 @@ and, optionally,
     def respond(self, prompt, completion) -> str | None   # or async: the environment's
         # next message after a model turn, appended to the conversation as tokens the
         # model did not sample (loss_mask false); None ends the episode
+    tools: list[Callable]                            # plain or async functions the model may call
     def eval_prompts(self) -> list[Prompt]           # a held-out set for evaluation
 
-`completion` is the conversation after the prompt as text: model turns and the
-environment's messages in order. Rewards and responses may be coroutines, and
-may call out (a subprocess, a sandbox); each call is bounded by
+A text prompt (`Prompt.text`) is sent as is (base models); `completion` is then
+the conversation after the prompt as text: model turns and the environment's
+messages in order. A chat prompt (`Prompt.messages`, OpenAI format) is rendered
+with the model's own chat template (`orchestrator/chat.py`); `reward` and
+`respond` then get the conversation after the prompt as OpenAI messages
+(assistant messages with their parsed `tool_calls`, tool results, the
+environment's user messages), and `respond` answers with a user message. With
+`orchestrator.chat = true` a text prompt is sent as one user message and its
+environment keeps seeing text. Rewards, responses and tools may be coroutines,
+and may call out (a subprocess, a sandbox); each call is bounded by
 `orchestrator.env_timeout_s`.
 
 `orchestrator.env` names the environment: a built-in (see `BUILTIN`), the name
@@ -46,9 +54,14 @@ EVAL_SEED = "held-out"
 
 @dataclass(frozen=True)
 class Prompt:
-    text: str
-    answer: str
+    text: str = ""
+    answer: str = ""
     meta: dict[str, str] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None  # a chat prompt, OpenAI format
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
 
 
 @runtime_checkable
@@ -64,6 +77,10 @@ def max_turns(env: Environment) -> int:
     return int(getattr(env, "max_turns", 1))
 
 
+def env_tools(env: Environment) -> list[Callable[..., Any]]:
+    return list(getattr(env, "tools", None) or [])
+
+
 async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -> Any:
     async with asyncio.timeout(timeout):
         try:
@@ -75,7 +92,7 @@ async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -
             raise TriadError(f"{what} raised {type(e).__name__}: {e}") from e
 
 
-async def score(env: Environment, prompt: Prompt, completion: str, timeout: float) -> float:
+async def score(env: Environment, prompt: Prompt, completion: str | list[dict], timeout: float) -> float:
     """The environment's reward, as a float; a reward that times out scores 0."""
     try:
         value = await _call(env.reward, timeout, f"environment {env.name!r}: reward", prompt, completion)
@@ -85,7 +102,9 @@ async def score(env: Environment, prompt: Prompt, completion: str, timeout: floa
     return float(value)
 
 
-async def respond(env: Environment, prompt: Prompt, completion: str, timeout: float) -> str | None:
+async def respond(
+    env: Environment, prompt: Prompt, completion: str | list[dict], timeout: float
+) -> str | None:
     reply = await _call(env.respond, timeout, f"environment {env.name!r}: respond", prompt, completion)
     if reply is not None and not isinstance(reply, str):
         raise TriadError(f"environment {env.name!r}: respond returned {type(reply).__name__}, not str/None")
@@ -140,6 +159,6 @@ def load_environment(ref: str, args: dict[str, Any] | None = None) -> Environmen
     if not isinstance(found, Environment):
         what = type(found).__name__
         raise TriadError(f"environment {ref!r} has no name, sample() and reward(): got a {what}")
-    if max_turns(found) > 1 and not hasattr(found, "respond"):
-        raise TriadError(f"environment {ref!r} has max_turns > 1 but no respond()")
+    if max_turns(found) > 1 and not hasattr(found, "respond") and not env_tools(found):
+        raise TriadError(f"environment {ref!r} has max_turns > 1 but neither respond() nor tools")
     return found

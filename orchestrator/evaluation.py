@@ -11,10 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from math import comb
+from typing import TYPE_CHECKING
 
 from orchestrator.environments import Environment, Prompt
 from orchestrator.pool import RolloutFailed, ServerPool
 from orchestrator.rollout import rollout_group
+
+if TYPE_CHECKING:
+    from orchestrator.chat_rollout import Episodes
 from shared.metrics import MetricsWriter
 
 log = logging.getLogger("triad.orchestrator")
@@ -30,10 +34,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 async def evaluate(
-    env: Environment, prompts: list[Prompt], pool: ServerPool, k: int, env_timeout: float
-) -> dict[str, float]:
+    env: Environment, prompts: list[Prompt], pool: ServerPool, k: int, env_timeout: float,
+    episodes: Episodes | None = None,
+) -> dict[str, float]:  # fmt: skip
     groups = await asyncio.gather(
-        *(rollout_group(env, p, pool, k, env_timeout) for p in prompts), return_exceptions=True
+        *(rollout_group(env, p, pool, k, env_timeout, episodes) for p in prompts), return_exceptions=True
     )
     scored = [g for g in groups if not isinstance(g, BaseException)]
     for g in groups:
@@ -54,10 +59,10 @@ async def evaluate(
 
 async def evaluate_and_log(
     step: int, env: Environment, prompts: list[Prompt], pool: ServerPool, k: int, env_timeout: float,
-    writer: MetricsWriter,
+    writer: MetricsWriter, episodes: Episodes | None = None,
 ) -> None:  # fmt: skip
     versions = sorted({s.version for s in pool.healthy()})
-    result = await evaluate(env, prompts, pool, k, env_timeout)
+    result = await evaluate(env, prompts, pool, k, env_timeout, episodes)
     writer.log(step, policy_versions=versions, **result)
     summary = ", ".join(f"{name} {value:.3f}" for name, value in result.items())
     log.info("eval after step %d: %s", step, summary)

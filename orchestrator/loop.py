@@ -41,6 +41,7 @@ import uuid
 from orchestrator.advantages import has_signal
 from orchestrator.backends import detect
 from orchestrator.batch_builder import BatchBuilder, Group
+from orchestrator.chat_rollout import episodes_for
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
 from orchestrator.evaluation import evaluate_and_log
@@ -48,7 +49,7 @@ from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
 from orchestrator.rollout import rollout_group
 from orchestrator.staleness import is_fresh, oldest_allowed_version, step_for_next_group
-from orchestrator.stats import LoopLag, summarize
+from orchestrator.stats import LoopLag, rates, summarize
 from orchestrator.weights import WeightFollower
 from shared.batch import publish_batch
 from shared.config import TriadConfig
@@ -71,6 +72,7 @@ class Orchestrator:
         self.env = env
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
+        self.episodes = episodes_for(env, pool, self.oc)  # chat or agent episodes; None: text
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
@@ -144,7 +146,7 @@ class Orchestrator:
     async def generate_group(self, prompt: Prompt) -> None:
         try:
             samples = await rollout_group(
-                self.env, prompt, self.pool, self.oc.group_size, self.oc.env_timeout_s
+                self.env, prompt, self.pool, self.oc.group_size, self.oc.env_timeout_s, self.episodes
             )
         except RolloutFailed as e:
             self.pending -= 1
@@ -187,24 +189,15 @@ class Orchestrator:
         self.dropped_total += dropped
         return batch, dropped, filtered
 
-    def system_metrics(self, elapsed: float, samples: int, tokens: int) -> dict[str, float]:
-        return dict(
-            served_version=self.served_version,
-            healthy_servers=len(self.pool.healthy()),
-            step_time_s=elapsed,
-            samples_per_s=samples / max(elapsed, 1e-9),
-            tokens_per_s=tokens / max(elapsed, 1e-9),
-            **summarize("request_latency_s", self.pool.take_latencies()),
-            **self.loop_lag.take(),
-        )
-
     def finish_step(self, step: int, batch: list[Group], dropped: int, filtered: int, elapsed: float) -> None:
         """Publish batch `step` and log its metrics row."""
         rows = self.builder.rows(step, batch)
         publish_batch(self.rundir, self.run_id, step, rows, self.oc.temperature)
         stats = self.builder.stats(step, batch, rows)
         row = self.metrics.log(
-            step, **stats, **self.system_metrics(elapsed, len(rows), stats["tokens"]),
+            step, **stats, **rates(elapsed, len(rows), stats["tokens"]),
+            served_version=self.served_version, healthy_servers=len(self.pool.healthy()),
+            **summarize("request_latency_s", self.pool.take_latencies()), **self.loop_lag.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
             groups_filtered=filtered, groups_failed=self.failed_groups,
         )  # fmt: skip
@@ -225,23 +218,35 @@ class Orchestrator:
             self.finish_step(step, batch, dropped, filtered, now - last)
             last = now
             if held_out and (step % self.oc.eval_every == 0 or step == self.cfg.max_steps):
-                evals.create_task(
-                    evaluate_and_log(
-                        step,
-                        self.env,
-                        held_out,
-                        self.pool,
-                        self.oc.eval_k,
-                        self.oc.env_timeout_s,
-                        self.eval_metrics,
-                    )  # fmt: skip
+                oc = self.oc
+                evaluation = evaluate_and_log(
+                    step,
+                    self.env,
+                    held_out,
+                    self.pool,
+                    oc.eval_k,
+                    oc.env_timeout_s,
+                    self.eval_metrics,
+                    self.episodes,
                 )
+                evals.create_task(evaluation)
 
     # -- the whole run ------------------------------------------------------
     async def run(self) -> None:
         await self.weights.connect()
         urls = ", ".join(s.url for s in self.pool.servers)
         log.info("connected to inference at %s, serving version %d", urls, self.served_version)
+        if self.episodes is None:
+            await self.run_tasks()
+            return
+        # a model without a (usable) chat template fails here, before any rollout
+        await self.episodes.start(self.env.sample(random.Random(self.cfg.seed)))
+        try:
+            await self.run_tasks()
+        finally:
+            await self.episodes.stop()
+
+    async def run_tasks(self) -> None:
         async with asyncio.TaskGroup() as tg:
             background = [
                 tg.create_task(self.weights.follow()),

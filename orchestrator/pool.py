@@ -73,15 +73,16 @@ class ServerPool:
             await asyncio.sleep(0.1)
 
     async def complete(
-        self, prompt: str | list[int], n: int, prefer: Server | None = None
+        self, prompt: str | list[int], n: int, prefer: Server | None = None, max_tokens: int | None = None
     ) -> tuple[list[Completion], Server, int]:
         """Completions, the server that made them, and the version it served when asked."""
+        max_tokens = max_tokens or self.oc.max_tokens
         error: TriadError | None = None
         for attempt in range(self.oc.max_retries + 1):
             server = await self.pick(prefer)
             version, started = server.version, time.monotonic()
             try:
-                out = await server.client.complete(prompt, n, self.oc.max_tokens, self.oc.temperature)
+                out = await server.client.complete(prompt, n, max_tokens, self.oc.temperature)
             except RequestRejected:
                 raise
             except TriadError as e:

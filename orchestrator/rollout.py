@@ -4,17 +4,23 @@ Token ids and logprobs are the server's own: the prompt is tokenised once by
 the server, each later model turn continues from the exact token ids so far, and
 an environment message is tokenised by the server's `/tokenize` and appended
 with `loss_mask = false` and logprob 0. A sample's version is the oldest
-version any of its turns was sent to.
+version any of its turns was sent to. Chat prompts (and text prompts with
+`orchestrator.chat`) go through `chat_rollout.ChatRollouts` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.client import Completion
 from orchestrator.environments import Environment, Prompt, max_turns, respond, score
 from orchestrator.pool import ServerPool
+from shared.errors import TriadError
+
+if TYPE_CHECKING:
+    from orchestrator.chat_rollout import Episodes
 
 
 @dataclass
@@ -27,6 +33,9 @@ class Sample:
     version: int = 0
     turns: int = 0
     reward: float = 0.0
+    conversation: list[dict[str, Any]] = field(default_factory=list)  # chat: the messages after the prompt
+    tool_calls: int = 0
+    tool_errors: int = 0
 
     def add(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.input_ids += ids
@@ -70,9 +79,15 @@ async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeou
 
 
 async def rollout_group(
-    env: Environment, prompt: Prompt, pool: ServerPool, group_size: int, env_timeout: float
-) -> list[Sample]:
-    """`group_size` scored samples of one prompt (one request with n samples if single-turn)."""
+    env: Environment, prompt: Prompt, pool: ServerPool, group_size: int, env_timeout: float,
+    episodes: Episodes | None = None,
+) -> list[Sample]:  # fmt: skip
+    """`group_size` scored samples of one prompt (one request with n samples if single-turn text);
+    with `episodes` (chat or agent episodes), theirs."""
+    if episodes is not None:
+        return await episodes.group(prompt, group_size)
+    if prompt.is_chat:
+        raise TriadError(f"environment {env.name!r} gave a chat prompt, but chat rollouts are not set up")
     if max_turns(env) == 1:
         completions, _, version = await pool.complete(prompt.text, group_size)
         samples = [single_turn(c, version) for c in completions]

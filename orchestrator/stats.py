@@ -9,6 +9,12 @@ from collections.abc import Sequence
 LAG_PROBE_S = 0.05
 
 
+def rates(elapsed: float, samples: int, tokens: int) -> dict[str, float]:
+    """A step's duration and throughput."""
+    per_s = 1 / max(elapsed, 1e-9)
+    return dict(step_time_s=elapsed, samples_per_s=samples * per_s, tokens_per_s=tokens * per_s)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) by linear interpolation; 0 for no values."""
     if not values:

@@ -70,7 +70,19 @@ class OrchestratorConfig(Table):
     model_name: str | None = Field(None, description="served model name; None: ask /v1/models")
     env: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
     env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")
-    env_timeout_s: float = Field(60, gt=0, description="bound on one reward or respond call")
+    env_timeout_s: float = Field(60, gt=0, description="bound on one reward, respond or tool call")
+    chat: bool = Field(
+        False, description="send text prompts as a user message with the model's chat template"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="options of the chat template, e.g. {enable_thinking = false}"
+    )
+    tool_parser: Literal["hermes"] = Field("hermes", description="format of the model's tool calls")
+    agent_timeout_s: float = Field(600, gt=0, description="bound on one agent episode (agent environments)")
+    proxy_host: str = Field(
+        "127.0.0.1", description="where agent environments reach the orchestrator's proxy"
+    )
+    proxy_port: int = Field(0, ge=0, le=65535, description="the agent proxy's port; 0: any free port")
     backend: Literal["auto", "triad", "sglang", "none"] = Field(
         "auto", description="how servers load new weights; none: the policy stays frozen"
     )

@@ -62,12 +62,12 @@ def run_triad(
     )
 
 
-def plain_vllm_cmd(model: str, port: int) -> list[str]:
+def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256) -> list[str]:
     """vLLM's own OpenAI server, without triad's admin routes."""
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
-        "--max-model-len", "256", "--disable-uvicorn-access-log",
+        "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log",
     ]  # fmt: skip
 
 
@@ -75,15 +75,16 @@ class Server:
     """`triad inference` (or with `plain`, vLLM's own server) in a subprocess, logging to a file."""
 
     def __init__(
-        self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False, port: int = 0
-    ) -> None:
+        self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False, port: int = 0,
+        max_model_len: int = 256,
+    ) -> None:  # fmt: skip
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         sets = [f"run_dir={run_dir}", f"model={model}", f"inference.port={self.port}", *extra]
         cmd = triad_cmd("inference", *[f"--set={s}" for s in sets])
         if plain:
-            cmd = plain_vllm_cmd(model, self.port)
+            cmd = plain_vllm_cmd(model, self.port, max_model_len)
         self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             cmd,

@@ -1,11 +1,12 @@
 """Environments against a real vLLM server that has no triad admin routes (vLLM's own).
 
-- the multi-turn calculator environment produces batches whose loss_mask is
+- the multi-turn text calculator environment produces batches whose loss_mask is
   false exactly on the environment's tokens and whose input_ids re-tokenise to
   the rendered conversation;
 - a run (orchestrator + torchrun trainer) uses an environment from a separate
   package found through its `triad.environments` entry point, with this plain
-  server as the rollout backend: the policy stays frozen and the run says so.
+  server as the rollout backend: the policy stays frozen and the run says so;
+- a chat environment against a model without a chat template stops at start, in one line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from shared.batch import publish_batch, read_batch
 from shared.config import load_config
 from shared.metrics import read_metrics
 from shared.rundir import RunDir
-from tests.helpers import REPO, Server, triad_cmd, write_env_plugin
+from tests.helpers import REPO, Server, run_triad, triad_cmd, write_env_plugin
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +64,7 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
         None,
         [
             f"run_dir={run_dir}", f"model={model}", f'orchestrator.inference_urls=["{url}"]',
-            'orchestrator.env="calculator"', "orchestrator.batch_size=3", "orchestrator.group_size=3",
+            'orchestrator.env="calculator_text"', "orchestrator.batch_size=3", "orchestrator.group_size=3",
             "orchestrator.max_tokens=8", "orchestrator.temperature=0.4", "max_steps=2",
         ],
     )  # fmt: skip
@@ -94,13 +95,13 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
 def test_multi_turn_batches_mask_exactly_the_environment_tokens(tmp_path, tiny_model, plain_server):
     batch, rows = collect_calculator_batch(tmp_path, tiny_model, plain_server.url)
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    env = load_environment("calculator")
+    env = load_environment("calculator_text")
     samples = [(g.prompt, s) for g in batch for s in g.samples]
     assert len(rows) == len(samples) == 9
     replies_seen = retokenised = 0
     for row, (prompt, sample) in zip(rows, samples, strict=True):
         ids, mask, logprobs = row["input_ids"], row["loss_mask"], row["logprobs"]
-        assert ids == sample.input_ids and row["env"] == "calculator"
+        assert ids == sample.input_ids and row["env"] == "calculator_text"
         # the ids are the rendered conversation, and re-tokenise to themselves (unless the random
         # model sampled bytes that are not UTF-8: text cannot carry those, token ids do)
         if "\ufffd" not in tok.decode(ids):
@@ -168,3 +169,14 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
     assert [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))] == [1, 2, 3]
     orchestrator = read_metrics(rundir.metrics_file("orchestrator"))
     assert [r["step"] for r in orchestrator] == [1, 2, 3] and "reward/echo" in orchestrator[0]
+
+
+def test_a_chat_environment_needs_a_chat_template(tmp_path, tiny_model, plain_server):
+    """tiny-addition has no chat template: the orchestrator says so in one line, before any rollout."""
+    sets = [f"run_dir={tmp_path / 'run'}", f"model={tiny_model}", 'orchestrator.env="calculator"',
+            f'orchestrator.inference_urls=["{plain_server.url}"]']  # fmt: skip
+    result = run_triad("orchestrator", *[f"--set={s}" for s in sets], timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "chat template" in errors[0], result.stderr
+    assert not RunDir(tmp_path / "run").rollouts.steps()

@@ -1,0 +1,419 @@
+"""Chat models, tool calls and agents against a real vLLM server and a real torchrun trainer.
+
+One plain vLLM server (no triad admin routes: the policy stays frozen, so every
+sample is of version 0 and the trainer's first update sees the sampler's weights)
+serves the embedded chat model `builtin:tiny-tools` to every test here. The
+orchestrator runs in this process, with its inference client recording every
+completion vLLM returned, so batches can be checked against what was sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from orchestrator.client import InferenceClient
+from orchestrator.environments import Prompt, load_environment
+from orchestrator.envs.calculator import ChatCalculator, calculate
+from orchestrator.loop import Orchestrator, connect_servers
+from orchestrator.pool import ServerPool
+from orchestrator.tools import ToolRunner, parse_tool_calls, tool_schema
+from shared.batch import read_batch
+from shared.config import TriadConfig, load_config
+from shared.metrics import read_metrics
+from shared.rundir import RunDir
+from tests.helpers import REPO, Server, run_triad
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def chat_model(triad_cache) -> str:
+    from services.models import resolve_model
+
+    return resolve_model("builtin:tiny-tools")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, chat_model):
+    root = tmp_path_factory.mktemp("chat-vllm")
+    s = Server(root, chat_model, root / "vllm.log", plain=True, max_model_len=512)
+    try:
+        s.wait_healthy()
+        yield s
+    finally:
+        s.stop()
+
+
+class Recording(InferenceClient):
+    """An inference client that keeps every completion it got: (prompt ids, sampled ids, logprobs)."""
+
+    calls: list[tuple[list[int], list[int], list[float]]] = []
+
+    async def complete(self, prompt, n, max_tokens, temperature):
+        out = await super().complete(prompt, n, max_tokens, temperature)
+        ids = prompt if isinstance(prompt, list) else out[0].prompt_ids
+        Recording.calls += [(list(ids), c.token_ids, c.logprobs) for c in out]
+        return out
+
+
+def config(run_dir: Path, model: str, url: str, env: str, *extra: str) -> tuple[TriadConfig, list[str]]:
+    sets = [
+        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}",
+        f'orchestrator.inference_urls=["{url}"]', f'orchestrator.env="{env}"',
+        "orchestrator.batch_size=4", "orchestrator.group_size=4",
+        "orchestrator.max_tokens=96", "trainer.optim.lr=1e-4", "trainer.batch_timeout_s=300",
+        "orchestrator.weights_timeout_s=300", *extra,
+    ]  # fmt: skip
+    return load_config(None, sets), [f"--set={s}" for s in sets]
+
+
+def train(cfg: TriadConfig, flags: list[str], env, log: Path) -> None:
+    """The orchestrator here (recording), a 1-rank torchrun trainer beside it, until both are done."""
+    trainer_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+                   "-m", "services.cli", "trainer", *flags]  # fmt: skip
+    with open(log, "w") as out:
+        trainer = subprocess.Popen(trainer_cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        run = RunDir(cfg.run_dir).ensure_run(cfg.public_dict())
+        asyncio.run(orchestrate(cfg, run.run_id, env))
+        assert trainer.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+
+
+async def orchestrate(cfg: TriadConfig, run_id: str, env) -> None:
+    clients = [Recording(url, None, 120) for url in cfg.inference_urls()]
+    try:
+        servers = await connect_servers(cfg, clients)
+        await Orchestrator(cfg, run_id, ServerPool(servers, cfg.orchestrator), env).run()
+    finally:
+        for client in clients:
+            await client.close()
+
+
+def recordings() -> dict[tuple[int, ...], list[tuple[list[int], list[float]]]]:
+    """What vLLM returned, by the prompt ids it was asked with."""
+    out: dict[tuple[int, ...], list] = {}
+    for prompt, sampled, logprobs in Recording.calls:
+        out.setdefault(tuple(prompt), []).append((sampled, logprobs))
+    return out
+
+
+def runs(mask: list[bool]) -> list[tuple[bool, int, int]]:
+    """(value, start, end) of each run of equal mask values."""
+    out, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((mask[start], start, i))
+            start = i
+    return out
+
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"  # the tiny template's generation prompt with enable_thinking=false
+
+
+def tool_replies(text: str) -> list[dict]:
+    return asyncio.run(ToolRunner([calculate], 60).run_turn(parse_tool_calls(text)))
+
+
+def rendered_replies(text: str, thinking: bool) -> str:
+    """What the tiny template writes after a sampled turn that ended with <|im_end|>: the newline,
+    each tool message, the next generation prompt (written out here, not by triad's renderer)."""
+    body = "".join(f"<|im_start|>tool\n{m['content']}<|im_end|>\n" for m in tool_replies(text))
+    return "\n" + body + "<|im_start|>assistant\n" + ("" if thinking else EMPTY_THINK)
+
+
+def check_row(row: dict, tok, recorded: dict, thinking: bool = True) -> int:
+    """A batch row is the rendered prompt, then the sampled turns exactly as vLLM returned them with
+    the environment's tokens between them; returns its number of turns."""
+    ids, mask, logprobs = row["input_ids"], row["loss_mask"], row["logprobs"]
+    parts = runs(mask)
+    assert parts[0][0] is False and parts[1][0] is True, "a row starts with the prompt, then a model turn"
+    turns = 0
+    for value, a, b in parts:
+        if value:  # a model turn: exactly what vLLM returned for exactly this prompt
+            answers = recorded[tuple(ids[:a])]  # the group's episodes share their first prompt
+            match = [lps for sampled, lps in answers if sampled == ids[a:b]]
+            assert match, "the batch holds other ids than vLLM sampled for this prompt"
+            assert any(all(math.isclose(x, y, abs_tol=1e-6) for x, y in zip(logprobs[a:b], lps, strict=True))
+                       for lps in match)  # fmt: skip
+            turns += 1
+        else:
+            assert all(x == 0.0 for x in logprobs[a:b])
+            if a > 0:  # the environment's tokens after turn `turns`
+                text = tok.decode(ids[parts_start(parts, a)[0] : a], skip_special_tokens=True)
+                assert tok.decode(ids[a:b]) == rendered_replies(text, thinking), tok.decode(ids[a:b])
+    return turns
+
+
+def parts_start(parts: list[tuple[bool, int, int]], end: int) -> tuple[int, int]:
+    return next((a, b) for value, a, b in parts if value and b == end)
+
+
+def test_chat_tool_use_batches_hold_the_sampled_ids_and_mask_template_and_tool_tokens(
+    tmp_path, chat_model, server
+):
+    Recording.calls = []
+    cfg, flags = config(tmp_path / "run", chat_model, server.url, "calculator")
+    train(cfg, flags, load_environment("calculator"), tmp_path / "trainer.log")
+    tok = AutoTokenizer.from_pretrained(chat_model)
+    recorded = recordings()
+    rundir = RunDir(cfg.run_dir)
+    schema = [tool_schema(calculate)]
+    turns = []
+    for step in range(1, STEPS + 1):
+        rows = read_batch(rundir.batch_file(step)).to_pylist()
+        assert len(rows) == 16 and {r["env"] for r in rows} == {"calculator"}
+        for row in rows:
+            turns.append(check_row(row, tok, recorded))
+            prompt_end = row["loss_mask"].index(True)
+            prompt_text = tok.decode(row["input_ids"][:prompt_end])
+            user = prompt_text.split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+            expected = tok.apply_chat_template(
+                [{"role": "user", "content": user}], tools=schema, add_generation_prompt=True, tokenize=False
+            )
+            # the model's own template, rendered by transformers
+            assert row["input_ids"][:prompt_end] == tok(expected, add_special_tokens=False).input_ids
+    assert max(turns) >= 2, "no episode called a tool: the multi-turn path was not exercised"
+    trainer = read_metrics(rundir.metrics_file("trainer"))
+    assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
+    orchestrator = read_metrics(rundir.metrics_file("orchestrator"))
+    assert all("tool_calls_mean" in r for r in orchestrator)
+
+
+class CalculatorAgent:
+    """An agent written with the official openai client: two questions, each its own conversation
+    (so each episode is two chains, two samples), each answered with the calculator tool. It keeps
+    every reply it got, the calls of each conversation and the model's tool calls of each episode."""
+
+    name = "calculator_agent"
+    replies: list[dict] = []
+    calls_per_conversation: list[int] = []
+    tool_calls_per_episode: list[int] = []
+
+    def sample(self, rng) -> Prompt:
+        a, b, c, d, e, f = (rng.randint(2, 99) for _ in range(6))
+        return Prompt(text=f"{a}*{b}+{c}=?", answer=str(a * b + c), meta={"second": f"{d}*{e}+{f}=?"})
+
+    async def run_agent(self, prompt: Prompt, base_url: str, model: str) -> list[str]:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+        answers, tool_calls = [], 0
+        try:
+            for question in (prompt.text, prompt.meta["second"]):
+                answer, calls = await self.ask(client, model, [{"role": "user", "content": question}])
+                answers.append(answer)
+                tool_calls += calls
+        finally:
+            await client.close()
+        CalculatorAgent.tool_calls_per_episode.append(tool_calls)
+        return answers
+
+    async def ask(self, client, model: str, messages: list[dict]) -> tuple[str, int]:
+        """The answer to one question, and the model's tool calls on the way."""
+        calls = tool_calls = 0
+        answer = ""
+        for _ in range(3):
+            r = await client.chat.completions.create(
+                model=model, messages=messages, tools=[tool_schema(calculate)], max_tokens=96
+            )
+            calls += 1
+            message = r.choices[0].message
+            reply = message.model_dump(exclude_none=True)
+            CalculatorAgent.replies.append(reply)
+            messages.append(reply)
+            for call in message.tool_calls or []:
+                tool_calls += 1
+                try:
+                    result = calculate(**json.loads(call.function.arguments))
+                except Exception as e:  # the model's arguments: anything
+                    result = f"error: {e}"
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            if not message.tool_calls:
+                answer = message.content or ""
+                break
+        CalculatorAgent.calls_per_conversation.append(calls)
+        return answer, tool_calls
+
+    def reward(self, prompt: Prompt, episode) -> float:
+        answers = episode.result if isinstance(episode.result, list) else []
+        return float(bool(answers) and prompt.answer in answers[0])
+
+
+def sampled_replies(row: dict, tok) -> list[str]:
+    """Each model turn of a row as the assistant message the proxy answered with (normal form)."""
+    from orchestrator.agents import normal
+    from orchestrator.tools import assistant_message
+
+    out = []
+    for value, a, b in runs(row["loss_mask"]):
+        if value:
+            parsed = parse_tool_calls(tok.decode(row["input_ids"][a:b], skip_special_tokens=True))
+            out.append(json.dumps(normal(assistant_message(parsed)), sort_keys=True))
+    return out
+
+
+def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, server):
+    from collections import Counter
+
+    from orchestrator.agents import normal
+
+    agent = CalculatorAgent
+    agent.replies, agent.calls_per_conversation, agent.tool_calls_per_episode = [], [], []
+    cfg, flags = config(
+        tmp_path / "run", chat_model, server.url, "tests.integration.test_chat:CalculatorAgent"
+    )
+    train(cfg, flags, CalculatorAgent(), tmp_path / "trainer.log")
+    tok = AutoTokenizer.from_pretrained(chat_model)
+    rundir = RunDir(cfg.run_dir)
+    rows = [r for step in range(1, STEPS + 1) for r in read_batch(rundir.batch_file(step)).to_pylist()]
+    in_batches = Counter(reply for row in rows for reply in sampled_replies(row, tok))
+    asked = Counter(json.dumps(normal(r), sort_keys=True) for r in agent.replies)
+    assert in_batches == asked, "every call the agent made is in a batch, with the ids it was answered from"
+    # each conversation (calls that extend each other) is one sample, of as many turns as calls
+    assert sorted(json.loads(r["metrics"])["turns"] for r in rows) == sorted(agent.calls_per_conversation)
+    assert len(rows) == 2 * len(agent.tool_calls_per_episode) == 2 * 16 * STEPS
+    two = sum(n >= 2 for n in agent.tool_calls_per_episode)
+    print(f"episodes with two or more tool calls: {two} of {len(agent.tool_calls_per_episode)}")
+    assert two >= len(agent.tool_calls_per_episode) // 4, agent.tool_calls_per_episode
+    assert [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))] == list(range(1, STEPS + 1))
+
+
+class Slow(InferenceClient):
+    async def complete(self, prompt, n, max_tokens, temperature):
+        await asyncio.sleep(2)
+        return await super().complete(prompt, n, max_tokens, temperature)
+
+
+def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(tmp_path, chat_model, server):
+    import httpx
+
+    from orchestrator.proxy import AgentProxy
+
+    cfg, _ = config(tmp_path / "run", chat_model, server.url, "calculator")
+
+    async def check() -> None:
+        client = Slow(server.url, None, 60)
+        await client.wait_ready(60, None)
+        proxy = AgentProxy(ServerPool([_server(client)], cfg.orchestrator), cfg.orchestrator)
+        await proxy.start()
+        try:
+            over, _ = proxy.open()
+            proxy.close(over)
+            agent = openai.AsyncOpenAI(base_url=proxy.base_url(over), api_key="x", max_retries=0, timeout=10)
+            with pytest.raises(openai.NotFoundError, match="is over"):
+                await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1"}])
+            live, _ = proxy.open()
+            async with httpx.AsyncClient(base_url=proxy.base_url(live), timeout=10) as http:
+                bad = await http.post("/chat/completions", json={"messages": [{"role": "robot"}]})
+                assert bad.status_code == 400 and "message 0 is malformed" in bad.json()["error"]["message"]
+                not_json = await http.post("/chat/completions", content=b"{")
+                assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]["message"]
+                call = asyncio.create_task(
+                    http.post("/chat/completions", json={"messages": [{"role": "user", "content": "1+1"}]})
+                )
+                await asyncio.sleep(0.5)
+                proxy.close(live)  # the episode ends while its call waits on the (slow) server
+                ended = await asyncio.wait_for(call, 1.0)
+                assert ended.status_code == 410 and "ended while" in ended.json()["error"]["message"]
+        finally:
+            await proxy.stop()
+            await client.close()
+
+    asyncio.run(check())
+
+
+def _server(client):
+    from orchestrator.backends import Frozen
+    from orchestrator.pool import Server as PoolServer
+
+    return PoolServer(client, Frozen())
+
+
+def write_module(root: Path, name: str, source: str) -> None:
+    (root / f"{name}.py").write_text(source)
+
+
+def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, server):
+    write_module(tmp_path, "bad_envs", (
+        "from orchestrator.environments import Prompt\n"
+        "class Bad:\n"
+        "    name = 'bad'\n"
+        "    def sample(self, rng):\n"
+        "        return Prompt(messages=[{'content': 'no role'}], answer='1')\n"
+        "    def reward(self, prompt, conversation):\n"
+        "        return 0.0\n"
+    ))  # fmt: skip
+    url = f'orchestrator.inference_urls=["{server.url}"]'
+    sets = [f"run_dir={tmp_path / 'run'}", f"model={chat_model}", url, 'orchestrator.env="bad_envs:Bad"']
+    result = run_triad("orchestrator", *[f"--set={s}" for s in sets], timeout=120,
+                       env={"PYTHONPATH": f"{tmp_path}:{REPO}"})  # fmt: skip
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "environment 'bad': prompt: message 0 is malformed (role" in errors[0], (
+        result.stderr
+    )
+
+
+def conversation_of(row: dict, tok, user: str) -> list[dict]:
+    """The row's conversation as messages, rebuilt from its sampled turns (what a chat server keeps)."""
+    from orchestrator.tools import assistant_message
+
+    messages = [{"role": "user", "content": user}]
+    for value, a, b in runs(row["loss_mask"]):
+        if value:
+            text = tok.decode(row["input_ids"][a:b], skip_special_tokens=True)
+            messages.append(assistant_message(parse_tool_calls(text)))
+            if messages[-1].get("tool_calls"):
+                messages += tool_replies(text)
+    return messages
+
+
+def test_a_template_that_rewrites_history_does_not_change_what_the_trainer_sees(tmp_path, chat_model, server):
+    """Qwen3-style: each generation prompt opens an empty think block that a rendered history does not
+    have, and earlier think blocks are dropped. The batch holds what was sampled and conditioned on;
+    a re-rendered conversation would not; the trainer's logprobs equal vLLM's."""
+    Recording.calls = []
+    kwargs = "orchestrator.chat_template_kwargs={enable_thinking=false, drop_think=true}"
+    cfg, flags = config(tmp_path / "run", chat_model, server.url, "calculator", "max_steps=1", kwargs)
+    train(cfg, flags, ChatCalculator(), tmp_path / "trainer.log")
+    tok = AutoTokenizer.from_pretrained(chat_model)
+    recorded = recordings()
+    rows = read_batch(RunDir(cfg.run_dir).batch_file(1)).to_pylist()
+    rewritten = 0
+    for row in rows:
+        turns = check_row(row, tok, recorded, thinking=False)
+        user = tok.decode(row["input_ids"]).split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+        again = tok.apply_chat_template(
+            conversation_of(row, tok, user), tools=[tool_schema(calculate)], tokenize=False,
+            enable_thinking=False, drop_think=True,
+        )  # fmt: skip
+        again = tok(again, add_special_tokens=False).input_ids
+        if turns >= 2:
+            assert list(again) != row["input_ids"][: len(again)], "a re-render would have given the same ids"
+            rewritten += 1
+    assert rewritten, "no episode had two turns: nothing for the template to rewrite"
+    model = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
+    worst = 0.0
+    for row in rows:  # batch 1 was sampled by version 0, the base model
+        ids = torch.tensor([row["input_ids"]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+        for t, sampled in enumerate(row["loss_mask"][1:], start=1):
+            if sampled:
+                worst = max(worst, abs(logp[t - 1].item() - row["logprobs"][t]))
+    assert worst < 1e-3, worst
+    trainer = read_metrics(RunDir(cfg.run_dir).metrics_file("trainer"))
+    assert trainer[0]["mismatch_kl"] < 1e-4, trainer[0]  # the trainer's own logprobs of the same tokens

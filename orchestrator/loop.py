@@ -94,10 +94,6 @@ class Orchestrator:
         async with self.changed:
             self.changed.notify_all()
 
-    @property
-    def served_version(self) -> int:
-        return self.weights.served_version
-
     def next_group_step(self) -> int:
         return step_for_next_group(self.step, self.accepted + self.pending, self.oc.batch_size)
 
@@ -106,7 +102,7 @@ class Orchestrator:
         return (
             self.pending < self.oc.max_inflight
             and target <= self.cfg.max_steps
-            and self.served_version >= oldest_allowed_version(target, self.cfg.max_async_level)
+            and self.weights.served_version >= oldest_allowed_version(target, self.cfg.max_async_level)
         )
 
     # -- producer -----------------------------------------------------------
@@ -133,7 +129,8 @@ class Orchestrator:
                 except TimeoutError:
                     if stalled_on_weights:
                         log.info(
-                            "waiting for the trainer to publish weights (serving v%d)", self.served_version
+                            "waiting for the trainer to publish weights (serving v%d)",
+                            self.weights.served_version,
                         )
 
     async def produce(self) -> None:
@@ -196,7 +193,7 @@ class Orchestrator:
         stats = self.builder.stats(step, batch, rows)
         row = self.metrics.log(
             step, **stats, **rates(elapsed, len(rows), stats["tokens"]),
-            served_version=self.served_version, healthy_servers=len(self.pool.healthy()),
+            served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.loop_lag.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
             groups_filtered=filtered, groups_failed=self.failed_groups,
@@ -204,7 +201,7 @@ class Orchestrator:
         self.failed_groups = 0
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
-            step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.served_version,
+            step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.weights.served_version,
         )  # fmt: skip
 
     async def run_steps(self, evals: asyncio.TaskGroup) -> None:
@@ -235,7 +232,7 @@ class Orchestrator:
     async def run(self) -> None:
         await self.weights.connect()
         urls = ", ".join(s.url for s in self.pool.servers)
-        log.info("connected to inference at %s, serving version %d", urls, self.served_version)
+        log.info("connected to inference at %s, serving version %d", urls, self.weights.served_version)
         if self.episodes is None:
             await self.run_tasks()
             return

@@ -336,8 +336,8 @@ def test_frozen_backend_paces_rollouts_by_the_trainer_and_skips_the_staleness_dr
     orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=0", "max_steps=10")
     orch.pool.servers[0].backend = Frozen()
     orch2 = Orchestrator(orch.cfg, orch.run_id, orch.pool, orch.env)
-    assert orch2.weights.frozen and orch2.served_version == 0
+    assert orch2.weights.frozen and orch2.weights.served_version == 0
     orch2.weights.trainer_version = 5
-    assert orch2.served_version == 5
+    assert orch2.weights.served_version == 5
     old = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0], version=0))
     assert orch2.accepts(old, step=9, filtered=0) is None

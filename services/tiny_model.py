@@ -99,19 +99,14 @@ CHAT_TEMPLATE = """\
   {%- endif -%}
 {%- endif -%}
 """
-# The calculator tool's OpenAI schema, as orchestrator.tools.tool_schema makes it (the warm-up's tools).
-CALCULATE_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": "Evaluate an integer arithmetic expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
+
+
+def calculate_schema() -> dict:
+    """The calculator tool's OpenAI schema, as the orchestrator renders it (the warm-up's tools)."""
+    from orchestrator.envs.calculator import calculate
+    from orchestrator.tools import tool_schema
+
+    return tool_schema(calculate)
 
 
 def cache_root() -> Path:
@@ -244,7 +239,7 @@ def warm_up_chat(model, tokenizer, task_name: str, steps: int, lr: float, seed: 
         for _ in range(batch):
             p = task.sample(rng)
             text = tokenizer.apply_chat_template(
-                p.messages + task.demonstration(p), tools=[CALCULATE_SCHEMA], tokenize=False
+                p.messages + task.demonstration(p), tools=[calculate_schema()], tokenize=False
             )
             ids = tokenizer.encode(text, add_special_tokens=False)
             rows.append(ids)

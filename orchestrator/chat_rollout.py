@@ -53,6 +53,21 @@ def episodes_for(env: Environment, pool: ServerPool, oc: OrchestratorConfig) -> 
     return None
 
 
+def pool_renderer(pool: ServerPool, tools: list[dict] | None, options: dict) -> ChatRenderer:
+    """A renderer whose requests go to the pool's servers, with its retries."""
+
+    async def render(messages: list[dict], generation_prompt: bool) -> list[int]:
+        async def call(server: Server) -> list[int]:
+            return await server.client.tokenize_chat(messages, tools, generation_prompt, options)
+
+        return (await pool.request(call, "rendering chat messages"))[0]
+
+    async def tokenize(text: str) -> list[int]:
+        return (await pool.request(lambda server: server.client.tokenize(text), "tokenizing"))[0]
+
+    return ChatRenderer(render, tokenize)
+
+
 def text_of(conversation: list[dict]) -> str:
     """A conversation as text, for environments that score text."""
     return "\n".join(m.get("content") or "" for m in conversation)
@@ -64,21 +79,8 @@ class ChatRollouts:
     def __init__(self, env: Environment, pool: ServerPool, oc: OrchestratorConfig) -> None:
         self.env, self.pool, self.oc = env, pool, oc
         self.runner = ToolRunner(env_tools(env), oc.env_timeout_s)
-        self.renderer = ChatRenderer(self._render, self._tokenize)
+        self.renderer = pool_renderer(pool, self.runner.schemas or None, oc.chat_template_kwargs)
         self.where = f"environment {env.name!r}"
-
-    async def _server(self) -> Server:
-        return await self.pool.pick()
-
-    async def _render(self, messages: list[dict], generation_prompt: bool) -> list[int]:
-        server = await self._server()
-        tools = self.runner.schemas or None
-        return await server.client.tokenize_chat(
-            messages, tools, generation_prompt, self.oc.chat_template_kwargs
-        )
-
-    async def _tokenize(self, text: str) -> list[int]:
-        return await (await self._server()).client.tokenize(text)
 
     def messages(self, prompt: Prompt) -> list[dict]:
         """The prompt as checked chat messages (a text prompt becomes one user message)."""

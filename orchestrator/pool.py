@@ -17,12 +17,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from orchestrator.backends import WeightBackend
 from orchestrator.client import Completion, InferenceClient, RequestRejected
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 
+T = TypeVar("T")
 log = logging.getLogger("triad.orchestrator")
 MAX_BACKOFF_S = 30.0
 
@@ -77,12 +79,27 @@ class ServerPool:
     ) -> tuple[list[Completion], Server, int]:
         """Completions, the server that made them, and the version it served when asked."""
         max_tokens = max_tokens or self.oc.max_tokens
+
+        async def ask(server: Server) -> tuple[list[Completion], int, float]:
+            version, started = server.version, time.monotonic()
+            out = await server.client.complete(prompt, n, max_tokens, self.oc.temperature)
+            return out, version, time.monotonic() - started
+
+        (out, version, latency), server = await self.request(ask, "a rollout", prefer)
+        self.latencies.append(latency)
+        return out, server, version
+
+    async def request(
+        self, call: Callable[[Server], Awaitable[T]], what: str, prefer: Server | None = None
+    ) -> tuple[T, Server]:
+        """`call` on a healthy server (`prefer` first); a failure is retried on another with backoff,
+        a server that keeps failing is taken out, and a request the server refuses (4xx) is not retried.
+        RolloutFailed once every attempt failed: its group is dropped, the run goes on."""
         error: TriadError | None = None
         for attempt in range(self.oc.max_retries + 1):
             server = await self.pick(prefer)
-            version, started = server.version, time.monotonic()
             try:
-                out = await server.client.complete(prompt, n, max_tokens, self.oc.temperature)
+                out = await call(server)
             except RequestRejected:
                 raise
             except TriadError as e:
@@ -93,9 +110,8 @@ class ServerPool:
                 await asyncio.sleep(min(self.oc.retry_backoff_s * 2**attempt, MAX_BACKOFF_S))
                 continue
             server.failures = 0
-            self.latencies.append(time.monotonic() - started)
-            return out, server, version
-        raise RolloutFailed(f"a rollout failed {self.oc.max_retries + 1} times; the last error: {error}")
+            return out, server
+        raise RolloutFailed(f"{what} failed {self.oc.max_retries + 1} times; the last error: {error}")
 
     def take_latencies(self) -> list[float]:
         out, self.latencies = self.latencies, []

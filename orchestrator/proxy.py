@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from orchestrator.agents import AgentEpisode, EpisodeRecorder, check_request, run_agent
 from orchestrator.chat import ChatRenderer
+from orchestrator.chat_rollout import pool_renderer
 from orchestrator.environments import score
 from orchestrator.pool import RolloutFailed, ServerPool
 from shared.config import OrchestratorConfig
@@ -63,16 +64,7 @@ class AgentProxy:
         return self.pool.servers[0].client.model or "model"
 
     def renderer(self, tools: list[dict] | None) -> ChatRenderer:
-        async def render(messages: list[dict], generation_prompt: bool) -> list[int]:
-            client = (await self.pool.pick()).client
-            return await client.tokenize_chat(
-                messages, tools, generation_prompt, self.oc.chat_template_kwargs
-            )
-
-        async def tokenize(text: str) -> list[int]:
-            return await (await self.pool.pick()).client.tokenize(text)
-
-        return ChatRenderer(render, tokenize)
+        return pool_renderer(self.pool, tools, self.oc.chat_template_kwargs)
 
     def open(self) -> tuple[str, EpisodeRecorder]:
         episode = f"e{next(self.ids)}"

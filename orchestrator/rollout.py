@@ -72,7 +72,10 @@ async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeou
         reply = await respond(env, prompt, sample.completion, env_timeout)
         if reply is None:
             break
-        sample.add(await server.client.tokenize(reply), sampled=False)
+        ids, server = await pool.request(
+            lambda s, text=reply: s.client.tokenize(text), "tokenizing a reply", server
+        )
+        sample.add(ids, sampled=False)
         sample.completion += reply
         request = sample.input_ids
     return sample

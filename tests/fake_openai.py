@@ -32,6 +32,7 @@ class FakeState:
     peak: int = 0
     requests: int = 0
     busy_since: list[tuple[float, int]] = field(default_factory=list)  # (time, inflight) at each change
+    tokenize_failures: int = 0  # the next N /tokenize requests answer 500
 
 
 def encode(text: str) -> list[int]:
@@ -52,6 +53,9 @@ def make_app(state: FakeState) -> Starlette:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def tokenize(request: Request) -> JSONResponse:
+        if state.tokenize_failures > 0:
+            state.tokenize_failures -= 1
+            return JSONResponse({"error": {"message": "connection reset"}}, status_code=500)
         return JSONResponse({"tokens": encode((await request.json())["prompt"])})
 
     async def completions(request: Request) -> JSONResponse:

@@ -141,6 +141,27 @@ def test_a_failing_server_is_retried_elsewhere_then_taken_out(tmp_path, caplog):
     assert bad.url in message and "2 failed requests in a row" in message and "500" in message
 
 
+def test_tokenize_and_render_requests_are_retried_like_rollouts(tmp_path):
+    """A transient failure of /tokenize (a dropped keep-alive connection, a 500) is retried on a
+    server; when every attempt fails it is a RolloutFailed (its group is dropped), not a run-ending
+    error. It once ended a whole tiny-tools run."""
+    with FakeServer() as flaky:
+        flaky.state.tokenize_failures = 2
+
+        async def run() -> None:
+            orch = make(tmp_path, [flaky.url], "orchestrator.max_retries=3", "orchestrator.retry_backoff_s=0",
+                        "orchestrator.max_server_failures=9")  # fmt: skip
+            ids, server = await orch.pool.request(lambda s: s.client.tokenize("ab"), "tokenizing")
+            assert ids == [97, 98] and server.url == flaky.url and server.failures == 0
+            flaky.state.tokenize_failures = 10
+            with pytest.raises(RolloutFailed, match="tokenizing failed 4 times; the last error: .*500"):
+                await orch.pool.request(lambda s: s.client.tokenize("ab"), "tokenizing")
+            await close(orch)
+
+        asyncio.run(run())
+    assert flaky.state.tokenize_failures == 6  # 4 attempts of the second request, none more
+
+
 def test_a_server_that_times_out_is_taken_out(tmp_path, caplog):
     with FakeServer() as slow, FakeServer() as good:
         slow.state.mode = "hang"

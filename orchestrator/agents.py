@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +112,12 @@ class EpisodeRecorder:
     """One episode's side of the proxy: turns each chat-completions call into token ids,
     samples it from the pool and records it."""
 
-    def __init__(self, pool: ServerPool, oc: OrchestratorConfig, renderer_for) -> None:
+    def __init__(
+        self,
+        pool: ServerPool,
+        oc: OrchestratorConfig,
+        renderer_for: Callable[[list[dict] | None], ChatRenderer],
+    ) -> None:
         self.pool, self.oc, self.renderer_for = pool, oc, renderer_for
         self.episode = AgentEpisode()
         self.closed = asyncio.Event()
@@ -129,7 +135,7 @@ class EpisodeRecorder:
         if not work.done():
             work.cancel()
             return None
-        return work.result()
+        return None if work.cancelled() else work.result()
 
     async def complete(self, messages: list[dict], tools: list[dict] | None, max_tokens: int) -> dict:
         async with self.lock:

@@ -21,7 +21,6 @@ import json
 import logging
 import socket
 import time
-from contextlib import suppress
 from typing import Any
 
 from starlette.applications import Starlette
@@ -36,8 +35,10 @@ from orchestrator.environments import score
 from orchestrator.pool import RolloutFailed, ServerPool
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
+from shared.waiting import async_wait_for
 
 log = logging.getLogger("triad.orchestrator")
+START_S, STOP_S = 30.0, 10.0
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -130,10 +131,16 @@ class AgentProxy:
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.task = asyncio.create_task(self.server.serve(sockets=[sock]))
-        while not self.server.started and not self.task.done():
-            await asyncio.sleep(0.01)
-        if self.task.done():
-            self.task.result()
+
+        async def up() -> bool | None:
+            if self.task.done():
+                self.task.result()  # its error, if it failed to start
+                raise TriadError("the agent proxy stopped while starting")
+            return True if self.server.started else None
+
+        await async_wait_for(
+            up, f"the agent proxy on {self.oc.proxy_host}:{self.port} to start", START_S, 0.01
+        )
         log.info("agent proxy at http://%s:%d/episodes/<id>/v1", self.oc.proxy_host, self.port)
 
     async def stop(self) -> None:
@@ -141,8 +148,14 @@ class AgentProxy:
             self.close(episode)
         if self.server is not None and self.task is not None:
             self.server.should_exit = True
-            with suppress(asyncio.CancelledError):
-                await self.task
+            try:
+                async with asyncio.timeout(STOP_S):
+                    await self.task
+            except TimeoutError:
+                log.warning("the agent proxy did not stop within %g s: cancelled", STOP_S)
+                self.task.cancel()
+            except asyncio.CancelledError:
+                pass
 
 
 class AgentRollouts:

@@ -27,6 +27,7 @@ from orchestrator.pool import Server, ServerPool
 from orchestrator.rollout import Sample
 from orchestrator.tools import ParsedTurn, ToolRunner, assistant_message, parse_tool_calls
 from shared.config import OrchestratorConfig
+from shared.errors import TriadError
 
 PARSERS = {"hermes": parse_tool_calls}
 
@@ -91,8 +92,13 @@ class ChatRollouts:
     async def start(self, prompt: Prompt) -> None:
         """Render one prompt and the template's turn closing: a template that cannot serve
         (none at all, or one that rewrites history when messages are added) fails here, at start."""
-        await self.renderer.prompt(self.messages(prompt))
-        await self.renderer.after_turn([], [{"role": "user", "content": "."}])
+        try:
+            await self.renderer.prompt(self.messages(prompt))
+            await self.renderer.after_turn([], [{"role": "user", "content": "."}])
+        except TriadError as e:
+            if str(e).startswith(self.where):
+                raise
+            raise TriadError(f"{self.where}: {e}") from None
 
     async def stop(self) -> None:
         return None

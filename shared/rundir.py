@@ -241,9 +241,6 @@ class RunDir:
         """The single safetensors file of an unsharded version."""
         return self.store.local_path(self.weights.key(version, _WEIGHTS_FILE))
 
-    def weights_index_file(self, version: int) -> Path:
-        return self.store.local_path(self.weights.key(version, _WEIGHTS_INDEX))
-
     @staticmethod
     def shard_name(rank: int, world: int) -> str:
         return f"model-{rank + 1:05d}-of-{world:05d}{_WEIGHTS_SUFFIX}"
@@ -335,18 +332,13 @@ class RunDir:
         return (step_dir / _DONE).is_file()
 
     @staticmethod
-    def marker_at(step_dir: Path, run_id: str | None = None) -> Marker | None:
-        """The marker of a step directory given by path (resolved by `resolve_inside`): any
-        valid marker if `run_id` is None, else only this run's."""
+    def marker_at(step_dir: Path) -> Marker | None:
+        """The valid marker of a step directory given by path (from `resolve_inside`), of any run:
+        inference does not know the run id (the orchestrator checks it)."""
         try:
-            raw = (step_dir / _DONE).read_bytes()
-        except OSError:
+            return Marker.model_validate_json((step_dir / _DONE).read_bytes())
+        except (OSError, ValidationError):
             return None
-        try:
-            marker = Marker.model_validate_json(raw)
-        except ValidationError:
-            return None
-        return marker if run_id is None or marker.run_id == run_id else None
 
     @staticmethod
     def handshake_at(step_dir: Path, kind: Handshake) -> bytes | None:

@@ -1,6 +1,7 @@
 """Start vLLM's OpenAI-compatible server with triad's `/admin` routes.
 
     triad inference -c config.toml
+    triad inference -c config.toml --join     also join the run's fleet (see `shared/fleet.py`)
 
 vLLM's own routes are served unchanged. The app is assembled from vLLM's
 public launcher pieces (engine client, app builder, app state, HTTP server)
@@ -11,13 +12,17 @@ scaling (`--logprobs-mode processed_logprobs`) so they match the trainer's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from argparse import Namespace
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
+from shared.fleet import Registration, default_url
 from shared.metrics import MetricsWriter
 from shared.rundir import INFERENCE, RunDir
 
@@ -70,7 +75,25 @@ def parse_vllm_args(argv: list[str]) -> Namespace:
     return args
 
 
-async def serve(cfg: TriadConfig, args: Namespace) -> None:
+@asynccontextmanager
+async def joined(cfg: TriadConfig, args: Namespace, join: bool) -> AsyncIterator[None]:
+    """With `join`, keep this server's record in the run's fleet registry while the body runs,
+    and remove it on the way out."""
+    if not join:
+        yield
+        return
+    registration = Registration(
+        RunDir(cfg.run_dir), cfg.inference.advertise_url or default_url(args.host or "0.0.0.0", args.port)
+    )
+    heartbeat = asyncio.create_task(registration.keep_alive(cfg.inference.heartbeat_interval_s))
+    try:
+        yield
+    finally:
+        heartbeat.cancel()
+        await asyncio.to_thread(registration.leave)
+
+
+async def serve(cfg: TriadConfig, args: Namespace, join: bool = False) -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -88,21 +111,18 @@ async def serve(cfg: TriadConfig, args: Namespace) -> None:
         add_admin_routes(app, manager, token)
         await init_app_state(engine, app.state, args, tasks)
         metrics.log(0, version=0, path=args.model)
-        shutdown = await serve_http(
-            app,
-            sock=sock,
-            host=args.host,
-            port=args.port,
-            log_level=args.uvicorn_log_level,
-            access_log=False,
-        )
+        async with joined(cfg, args, join):  # serve_http returns once the server has stopped
+            shutdown = await serve_http(
+                app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                access_log=False,
+            )  # fmt: skip
     try:
         await shutdown
     finally:
         sock.close()
 
 
-def run_inference(cfg: TriadConfig, model_path: str) -> None:
+def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None:
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
@@ -112,4 +132,4 @@ def run_inference(cfg: TriadConfig, model_path: str) -> None:
 
     import uvloop
 
-    uvloop.run(serve(cfg, args))
+    uvloop.run(serve(cfg, args, join))

@@ -153,11 +153,12 @@ class EpisodeRecorder:
         """Sample the call; the chain's sample changes only once the reply is in, so a call
         cancelled by the end of its episode leaves it as it was."""
         sample = chain.sample
-        (c,), _, version = await self.pool.complete(sample.input_ids + ids, 1, max_tokens=max_tokens)
+        (c,), server, version = await self.pool.complete(sample.input_ids + ids, 1, max_tokens=max_tokens)
         if self.closed.is_set():
             raise asyncio.CancelledError
         sample.add(ids, sampled=False)
         sample.version = version if sample.turns == 0 else min(sample.version, version)
+        sample.served_by(server.url)
         sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
         sample.truncated, sample.turns = c.truncated, sample.turns + 1
         parsed = (

@@ -76,6 +76,7 @@ class BatchBuilder:
                         group_id=group.group_id,
                         step=step,
                         policy_version=s.version,
+                        server=" ".join(s.servers),
                         input_ids=s.input_ids,
                         loss_mask=self.loss_mask(s),
                         logprobs=s.logprobs,

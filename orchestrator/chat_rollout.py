@@ -136,6 +136,7 @@ class ChatRollouts:
         for turn in range(max(max_turns(self.env), 1)):
             (c,), server, version = await self.pool.complete(sample.input_ids, 1, prefer=server)
             sample.version = version if turn == 0 else min(sample.version, version)
+            sample.served_by(server.url)
             sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
             sample.truncated, sample.turns = c.truncated, turn + 1
             parsed = self.parse(c.text)

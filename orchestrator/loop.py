@@ -20,8 +20,10 @@ Concurrent parts share one asyncio loop:
   versions and has every healthy server load the newest, through the
   server's weight backend;
 - the *health watcher* (`pool.py`) takes out servers that stop answering and
-  re-aligns those that come back; *evaluations* run on a held-out set every
-  `eval_every` steps without holding up training.
+  re-aligns those that come back; the *fleet watcher* (`fleet.py`) admits servers
+  that join the run while it goes and removes those whose heartbeat stops;
+  *evaluations* run on a held-out set every `eval_every` steps without holding
+  up training.
 
 A sample records the version served when its request was sent; a weight
 update during the request makes it span versions, and that is the oldest.
@@ -45,6 +47,7 @@ from orchestrator.chat_rollout import episodes_for
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
 from orchestrator.evaluation import evaluate_and_log
+from orchestrator.fleet import Fleet
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
 from orchestrator.rollout import rollout_group
@@ -300,11 +303,17 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
     clients = [
         InferenceClient(url, token, cfg.orchestrator.request_timeout_s) for url in cfg.inference_urls()
     ]
+    fleet, watcher = None, None
     try:
         pool = ServerPool(await connect_servers(cfg, clients), cfg.orchestrator)
+        fleet = Fleet(cfg, RunDir(cfg.run_dir), pool)
+        if cfg.orchestrator.fleet_poll_s:
+            watcher = asyncio.create_task(fleet.watch())
         while True:
+            orchestrator = Orchestrator(cfg, run.run_id, pool, env)
+            fleet.follow(orchestrator.weights)
             try:
-                await Orchestrator(cfg, run.run_id, pool, env).run()
+                await orchestrator.run()
                 return
             except BaseExceptionGroup as group:
                 rewound = group.subgroup(TrainerRewound)
@@ -313,6 +322,11 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
             log.warning("%s", first_user_error(rewound))
             follow_rewound_trainer(RunDir(cfg.run_dir), run.run_id)
     finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        if fleet is not None:
+            await fleet.close()
         for client in clients:
             await client.close()
 

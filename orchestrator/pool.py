@@ -53,6 +53,19 @@ class ServerPool:
         self.servers, self.oc = servers, oc
         self.latencies: list[float] = []  # of successful requests since the last `take_latencies`
 
+    def add(self, server: Server) -> None:
+        self.servers.append(server)
+
+    def remove(self, server: Server, why: str) -> None:
+        """Drop a server from the pool for good (requests in flight on it fail and are retried)."""
+        if self.has(server):
+            log.warning("removing inference server %s from the pool: %s", server.url, why)
+            self.servers[:] = [s for s in self.servers if s is not server]
+        server.healthy, server.why_out = False, why
+
+    def has(self, server: Server) -> bool:
+        return any(s is server for s in self.servers)
+
     def healthy(self) -> list[Server]:
         return [s for s in self.servers if s.healthy]
 
@@ -136,6 +149,6 @@ class ServerPool:
         except TriadError as e:
             self.take_out(server, f"could not give it the current weights: {e}")
             return
-        if not server.healthy:
+        if not server.healthy and self.has(server):
             log.info("inference server %s is back, serving version %d", server.url, server.version)
             server.healthy, server.failures, server.why_out = True, 0, ""

@@ -36,19 +36,24 @@ class Sample:
     conversation: list[dict[str, Any]] = field(default_factory=list)  # chat: the messages after the prompt
     tool_calls: int = 0
     tool_errors: int = 0
+    servers: list[str] = field(default_factory=list)  # the URLs of the servers that sampled it
 
     def add(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.input_ids += ids
         self.loss_mask += [sampled] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
+    def served_by(self, url: str) -> None:
+        if url not in self.servers:
+            self.servers.append(url)
+
     @property
     def completion_tokens(self) -> int:
         return sum(self.loss_mask)
 
 
-def single_turn(c: Completion, version: int) -> Sample:
-    sample = Sample(completion=c.text, truncated=c.truncated, version=version, turns=1)
+def single_turn(c: Completion, version: int, server: str) -> Sample:
+    sample = Sample(completion=c.text, truncated=c.truncated, version=version, turns=1, servers=[server])
     sample.add(c.prompt_ids, sampled=False)
     sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
     return sample
@@ -64,6 +69,7 @@ async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeou
             sample.add(c.prompt_ids, sampled=False)
             sample.version = version
         sample.version = min(sample.version, version)
+        sample.served_by(server.url)
         sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
         sample.completion += c.text
         sample.truncated, sample.turns = c.truncated, turn + 1
@@ -92,8 +98,8 @@ async def rollout_group(
     if prompt.is_chat:
         raise TriadError(f"environment {env.name!r} gave a chat prompt, but chat rollouts are not set up")
     if max_turns(env) == 1:
-        completions, _, version = await pool.complete(prompt.text, group_size)
-        samples = [single_turn(c, version) for c in completions]
+        completions, server, version = await pool.complete(prompt.text, group_size)
+        samples = [single_turn(c, version, server.url) for c in completions]
     else:
         samples = list(
             await asyncio.gather(*(episode(env, prompt, pool, env_timeout) for _ in range(group_size)))

@@ -1,7 +1,7 @@
 """The `triad` command.
 
     triad up [-c cfg.toml] [--set key=value ...]      all three services on this node
-    triad inference -c cfg.toml                       vLLM + /admin routes
+    triad inference -c cfg.toml [--join]              vLLM + /admin routes (--join: join a running run)
     triad orchestrator -c cfg.toml                    rollouts -> run_dir/rollouts
     torchrun --nproc-per-node N -m services.cli trainer -c cfg.toml
     triad status RUN_DIR                              where each service is
@@ -34,13 +34,13 @@ def run_up(cfg: TriadConfig, args: argparse.Namespace) -> None:
     up(cfg, args.config, args.overrides)
 
 
-def run_inference(cfg: TriadConfig, _: argparse.Namespace) -> None:
+def run_inference(cfg: TriadConfig, args: argparse.Namespace) -> None:
     from services.models import resolve_model
 
     model = resolve_model(cfg.model)
     from inference.server import run_inference as serve
 
-    serve(cfg, model)
+    serve(cfg, model, join=args.join)
 
 
 def run_orchestrator(cfg: TriadConfig, _: argparse.Namespace) -> None:
@@ -96,6 +96,11 @@ def parser() -> argparse.ArgumentParser:
             "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
             help="override a config key (dotted for tables: trainer.optim.lr=1e-5)",
         )  # fmt: skip
+        if name == INFERENCE:
+            s.add_argument(
+                "--join", action="store_true",
+                help="register with the run's fleet so a running orchestrator discovers this server",
+            )  # fmt: skip
     return p
 
 

@@ -20,6 +20,7 @@ BATCH_SCHEMA = pa.schema(
         ("group_id", pa.string()),
         ("step", pa.int32()),
         ("policy_version", pa.int32()),
+        ("server", pa.string()),  # the URL of the server that sampled it (space-separated if several)
         ("input_ids", pa.list_(pa.int32())),
         ("loss_mask", pa.list_(pa.bool_())),
         ("logprobs", pa.list_(pa.float32())),

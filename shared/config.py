@@ -47,6 +47,12 @@ class InferenceConfig(Table):
         None, pattern=CPUS_PATTERN, description="CPU cores for inference under `triad up`"
     )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
+    advertise_url: str | None = Field(
+        None, description="the URL `--join` registers for the orchestrator; None: http://host:port"
+    )
+    heartbeat_interval_s: float = Field(
+        2, gt=0, description="`--join`: how often the registry record is renewed"
+    )
 
     def token(self) -> str | None:
         """The admin token, from `admin_token` or `admin_token_file`."""
@@ -98,6 +104,14 @@ class OrchestratorConfig(Table):
     retry_backoff_s: float = Field(0.5, ge=0, description="first backoff; doubles per retry")
     max_server_failures: int = Field(3, ge=1, description="failures in a row that take a server out")
     health_interval_s: float = Field(5, gt=0)
+    fleet_poll_s: float = Field(
+        2,
+        ge=0,
+        description="how often to look for servers that joined the run (`triad inference --join`); 0: never",
+    )
+    heartbeat_timeout_s: float = Field(
+        15, gt=0, description="a joined server whose registry record stays unchanged this long is taken out"
+    )
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal")
     max_filtered_groups: int = Field(64, ge=0, description="per step; then equal-reward groups are kept")
     overlong: Literal["none", "mask", "penalty"] = Field(
@@ -244,6 +258,18 @@ class TriadConfig(BaseSettings):
         for url in self.orchestrator.inference_urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"orchestrator.inference_urls: {url!r} is not an http(s) URL")
+        if self.inference.advertise_url and not self.inference.advertise_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError(
+                f"inference.advertise_url: {self.inference.advertise_url!r} is not an http(s) URL"
+            )
+        timeout, interval = self.orchestrator.heartbeat_timeout_s, self.inference.heartbeat_interval_s
+        if timeout <= 2 * interval:
+            raise ValueError(
+                f"orchestrator.heartbeat_timeout_s ({timeout:g}) must be more than twice "
+                f"inference.heartbeat_interval_s ({interval:g})"
+            )
         if self.weights.keep < self.max_async_level + 2:
             raise ValueError(
                 f"weights.keep ({self.weights.keep}) must be at least max_async_level + 2 "

@@ -38,6 +38,7 @@ _WEIGHTS_SUFFIX = ".safetensors"
 _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
+_FLEET, _FLEET_SUFFIX = "fleet", ".json"
 _STEP_PREFIX = "step_"
 _STEP_DIGITS = 6
 
@@ -309,6 +310,30 @@ class RunDir:
     @property
     def plot_file(self) -> Path:
         return self.store.local_path(_PLOT)
+
+    # -- the fleet registry: one record per joined inference server -----------
+    def fleet_key(self, server_id: str) -> str:
+        return f"{_FLEET}/{server_id}{_FLEET_SUFFIX}"
+
+    def write_fleet_record(self, server_id: str, body: bytes) -> None:
+        self.store.write_bytes(self.fleet_key(server_id), body)
+
+    def remove_fleet_record(self, server_id: str) -> None:
+        self.store.remove(self.fleet_key(server_id))
+
+    def read_fleet_records(self) -> dict[str, bytes]:
+        """The registry's records by server id (one that vanished between listing and reading is left out)."""
+        out = {}
+        for name in self.store.children(_FLEET, dirs=False):
+            server_id = name.removesuffix(_FLEET_SUFFIX)
+            raw = self.store.read_bytes(self.fleet_key(server_id)) if name.endswith(_FLEET_SUFFIX) else None
+            if raw is not None:
+                out[server_id] = raw
+        return out
+
+    def describe_fleet(self) -> str:
+        """The registry's location, for messages."""
+        return str(self.store.local_path(_FLEET))
 
     # -- paths other services send -------------------------------------------
     def relative(self, path: Path) -> str:

@@ -14,6 +14,7 @@ def sample(i: int, n_prompt: int = 2, n_completion: int = 3) -> dict:
         group_id="g0",
         step=4,
         policy_version=3,
+        server="http://127.0.0.1:8000",
         input_ids=list(range(100, 100 + n)),
         loss_mask=[False] * n_prompt + [True] * n_completion,
         logprobs=[0.0] * n_prompt + [-0.5] * n_completion,

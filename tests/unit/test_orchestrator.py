@@ -270,7 +270,7 @@ def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):
 def samples(rewards: list[float], version: int = 0) -> list[Sample]:
     out = []
     for r in rewards:
-        s = single_turn(Completion([1, 2], [3], [-0.5], "x", False), version)
+        s = single_turn(Completion([1, 2], [3], [-0.5], "x", False), version, "http://a")
         s.reward = r
         out.append(s)
     return out

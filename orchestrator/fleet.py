@@ -1,0 +1,124 @@
+"""Servers that join a running run: discover them, bring them up to date, drop the dead.
+
+Every `orchestrator.fleet_poll_s` the orchestrator reads the run directory's fleet
+registry (`shared/fleet.py`). A live record whose URL is not in the pool yet is
+admitted in a task of its own: wait until it answers, check it loads weights as the
+others do, bring it to the current version (`WeightFollower.align`, then `load` until
+it serves the trainer's newest), and only then add it to the pool, where it takes
+requests and is health-checked like a fixed server. A joined server whose record
+stops changing for `orchestrator.heartbeat_timeout_s`, or disappears (a clean
+shutdown), is removed from the pool with a log line naming it. Fixed servers
+(`orchestrator.inference_urls`) are never touched here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from orchestrator.backends import detect
+from orchestrator.client import InferenceClient
+from orchestrator.pool import Server, ServerPool
+from orchestrator.weights import WeightFollower
+from shared.config import TriadConfig
+from shared.errors import TriadError
+from shared.fleet import FleetView, parse_records
+from shared.rundir import RunDir
+
+log = logging.getLogger("triad.orchestrator")
+
+
+class Fleet:
+    def __init__(self, cfg: TriadConfig, rundir: RunDir, pool: ServerPool) -> None:
+        self.cfg, self.oc, self.rundir, self.pool = cfg, cfg.orchestrator, rundir, pool
+        self.view = FleetView(self.oc.heartbeat_timeout_s)
+        self.fixed = {s.url for s in pool.servers}
+        self.joined: dict[str, Server] = {}
+        self.admitting: dict[str, asyncio.Task[None]] = {}
+        self.weights: WeightFollower | None = None
+        self.unreadable = False
+
+    def follow(self, weights: WeightFollower) -> None:
+        """Bring joiners to the versions this follower tracks (a new one after a trainer rewind)."""
+        self.weights = weights
+
+    async def watch(self) -> None:
+        """Forever: poll the registry; admit new servers, remove those whose heartbeat stopped."""
+        try:
+            while True:
+                await self.poll()
+                await asyncio.sleep(self.oc.fleet_poll_s)
+        finally:
+            for task in self.admitting.values():
+                task.cancel()
+
+    async def poll(self) -> None:
+        try:
+            raw = await asyncio.to_thread(self.rundir.read_fleet_records)
+        except OSError as e:
+            if not self.unreadable:
+                log.warning("cannot read the fleet registry %s: %s", self.rundir.describe_fleet(), e)
+            self.unreadable = True
+            return
+        self.unreadable = False
+        alive = self.view.update(
+            parse_records(raw, self.rundir.describe_fleet()), time.monotonic(), time.time()
+        )
+        for url in alive.keys() - self.fixed - self.joined.keys() - self.admitting.keys():
+            self.admitting[url] = asyncio.create_task(self.admit(url))
+        for url in self.joined.keys() - alive.keys():
+            await self.leave(url, f"its heartbeat in {self.rundir.describe_fleet()} stopped")
+        for url in self.admitting.keys() - alive.keys():
+            log.warning("inference server %s left before it was admitted", url)
+            self.admitting.pop(url).cancel()
+
+    async def admit(self, url: str) -> None:
+        log.info("inference server %s joined the fleet: bringing it to the current weights", url)
+        client = InferenceClient(url, self.cfg.inference.token(), self.oc.request_timeout_s)
+        try:
+            server = await self.connect(client)
+        except TriadError as e:
+            log.warning("not admitting inference server %s: %s", url, e)
+            await client.close()
+            return
+        except asyncio.CancelledError:
+            await client.close()
+            raise
+        finally:
+            self.admitting.pop(url, None)
+        self.pool.add(server)
+        self.joined[url] = server
+        log.info("inference server %s admitted, serving version %d", url, server.version)
+
+    async def connect(self, client: InferenceClient) -> Server:
+        """A server for `client`, at the trainer's newest version; TriadError if it cannot be."""
+        await client.wait_ready(self.oc.inference_timeout_s, self.oc.model_name)
+        server = Server(
+            client, await detect(client, self.oc.backend, self.cfg.run_dir, self.oc.weights_timeout_s)
+        )
+        weights = self.weights
+        if weights is None:
+            raise TriadError("the orchestrator is not following weights yet")
+        if server.backend.updates == weights.frozen:
+            raise TriadError(f"it loads weights with {server.backend.kind!r}, unlike the servers of this run")
+        if weights.frozen:
+            return server
+        server.version = -1  # what it holds was loaded before we knew it
+        await weights.align(server)
+        while server.version < weights.trainer_version:
+            await weights.load(server, weights.trainer_version)
+            if not server.healthy:
+                raise TriadError(server.why_out)
+        return server
+
+    async def leave(self, url: str, why: str) -> None:
+        server = self.joined.pop(url)
+        self.pool.remove(server, why)
+        await server.client.close()
+
+    async def close(self) -> None:
+        for task in list(self.admitting.values()):
+            task.cancel()
+        for server in self.joined.values():
+            await server.client.close()

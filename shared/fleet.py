@@ -1,0 +1,123 @@
+"""The elastic inference fleet's registry: who joined a run, and who is still alive.
+
+An inference server started with `triad inference --join` writes one small record
+(`FleetRecord`) to the run directory and rewrites it every
+`inference.heartbeat_interval_s` with its `beat` counted up; on a clean shutdown it
+removes it. The orchestrator reads the registry every `orchestrator.fleet_poll_s`
+and judges liveness by its own clock (`FleetView`): a record is alive while its beat
+keeps changing within `orchestrator.heartbeat_timeout_s`. Only a record seen for the
+first time is judged by the time written in it, so that a leftover of a server killed
+before this orchestrator started is not taken for a live one; clocks need to agree
+only to well within the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+import uuid
+
+from pydantic import BaseModel, ValidationError
+
+from shared.rundir import RunDir
+
+log = logging.getLogger(__name__)
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+class FleetRecord(BaseModel):
+    server_id: str
+    url: str
+    beat: int  # counts up with every rewrite
+    written_at: float  # the writer's wall clock
+    started_at: float
+
+
+def default_url(host: str, port: int) -> str:
+    """How others reach a server bound to `host`: this machine's name for a wildcard address."""
+    if host in WILDCARD_HOSTS:
+        host = socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+class Registration:
+    """One joined server's record in the registry (the inference side)."""
+
+    def __init__(self, rundir: RunDir, url: str) -> None:
+        self.rundir = rundir
+        now = time.time()
+        self.record = FleetRecord(
+            server_id=uuid.uuid4().hex[:12], url=url, beat=0, written_at=now, started_at=now
+        )
+        self.failing = False
+
+    def beat(self) -> None:
+        self.record.beat += 1
+        self.record.written_at = time.time()
+        self.rundir.write_fleet_record(self.record.server_id, self.record.model_dump_json().encode())
+
+    def leave(self) -> None:
+        try:
+            self.rundir.remove_fleet_record(self.record.server_id)
+        except OSError as e:  # the orchestrator drops it once its heartbeat times out
+            log.warning("cannot remove the fleet record from %s: %s", self.rundir.describe_fleet(), e)
+            return
+        log.info("left the fleet of %s (%s)", self.rundir.describe_fleet(), self.record.url)
+
+    async def keep_alive(self, interval: float) -> None:
+        """Forever: renew the record; a failed write is logged and tried again at the next beat."""
+        while True:
+            try:
+                await asyncio.to_thread(self.beat)
+            except OSError as e:
+                if not self.failing:
+                    log.warning("cannot renew the fleet record in %s: %s", self.rundir.describe_fleet(), e)
+                self.failing = True
+            else:
+                if self.record.beat == 1 or self.failing:
+                    log.info("joined the fleet of %s as %s", self.rundir.describe_fleet(), self.record.url)
+                self.failing = False
+            await asyncio.sleep(interval)
+
+
+def parse_records(raw: dict[str, bytes], where: str) -> list[FleetRecord]:
+    """The valid records; a malformed one is logged and left out."""
+    out = []
+    for server_id, body in raw.items():
+        try:
+            out.append(FleetRecord.model_validate_json(body))
+        except ValidationError as e:
+            log.warning("ignoring the fleet record %s in %s: %s", server_id, where, e.errors()[0]["msg"])
+    return out
+
+
+class FleetView:
+    """Which joined servers are alive, by the reader's clock (plain code, no I/O)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.changed: dict[str, tuple[int, float]] = {}  # server id -> (beat, monotonic time it changed)
+
+    def update(self, records: list[FleetRecord], now: float, wall_now: float) -> dict[str, FleetRecord]:
+        """The live records by URL (the newest server of a URL if several claim it). `now` is
+        a monotonic time, `wall_now` the wall clock that first sightings are judged by."""
+        alive: dict[str, FleetRecord] = {}
+        present = set()
+        for record in records:
+            present.add(record.server_id)
+            seen = self.changed.get(record.server_id)
+            if seen is None and wall_now - record.written_at > self.timeout:
+                continue  # a leftover of a server that stopped before we looked
+            if seen is None or seen[0] != record.beat:
+                self.changed[record.server_id] = seen = (record.beat, now)
+            if now - seen[1] > self.timeout:
+                continue
+            other = alive.get(record.url)
+            if other is None or other.started_at < record.started_at:
+                alive[record.url] = record
+        self.changed = {k: v for k, v in self.changed.items() if k in present}
+        return alive

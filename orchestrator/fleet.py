@@ -93,24 +93,31 @@ class Fleet:
 
     async def connect(self, client: InferenceClient) -> Server:
         """A server for `client`, at the trainer's newest version; TriadError if it cannot be."""
+        server = await self.reach(client)
+        await self.bring_up(server)
+        return server
+
+    async def reach(self, client: InferenceClient) -> Server:
+        """Once it answers: the server, with the weight backend it has."""
         await client.wait_ready(self.oc.inference_timeout_s, self.oc.model_name)
-        server = Server(
-            client, await detect(client, self.oc.backend, self.cfg.run_dir, self.oc.weights_timeout_s)
-        )
+        backend = await detect(client, self.oc.backend, self.cfg.run_dir, self.oc.weights_timeout_s)
+        return Server(client, backend)
+
+    async def bring_up(self, server: Server) -> None:
+        """Make it serve the trainer's newest version (also one published while it loaded)."""
         weights = self.weights
         if weights is None:
             raise TriadError("the orchestrator is not following weights yet")
         if server.backend.updates == weights.frozen:
             raise TriadError(f"it loads weights with {server.backend.kind!r}, unlike the servers of this run")
         if weights.frozen:
-            return server
+            return
         server.version = -1  # what it holds was loaded before we knew it
         await weights.align(server)
         while server.version < weights.trainer_version:
             await weights.load(server, weights.trainer_version)
             if not server.healthy:
                 raise TriadError(server.why_out)
-        return server
 
     async def leave(self, url: str, why: str) -> None:
         server = self.joined.pop(url)

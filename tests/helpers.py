@@ -72,17 +72,18 @@ def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256) -> list[str]
 
 
 class Server:
-    """`triad inference` (or with `plain`, vLLM's own server) in a subprocess, logging to a file."""
+    """`triad inference` (or with `plain`, vLLM's own server; with `join`, `triad inference --join`)
+    in a subprocess, logging to a file."""
 
     def __init__(
         self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False, port: int = 0,
-        max_model_len: int = 256,
+        max_model_len: int = 256, join: bool = False,
     ) -> None:  # fmt: skip
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         sets = [f"run_dir={run_dir}", f"model={model}", f"inference.port={self.port}", *extra]
-        cmd = triad_cmd("inference", *[f"--set={s}" for s in sets])
+        cmd = triad_cmd("inference", *[f"--set={s}" for s in sets], *(["--join"] if join else []))
         if plain:
             cmd = plain_vllm_cmd(model, self.port, max_model_len)
         self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())

@@ -1,0 +1,227 @@
+"""The fleet registry (records, heartbeats, liveness) and the orchestrator's discovery of joined servers.
+
+Discovery runs against fake OpenAI-compatible servers over real HTTP, on a local run directory."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.backends import Frozen
+from orchestrator.batch_builder import BatchBuilder, Group
+from orchestrator.client import InferenceClient
+from orchestrator.environments import Prompt
+from orchestrator.fleet import Fleet
+from orchestrator.pool import Server
+from orchestrator.rollout import Sample
+from services.cli import parser
+from shared.batch import publish_batch
+from shared.config import load_config
+from shared.errors import TriadError
+from shared.fleet import FleetRecord, FleetView, Registration, default_url, parse_records
+from shared.rundir import RunDir
+from tests.fake_openai import FakeServer
+from tests.unit.test_orchestrator import FakeBackend, make, stop
+
+TIMEOUT = 10.0
+
+
+def record(
+    server_id: str, url: str, beat: int, written_at: float = 1000.0, started_at: float = 0.0
+) -> FleetRecord:
+    return FleetRecord(server_id=server_id, url=url, beat=beat, written_at=written_at, started_at=started_at)
+
+
+def test_a_registration_renews_its_record_and_removes_it_on_leaving(tmp_path):
+    rundir = RunDir(tmp_path)
+    me = Registration(rundir, "http://10.0.0.5:8000")
+    me.beat()
+    me.beat()
+    (found,) = parse_records(rundir.read_fleet_records(), "here")
+    assert (found.url, found.beat, found.server_id) == ("http://10.0.0.5:8000", 2, me.record.server_id)
+    other = Registration(rundir, "http://10.0.0.6:8000")
+    other.beat()
+    assert sorted(rundir.read_fleet_records()) == sorted([me.record.server_id, other.record.server_id])
+    me.leave()
+    assert list(rundir.read_fleet_records()) == [other.record.server_id]
+
+
+def test_keep_alive_survives_a_failing_store_and_says_so(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    me = Registration(RunDir(blocker), "http://a:1")  # the run directory is a file: every write fails
+
+    async def beat_a_while():
+        task = asyncio.create_task(me.keep_alive(0.01))
+        await asyncio.sleep(0.1)
+        await stop(task)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(beat_a_while())
+    warnings = [r.getMessage() for r in caplog.records if "cannot renew the fleet record" in r.getMessage()]
+    assert me.record.beat > 3 and len(warnings) == 1, warnings
+
+
+def test_a_malformed_record_is_reported_and_left_out(tmp_path, caplog):
+    rundir = RunDir(tmp_path)
+    Registration(rundir, "http://a:1").beat()
+    rundir.write_fleet_record("junk", b'{"url": 3}')
+    with caplog.at_level(logging.WARNING):
+        records = parse_records(rundir.read_fleet_records(), rundir.describe_fleet())
+    assert [r.url for r in records] == ["http://a:1"]
+    assert "ignoring the fleet record junk" in caplog.text
+
+
+def test_a_server_is_alive_while_its_beat_changes_within_the_timeout():
+    view = FleetView(TIMEOUT)
+    assert list(view.update([record("s1", "http://a:1", 1)], now=0, wall_now=1001)) == ["http://a:1"]
+    assert list(view.update([record("s1", "http://a:1", 1)], now=TIMEOUT, wall_now=9999)) == ["http://a:1"]
+    assert view.update([record("s1", "http://a:1", 1)], now=TIMEOUT + 0.1, wall_now=9999) == {}
+    assert list(view.update([record("s1", "http://a:1", 2)], now=30, wall_now=9999)) == ["http://a:1"]
+    assert view.update([], now=31, wall_now=9999) == {} and view.changed == {}  # deregistered
+
+
+def test_a_leftover_record_seen_first_is_judged_by_its_time():
+    view = FleetView(TIMEOUT)
+    assert (
+        view.update([record("old", "http://a:1", 7, written_at=1000)], now=0, wall_now=1000 + TIMEOUT + 1)
+        == {}
+    )
+    fresh = record("new", "http://a:1", 1, written_at=1010)
+    assert view.update([fresh], now=1, wall_now=1011) == {"http://a:1": fresh}
+
+
+def test_of_two_records_for_one_url_the_newest_server_wins():
+    view = FleetView(TIMEOUT)
+    old, new = record("s1", "http://a:1", 5, started_at=1), record("s2", "http://a:1", 1, started_at=2)
+    assert view.update([new, old], now=0, wall_now=1000) == {"http://a:1": new}
+    assert view.update([old, new], now=1, wall_now=1000) == {"http://a:1": new}
+
+
+def test_default_url_names_this_host_for_a_wildcard_address():
+    assert default_url("10.1.2.3", 8000) == "http://10.1.2.3:8000"
+    assert default_url("0.0.0.0", 8001) == f"http://{socket.gethostname()}:8001"
+    assert default_url("::1", 8002) == "http://[::1]:8002"
+
+
+def test_fleet_config_is_checked():
+    with pytest.raises(TriadError, match=r"heartbeat_timeout_s \(2\) must be more than twice"):
+        load_config(None, ["orchestrator.heartbeat_timeout_s=2", "inference.heartbeat_interval_s=1"])
+    with pytest.raises(TriadError, match="inference.advertise_url: 'gpu-3:8000' is not an http"):
+        load_config(None, ["inference.advertise_url=gpu-3:8000"])
+    assert load_config(None, ["orchestrator.fleet_poll_s=0"]).orchestrator.fleet_poll_s == 0
+
+
+def test_only_inference_takes_join():
+    assert parser().parse_args(["inference", "--join"]).join
+    assert not parser().parse_args(["inference"]).join
+    with pytest.raises(SystemExit):
+        parser().parse_args(["orchestrator", "--join"])
+
+
+def test_batches_name_the_servers_of_each_sample(tmp_path):
+    oc = load_config(None, []).orchestrator
+    one, two = Sample(reward=1.0, servers=["http://a:1"]), Sample(reward=0.0)
+    two.served_by("http://a:1")
+    two.served_by("http://b:2")
+    two.served_by("http://a:1")
+    for s in (one, two):
+        s.add([1, 2], sampled=False)
+        s.add([3], sampled=True, logprobs=[-0.1])
+    rows = BatchBuilder(oc, "addition", 1).rows(1, [Group("g", Prompt("1+1=", "2"), [one, two])])
+    publish_batch(RunDir(tmp_path), "run", 1, rows, 1.0)
+    servers = pq.read_table(RunDir(tmp_path).batch_file(1), columns=["server"]).column(0).to_pylist()
+    assert servers == ["http://a:1", "http://a:1 http://b:2"]
+
+
+class FakeFleet(Fleet):
+    """Reaches a joiner without asking it for its weight backend (fake servers have none)."""
+
+    backend = FakeBackend
+
+    async def reach(self, client: InferenceClient) -> Server:
+        await client.wait_ready(5, None)
+        return Server(client, self.backend())
+
+
+def fleet_of(tmp_path, fixed_url: str) -> tuple[FakeFleet, RunDir, str]:
+    orch = make(
+        tmp_path, [fixed_url], "inference.heartbeat_interval_s=0.05", "orchestrator.heartbeat_timeout_s=0.5",
+        "orchestrator.fleet_poll_s=0.02",
+    )  # fmt: skip
+    for version in (1, 2):
+        orch.rundir.weights.write_marker(version, orch.run_id)
+    orch.weights.trainer_version = 2
+    fleet = FakeFleet(orch.cfg, orch.rundir, orch.pool)
+    fleet.follow(orch.weights)
+    return fleet, orch.rundir, orch.run_id
+
+
+async def until(check, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def test_a_joiner_is_admitted_at_the_current_version_and_removed_when_its_heartbeat_stops(tmp_path, caplog):
+    with FakeServer() as fixed, FakeServer() as joiner:
+        fleet, rundir, _ = fleet_of(tmp_path, fixed.url)
+
+        async def scenario():
+            watcher = asyncio.create_task(fleet.watch())
+            me = Registration(rundir, joiner.url)
+            beating = asyncio.create_task(me.keep_alive(0.05))
+            await until(lambda: joiner.url in fleet.joined)
+            server = fleet.joined[joiner.url]
+            assert fleet.pool.has(server) and server.healthy and server.version == 2
+            assert server.backend.loads == [2]  # aligned with the newest published version first
+            await stop(beating)  # as if killed: the record stays, unchanged
+            await until(lambda: not fleet.pool.has(server))
+            assert len(fleet.pool.servers) == 1 and fleet.pool.servers[0].url == fixed.url
+            assert rundir.read_fleet_records()  # the dead server's record is still there
+            await stop(watcher)
+            await fleet.close()
+
+        with caplog.at_level(logging.INFO):
+            asyncio.run(scenario())
+    assert f"removing inference server {joiner.url} from the pool: its heartbeat" in caplog.text
+
+
+def test_a_joiner_that_leaves_is_removed_and_one_at_a_fixed_url_is_left_alone(tmp_path):
+    with FakeServer() as fixed, FakeServer() as joiner:
+        fleet, rundir, _ = fleet_of(tmp_path, fixed.url)
+
+        async def scenario():
+            Registration(rundir, fixed.url).beat()
+            me = Registration(rundir, joiner.url)
+            me.beat()
+            await fleet.poll()
+            await until(lambda: joiner.url in fleet.joined)
+            assert [s.url for s in fleet.pool.servers] == [fixed.url, joiner.url]
+            me.leave()  # a clean shutdown
+            await fleet.poll()
+            assert [s.url for s in fleet.pool.servers] == [fixed.url] and not fleet.joined
+            await fleet.close()
+
+        asyncio.run(scenario())
+
+
+def test_a_joiner_that_cannot_follow_the_weights_is_not_admitted(tmp_path, caplog):
+    with FakeServer() as fixed, FakeServer() as joiner:
+        fleet, rundir, _ = fleet_of(tmp_path, fixed.url)
+        fleet.backend = Frozen
+
+        async def scenario():
+            Registration(rundir, joiner.url).beat()
+            await fleet.poll()
+            await until(lambda: not fleet.admitting)
+            assert not fleet.joined and len(fleet.pool.servers) == 1
+            await fleet.close()
+
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(scenario())
+    assert f"not admitting inference server {joiner.url}: it loads weights with 'none'" in caplog.text

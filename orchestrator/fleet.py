@@ -36,6 +36,7 @@ class Fleet:
         self.fixed = {s.url for s in pool.servers}
         self.joined: dict[str, Server] = {}
         self.admitting: dict[str, asyncio.Task[None]] = {}
+        self.refused: set[str] = set()  # server ids not admitted: tried again only after a restart
         self.weights: WeightFollower | None = None
         self.unreadable = False
 
@@ -66,20 +67,22 @@ class Fleet:
             parse_records(raw, self.rundir.describe_fleet()), time.monotonic(), time.time()
         )
         for url in alive.keys() - self.fixed - self.joined.keys() - self.admitting.keys():
-            self.admitting[url] = asyncio.create_task(self.admit(url))
+            if alive[url].server_id not in self.refused:
+                self.admitting[url] = asyncio.create_task(self.admit(url, alive[url].server_id))
         for url in self.joined.keys() - alive.keys():
             await self.leave(url, f"its heartbeat in {self.rundir.describe_fleet()} stopped")
         for url in self.admitting.keys() - alive.keys():
             log.warning("inference server %s left before it was admitted", url)
             self.admitting.pop(url).cancel()
 
-    async def admit(self, url: str) -> None:
+    async def admit(self, url: str, server_id: str) -> None:
         log.info("inference server %s joined the fleet: bringing it to the current weights", url)
         client = InferenceClient(url, self.cfg.inference.token(), self.oc.request_timeout_s)
         try:
             server = await self.connect(client)
         except TriadError as e:
-            log.warning("not admitting inference server %s: %s", url, e)
+            log.warning("not admitting inference server %s (until it restarts): %s", url, e)
+            self.refused.add(server_id)
             await client.close()
             return
         except asyncio.CancelledError:

@@ -220,8 +220,16 @@ def test_a_joiner_that_cannot_follow_the_weights_is_not_admitted(tmp_path, caplo
             await fleet.poll()
             await until(lambda: not fleet.admitting)
             assert not fleet.joined and len(fleet.pool.servers) == 1
+            await fleet.poll()
+            assert not fleet.admitting  # the same server is not tried again
+            fleet.backend = FakeBackend
+            Registration(rundir, joiner.url).beat()  # restarted: a new server id
+            await fleet.poll()
+            await until(lambda: joiner.url in fleet.joined)
             await fleet.close()
 
         with caplog.at_level(logging.WARNING):
             asyncio.run(scenario())
-    assert f"not admitting inference server {joiner.url}: it loads weights with 'none'" in caplog.text
+    refusals = [r for r in caplog.records if r.getMessage().startswith("not admitting")]
+    assert len(refusals) == 1
+    assert f"{joiner.url} (until it restarts): it loads weights with 'none'" in refusals[0].getMessage()

@@ -7,6 +7,7 @@ from pathlib import Path
 from statistics import mean
 
 from shared.errors import TriadError
+from shared.fleet import parse_records
 from shared.metrics import read_metrics
 from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
@@ -41,6 +42,9 @@ def status_lines(rundir: RunDir, now: float | None = None) -> list[str]:
         last = rows[-1]
         age = now - last["time"]
         lines.append(f"  {service:<12} step {last['step']:>5}  {describe(service, last)}  ({age:.0f} s ago)")
+    for record in parse_records(rundir.read_fleet_records(), rundir.describe_fleet()):
+        age = now - record.written_at
+        lines.append(f"  {'joined':<12} {record.url}  beat {record.beat}  ({age:.0f} s ago)")
     return lines
 
 

@@ -73,6 +73,8 @@ class Run:
         os.killpg(self.procs["trainer"].pid, sig)
 
     def newest_weights(self) -> int:
+        if not self.rundir.run_file.exists():  # the orchestrator has not created the run yet
+            return 0
         return self.rundir.weights.newest(self.rundir.read_run().run_id)
 
     def pause_trainer(self) -> int:

@@ -19,6 +19,7 @@ from orchestrator.fleet import Fleet
 from orchestrator.pool import Server
 from orchestrator.rollout import Sample
 from services.cli import parser
+from services.report import status_lines
 from shared.batch import publish_batch
 from shared.config import load_config
 from shared.errors import TriadError
@@ -136,6 +137,15 @@ def test_batches_name_the_servers_of_each_sample(tmp_path):
     publish_batch(RunDir(tmp_path), "run", 1, rows, 1.0)
     servers = pq.read_table(RunDir(tmp_path).batch_file(1), columns=["server"]).column(0).to_pylist()
     assert servers == ["http://a:1", "http://a:1 http://b:2"]
+
+
+def test_status_lists_the_joined_servers(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.ensure_run({})
+    me = Registration(rundir, "http://gpu-7:8000")
+    me.beat()
+    lines = status_lines(rundir, now=me.record.written_at + 4)
+    assert lines[-1] == "  joined       http://gpu-7:8000  beat 1  (4 s ago)"
 
 
 class FakeFleet(Fleet):

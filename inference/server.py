@@ -19,6 +19,7 @@ from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
@@ -35,6 +36,15 @@ def check_admin_exposure(host: str, token: str | None) -> None:
         raise TriadError(
             f"inference listens on {host!r} (not loopback) but no inference.admin_token "
             "is set: refusing to expose the admin routes without a token"
+        )
+
+
+def check_advertised_exposure(url: str, token: str | None) -> None:
+    """A server bound to loopback but advertised elsewhere (a tunnel, a proxy) is exposed all the same."""
+    if urlsplit(url).hostname not in LOOPBACK_HOSTS and token is None:
+        raise TriadError(
+            f"--join would advertise {url} (not loopback) but no inference.admin_token is set: "
+            "refusing to expose the admin routes without a token"
         )
 
 
@@ -75,16 +85,19 @@ def parse_vllm_args(argv: list[str]) -> Namespace:
     return args
 
 
+def advertised_url(cfg: TriadConfig, args: Namespace) -> str:
+    """The URL `--join` registers: `inference.advertise_url`, or the address vLLM binds."""
+    return cfg.inference.advertise_url or default_url(args.host or "0.0.0.0", args.port)
+
+
 @asynccontextmanager
-async def joined(cfg: TriadConfig, args: Namespace, join: bool) -> AsyncIterator[None]:
-    """With `join`, keep this server's record in the run's fleet registry while the body runs,
+async def joined(cfg: TriadConfig, url: str | None) -> AsyncIterator[None]:
+    """With a `url`, keep this server's record in the run's fleet registry while the body runs,
     and remove it on the way out."""
-    if not join:
+    if url is None:
         yield
         return
-    registration = Registration(
-        RunDir(cfg.run_dir), cfg.inference.advertise_url or default_url(args.host or "0.0.0.0", args.port)
-    )
+    registration = Registration(RunDir(cfg.run_dir), url)
     heartbeat = asyncio.create_task(registration.keep_alive(cfg.inference.heartbeat_interval_s))
     try:
         yield
@@ -93,7 +106,7 @@ async def joined(cfg: TriadConfig, args: Namespace, join: bool) -> AsyncIterator
         await asyncio.to_thread(registration.leave)
 
 
-async def serve(cfg: TriadConfig, args: Namespace, join: bool = False) -> None:
+async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -111,7 +124,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join: bool = False) -> None:
         add_admin_routes(app, manager, token)
         await init_app_state(engine, app.state, args, tasks)
         metrics.log(0, version=0, path=args.model)
-        async with joined(cfg, args, join):  # serve_http returns once the server has stopped
+        async with joined(cfg, join_as):  # serve_http returns once the server has stopped
             shutdown = await serve_http(
                 app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                 access_log=False,
@@ -128,8 +141,11 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
     check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())
+    join_as = advertised_url(cfg, args) if join else None
+    if join_as is not None:
+        check_advertised_exposure(join_as, cfg.inference.token())
     cli_env_setup()
 
     import uvloop
 
-    uvloop.run(serve(cfg, args, join))
+    uvloop.run(serve(cfg, args, join_as))

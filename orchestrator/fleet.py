@@ -57,7 +57,7 @@ class Fleet:
     async def poll(self) -> None:
         try:
             raw = await asyncio.to_thread(self.rundir.read_fleet_records)
-        except OSError as e:
+        except (OSError, TriadError) as e:
             if not self.unreadable:
                 log.warning("cannot read the fleet registry %s: %s", self.rundir.describe_fleet(), e)
             self.unreadable = True

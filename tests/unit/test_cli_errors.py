@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.rundir import RunDir
 from tests.helpers import free_port, run_triad
 
 
@@ -60,3 +61,14 @@ def test_admin_token_required_off_loopback(tmp_path, tiny_model):
 def test_unknown_environment_fails_before_waiting_for_inference(tmp_path):
     r = run_triad("orchestrator", f"--set=run_dir={tmp_path}", '--set=orchestrator.env="chess"')
     assert_one_line_error(r, "unknown environment 'chess'", "triad.environments")
+
+
+def test_a_joiner_advertised_off_loopback_needs_the_admin_token(tmp_path, tiny_model):
+    r = run_triad(
+        "inference", "--join", f"--set=run_dir={tmp_path}", f"--set=model={tiny_model}",
+        "--set=inference.advertise_url=http://gpu-7.example:9000",
+    )  # fmt: skip
+    assert_one_line_error(
+        r, "--join would advertise http://gpu-7.example:9000 (not loopback)", "without a token"
+    )
+    assert not RunDir(tmp_path).read_fleet_records()  # nothing registered

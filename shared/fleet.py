@@ -96,11 +96,12 @@ def parse_records(raw: dict[str, bytes], where: str) -> list[FleetRecord]:
 
 
 class FleetView:
-    """Which joined servers are alive, by the reader's clock (plain code, no I/O)."""
+    """Which joined servers are alive, by the reader's clock (plain code, no I/O but a log line)."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.changed: dict[str, tuple[int, float]] = {}  # server id -> (beat, monotonic time it changed)
+        self.leftovers: set[str] = set()  # server ids whose record was already old when first seen
 
     def update(self, records: list[FleetRecord], now: float, wall_now: float) -> dict[str, FleetRecord]:
         """The live records by URL (the newest server of a URL if several claim it). `now` is
@@ -111,7 +112,8 @@ class FleetView:
             present.add(record.server_id)
             seen = self.changed.get(record.server_id)
             if seen is None and wall_now - record.written_at > self.timeout:
-                continue  # a leftover of a server that stopped before we looked
+                self.report_leftover(record, wall_now)
+                continue
             if seen is None or seen[0] != record.beat:
                 self.changed[record.server_id] = seen = (record.beat, now)
             if now - seen[1] > self.timeout:
@@ -120,4 +122,13 @@ class FleetView:
             if other is None or other.started_at < record.started_at:
                 alive[record.url] = record
         self.changed = {k: v for k, v in self.changed.items() if k in present}
+        self.leftovers &= present
         return alive
+
+    def report_leftover(self, record: FleetRecord, wall_now: float) -> None:
+        if record.server_id not in self.leftovers:
+            self.leftovers.add(record.server_id)
+            log.info(
+                "ignoring the fleet record of %s: written %.0f s ago (a server that stopped, or whose clock "
+                "is behind this one's)", record.url, wall_now - record.written_at,
+            )  # fmt: skip

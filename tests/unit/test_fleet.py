@@ -86,12 +86,13 @@ def test_a_server_is_alive_while_its_beat_changes_within_the_timeout():
     assert view.update([], now=31, wall_now=9999) == {} and view.changed == {}  # deregistered
 
 
-def test_a_leftover_record_seen_first_is_judged_by_its_time():
+def test_a_leftover_record_seen_first_is_judged_by_its_time(caplog):
     view = FleetView(TIMEOUT)
-    assert (
-        view.update([record("old", "http://a:1", 7, written_at=1000)], now=0, wall_now=1000 + TIMEOUT + 1)
-        == {}
-    )
+    with caplog.at_level(logging.INFO):
+        for now in (0, 1):
+            leftover = record("old", "http://a:1", 7, written_at=1000)
+            assert view.update([leftover], now=now, wall_now=1000 + TIMEOUT + 1) == {}
+    assert caplog.text.count("ignoring the fleet record of http://a:1: written 11 s ago") == 1
     fresh = record("new", "http://a:1", 1, written_at=1010)
     assert view.update([fresh], now=1, wall_now=1011) == {"http://a:1": fresh}
 

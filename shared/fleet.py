@@ -7,8 +7,8 @@ removes it. The orchestrator reads the registry every `orchestrator.fleet_poll_s
 and judges liveness by its own clock (`FleetView`): a record is alive while its beat
 keeps changing within `orchestrator.heartbeat_timeout_s`. Only a record seen for the
 first time is judged by the time written in it, so that a leftover of a server killed
-before this orchestrator started is not taken for a live one; clocks need to agree
-only to well within the timeout.
+before this orchestrator started is not taken for a live one until its beat moves
+(clocks need not agree).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class FleetView:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.changed: dict[str, tuple[int, float]] = {}  # server id -> (beat, monotonic time it changed)
-        self.leftovers: set[str] = set()  # server ids whose record was already old when first seen
+        self.leftovers: dict[str, int] = {}  # server id -> beat, of records already old when first seen
 
     def update(self, records: list[FleetRecord], now: float, wall_now: float) -> dict[str, FleetRecord]:
         """The live records by URL (the newest server of a URL if several claim it). `now` is
@@ -111,8 +111,7 @@ class FleetView:
         for record in records:
             present.add(record.server_id)
             seen = self.changed.get(record.server_id)
-            if seen is None and wall_now - record.written_at > self.timeout:
-                self.report_leftover(record, wall_now)
+            if seen is None and self.is_leftover(record, wall_now):
                 continue
             if seen is None or seen[0] != record.beat:
                 self.changed[record.server_id] = seen = (record.beat, now)
@@ -122,13 +121,18 @@ class FleetView:
             if other is None or other.started_at < record.started_at:
                 alive[record.url] = record
         self.changed = {k: v for k, v in self.changed.items() if k in present}
-        self.leftovers &= present
+        self.leftovers = {k: v for k, v in self.leftovers.items() if k in present}
         return alive
 
-    def report_leftover(self, record: FleetRecord, wall_now: float) -> None:
+    def is_leftover(self, record: FleetRecord, wall_now: float) -> bool:
+        """Whether a record not seen changing yet is a stopped server's: old when first seen,
+        and its beat not moved since (a server whose clock is behind beats on)."""
+        if wall_now - record.written_at <= self.timeout:
+            return False
         if record.server_id not in self.leftovers:
-            self.leftovers.add(record.server_id)
+            self.leftovers[record.server_id] = record.beat
             log.info(
-                "ignoring the fleet record of %s: written %.0f s ago (a server that stopped, or whose clock "
-                "is behind this one's)", record.url, wall_now - record.written_at,
+                "ignoring the fleet record of %s: written %.0f s ago, by its own clock (a server that "
+                "stopped; if its beat goes on, it is alive)", record.url, wall_now - record.written_at,
             )  # fmt: skip
+        return self.leftovers[record.server_id] == record.beat

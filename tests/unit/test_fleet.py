@@ -93,8 +93,10 @@ def test_a_leftover_record_seen_first_is_judged_by_its_time(caplog):
             leftover = record("old", "http://a:1", 7, written_at=1000)
             assert view.update([leftover], now=now, wall_now=1000 + TIMEOUT + 1) == {}
     assert caplog.text.count("ignoring the fleet record of http://a:1: written 11 s ago") == 1
-    fresh = record("new", "http://a:1", 1, written_at=1010)
-    assert view.update([fresh], now=1, wall_now=1011) == {"http://a:1": fresh}
+    behind = record("old", "http://a:1", 8, written_at=1000)  # it beats on: its clock is behind
+    assert view.update([behind], now=2, wall_now=1000 + TIMEOUT + 3) == {"http://a:1": behind}
+    fresh = record("new", "http://b:1", 1, written_at=1010)
+    assert view.update([fresh], now=3, wall_now=1011) == {"http://b:1": fresh}
 
 
 def test_of_two_records_for_one_url_the_newest_server_wins():

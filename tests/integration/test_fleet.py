@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -70,7 +71,10 @@ class Run:
         )
 
     def signal_trainer(self, sig: signal.Signals) -> None:
-        os.killpg(self.procs["trainer"].pid, sig)
+        """torchrun and its ranks (each in a session of its own)."""
+        launcher = psutil.Process(self.procs["trainer"].pid)
+        for proc in [launcher, *launcher.children(recursive=True)]:
+            proc.send_signal(sig)
 
     def newest_weights(self) -> int:
         if not self.rundir.run_file.exists():  # the orchestrator has not created the run yet

@@ -107,7 +107,10 @@ class Fleet:
         return Server(client, backend)
 
     async def bring_up(self, server: Server) -> None:
-        """Make it serve the trainer's newest version (also one published while it loaded)."""
+        """Make it serve the trainer's newest version written as files (also one published while
+        it loaded; between this check and joining the pool nothing awaits, so the weight follower
+        takes it every later version). A version sent by broadcast only reaches it with the next
+        broadcast, as it reaches a server that came back."""
         weights = self.weights
         if weights is None:
             raise TriadError("the orchestrator is not following weights yet")
@@ -117,8 +120,8 @@ class Fleet:
             return
         server.version = -1  # what it holds was loaded before we knew it
         await weights.align(server)
-        while server.version < weights.trainer_version:
-            await weights.load(server, weights.trainer_version)
+        while (newer := weights.published.newest(after=server.version, loadable=True)) is not None:
+            await weights.load(server, newer)
             if not server.healthy:
                 raise TriadError(server.why_out)
 

@@ -204,6 +204,29 @@ def test_a_joiner_is_admitted_at_the_current_version_and_removed_when_its_heartb
     assert f"removing inference server {joiner.url} from the pool: its heartbeat" in caplog.text
 
 
+def test_a_version_published_while_a_joiner_loads_is_loaded_before_it_joins(tmp_path):
+    with FakeServer() as fixed, FakeServer() as joiner:
+        fleet, rundir, run_id = fleet_of(tmp_path, fixed.url)
+
+        class PublishedMeanwhile(FakeBackend):
+            async def load(self, version: int, path: str) -> None:
+                await super().load(version, path)
+                if version == 2:  # the trainer publishes 3 while this server loads 2
+                    rundir.weights.write_marker(3, run_id)
+
+        fleet.backend = PublishedMeanwhile
+
+        async def scenario():
+            Registration(rundir, joiner.url).beat()
+            await fleet.poll()
+            await until(lambda: joiner.url in fleet.joined)
+            server = fleet.joined[joiner.url]
+            assert server.backend.loads == [2, 3] and server.version == 3
+            await fleet.close()
+
+        asyncio.run(scenario())
+
+
 def test_a_joiner_that_leaves_is_removed_and_one_at_a_fixed_url_is_left_alone(tmp_path):
     with FakeServer() as fixed, FakeServer() as joiner:
         fleet, rundir, _ = fleet_of(tmp_path, fixed.url)

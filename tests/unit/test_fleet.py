@@ -17,7 +17,7 @@ from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt
 from orchestrator.fleet import Fleet
 from orchestrator.pool import Server
-from orchestrator.rollout import Sample
+from orchestrator.rollout import Sample, episode
 from services.cli import parser
 from services.report import status_lines
 from shared.batch import publish_batch
@@ -26,7 +26,7 @@ from shared.errors import TriadError
 from shared.fleet import FleetRecord, FleetView, Registration, default_url, parse_records
 from shared.rundir import RunDir
 from tests.fake_openai import FakeServer
-from tests.unit.test_orchestrator import FakeBackend, make, stop
+from tests.unit.test_orchestrator import FakeBackend, close, make, stop
 
 TIMEOUT = 10.0
 
@@ -269,3 +269,36 @@ def test_a_joiner_that_cannot_follow_the_weights_is_not_admitted(tmp_path, caplo
     refusals = [r for r in caplog.records if r.getMessage().startswith("not admitting")]
     assert len(refusals) == 1
     assert f"{joiner.url} (until it restarts): it loads weights with 'none'" in refusals[0].getMessage()
+
+
+class TwoTurns:
+    """Answers the first turn, then ends the episode; `between` runs between the turns."""
+
+    name, max_turns = "two-turns", 2
+
+    def __init__(self, between) -> None:
+        self.between = between
+
+    def respond(self, prompt, completion) -> str | None:
+        self.between()
+        return "ok"
+
+    def reward(self, prompt, completion) -> float:
+        return 0.0
+
+
+def test_a_multi_turn_sample_names_each_server_it_went_to(tmp_path):
+    with FakeServer() as first, FakeServer() as second:
+        orch = make(tmp_path, [first.url, second.url])
+
+        def fail_first() -> None:
+            first.state.mode = "fail"
+
+        async def scenario():
+            try:
+                return await episode(TwoTurns(fail_first), Prompt("1+1=", "2"), orch.pool, 5)
+            finally:
+                await close(orch)
+
+        sample = asyncio.run(scenario())
+    assert sample.turns == 2 and sample.servers == [first.url, second.url]

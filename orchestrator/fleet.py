@@ -63,14 +63,15 @@ class Fleet:
             self.unreadable = True
             return
         self.unreadable = False
-        alive = self.view.update(
-            parse_records(raw, self.rundir.describe_fleet()), time.monotonic(), time.time()
-        )
+        records = parse_records(raw, self.rundir.describe_fleet())
+        alive = self.view.update(records, time.monotonic(), time.time())
+        registered = {r.url for r in records}
         for url in alive.keys() - self.fixed - self.joined.keys() - self.admitting.keys():
             if alive[url].server_id not in self.refused:
                 self.admitting[url] = asyncio.create_task(self.admit(url, alive[url].server_id))
         for url in self.joined.keys() - alive.keys():
-            await self.leave(url, f"its heartbeat in {self.rundir.describe_fleet()} stopped")
+            stopped = "its heartbeat in {} stopped" if url in registered else "it left the fleet {}"
+            await self.leave(url, stopped.format(self.rundir.describe_fleet()))
         for url in self.admitting.keys() - alive.keys():
             log.warning("inference server %s left before it was admitted", url)
             self.admitting.pop(url).cancel()

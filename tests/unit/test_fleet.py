@@ -227,7 +227,7 @@ def test_a_version_published_while_a_joiner_loads_is_loaded_before_it_joins(tmp_
         asyncio.run(scenario())
 
 
-def test_a_joiner_that_leaves_is_removed_and_one_at_a_fixed_url_is_left_alone(tmp_path):
+def test_a_joiner_that_leaves_is_removed_and_one_at_a_fixed_url_is_left_alone(tmp_path, caplog):
     with FakeServer() as fixed, FakeServer() as joiner:
         fleet, rundir, _ = fleet_of(tmp_path, fixed.url)
 
@@ -243,7 +243,9 @@ def test_a_joiner_that_leaves_is_removed_and_one_at_a_fixed_url_is_left_alone(tm
             assert [s.url for s in fleet.pool.servers] == [fixed.url] and not fleet.joined
             await fleet.close()
 
-        asyncio.run(scenario())
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(scenario())
+    assert f"removing inference server {joiner.url} from the pool: it left the fleet" in caplog.text
 
 
 def test_a_joiner_that_cannot_follow_the_weights_is_not_admitted(tmp_path, caplog):

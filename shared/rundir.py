@@ -38,6 +38,7 @@ _WEIGHTS_SUFFIX = ".safetensors"
 _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
+_TIMELINE = "timeline.png"
 _STEP_PREFIX = "step_"
 _STEP_DIGITS = 6
 
@@ -309,6 +310,10 @@ class RunDir:
     @property
     def plot_file(self) -> Path:
         return self.store.local_path(_PLOT)
+
+    @property
+    def timeline_file(self) -> Path:
+        return self.store.local_path(_TIMELINE)
 
     # -- paths other services send -------------------------------------------
     def relative(self, path: Path) -> str:

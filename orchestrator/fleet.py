@@ -56,14 +56,14 @@ class Fleet:
 
     async def poll(self) -> None:
         try:
-            raw = await asyncio.to_thread(self.rundir.read_fleet_records)
+            raw = await asyncio.to_thread(self.rundir.fleet.read_all)
         except (OSError, TriadError) as e:
             if not self.unreadable:
-                log.warning("cannot read the fleet registry %s: %s", self.rundir.describe_fleet(), e)
+                log.warning("cannot read the fleet registry %s: %s", self.rundir.fleet.describe(), e)
             self.unreadable = True
             return
         self.unreadable = False
-        records = parse_records(raw, self.rundir.describe_fleet())
+        records = parse_records(raw, self.rundir.fleet.describe())
         alive = self.view.update(records, time.monotonic(), time.time())
         registered = {r.url for r in records}
         for url in alive.keys() - self.fixed - self.joined.keys() - self.admitting.keys():
@@ -71,7 +71,7 @@ class Fleet:
                 self.admitting[url] = asyncio.create_task(self.admit(url, alive[url].server_id))
         for url in self.joined.keys() - alive.keys():
             stopped = "its heartbeat in {} stopped" if url in registered else "it left the fleet {}"
-            await self.leave(url, stopped.format(self.rundir.describe_fleet()))
+            await self.leave(url, stopped.format(self.rundir.fleet.describe()))
         for url in self.admitting.keys() - alive.keys():
             log.warning("inference server %s left before it was admitted", url)
             self.admitting.pop(url).cancel()

@@ -58,15 +58,15 @@ class Registration:
     def beat(self) -> None:
         self.record.beat += 1
         self.record.written_at = time.time()
-        self.rundir.write_fleet_record(self.record.server_id, self.record.model_dump_json().encode())
+        self.rundir.fleet.write(self.record.server_id, self.record.model_dump_json().encode())
 
     def leave(self) -> None:
         try:
-            self.rundir.remove_fleet_record(self.record.server_id)
+            self.rundir.fleet.remove(self.record.server_id)
         except OSError as e:  # the orchestrator drops it once its heartbeat times out
-            log.warning("cannot remove the fleet record from %s: %s", self.rundir.describe_fleet(), e)
+            log.warning("cannot remove the fleet record from %s: %s", self.rundir.fleet.describe(), e)
             return
-        log.info("left the fleet of %s (%s)", self.rundir.describe_fleet(), self.record.url)
+        log.info("left the fleet of %s (%s)", self.rundir.fleet.describe(), self.record.url)
 
     async def keep_alive(self, interval: float) -> None:
         """Forever: renew the record; a failed write is logged and tried again at the next beat."""
@@ -75,11 +75,11 @@ class Registration:
                 await asyncio.to_thread(self.beat)
             except OSError as e:
                 if not self.failing:
-                    log.warning("cannot renew the fleet record in %s: %s", self.rundir.describe_fleet(), e)
+                    log.warning("cannot renew the fleet record in %s: %s", self.rundir.fleet.describe(), e)
                 self.failing = True
             else:
                 if self.record.beat == 1 or self.failing:
-                    log.info("joined the fleet of %s as %s", self.rundir.describe_fleet(), self.record.url)
+                    log.info("joined the fleet of %s as %s", self.rundir.fleet.describe(), self.record.url)
                 self.failing = False
             await asyncio.sleep(interval)
 

@@ -39,6 +39,7 @@ _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
 _FLEET, _FLEET_SUFFIX = "fleet", ".json"
+_TIMELINE = "timeline.png"
 _STEP_PREFIX = "step_"
 _STEP_DIGITS = 6
 
@@ -183,6 +184,36 @@ class Steps:
         return self.store.size(self.key(step))
 
 
+class FleetRegistry:
+    """`fleet/`: one record per inference server that joined the run (`shared/fleet.py`)."""
+
+    def __init__(self, store: Storage) -> None:
+        self.store = store
+
+    def key(self, server_id: str) -> str:
+        return f"{_FLEET}/{server_id}{_FLEET_SUFFIX}"
+
+    def write(self, server_id: str, body: bytes) -> None:
+        self.store.write_bytes(self.key(server_id), body)
+
+    def remove(self, server_id: str) -> None:
+        self.store.remove(self.key(server_id))
+
+    def read_all(self) -> dict[str, bytes]:
+        """The records by server id (one that vanished between listing and reading is left out)."""
+        out = {}
+        for name in self.store.children(_FLEET, dirs=False):
+            server_id = name.removesuffix(_FLEET_SUFFIX)
+            raw = self.store.read_bytes(self.key(server_id)) if name.endswith(_FLEET_SUFFIX) else None
+            if raw is not None:
+                out[server_id] = raw
+        return out
+
+    def describe(self) -> str:
+        """The registry's location, for messages."""
+        return str(self.store.local_path(_FLEET))
+
+
 class RunDir:
     """A run directory. `root` is where it lives (a local path today)."""
 
@@ -192,6 +223,7 @@ class RunDir:
         self.rollouts = Steps(self.store, _ROLLOUTS)
         self.weights = Steps(self.store, _WEIGHTS)
         self.checkpoints = Steps(self.store, _CHECKPOINTS)
+        self.fleet = FleetRegistry(self.store)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
@@ -311,29 +343,9 @@ class RunDir:
     def plot_file(self) -> Path:
         return self.store.local_path(_PLOT)
 
-    # -- the fleet registry: one record per joined inference server -----------
-    def fleet_key(self, server_id: str) -> str:
-        return f"{_FLEET}/{server_id}{_FLEET_SUFFIX}"
-
-    def write_fleet_record(self, server_id: str, body: bytes) -> None:
-        self.store.write_bytes(self.fleet_key(server_id), body)
-
-    def remove_fleet_record(self, server_id: str) -> None:
-        self.store.remove(self.fleet_key(server_id))
-
-    def read_fleet_records(self) -> dict[str, bytes]:
-        """The registry's records by server id (one that vanished between listing and reading is left out)."""
-        out = {}
-        for name in self.store.children(_FLEET, dirs=False):
-            server_id = name.removesuffix(_FLEET_SUFFIX)
-            raw = self.store.read_bytes(self.fleet_key(server_id)) if name.endswith(_FLEET_SUFFIX) else None
-            if raw is not None:
-                out[server_id] = raw
-        return out
-
-    def describe_fleet(self) -> str:
-        """The registry's location, for messages."""
-        return str(self.store.local_path(_FLEET))
+    @property
+    def timeline_file(self) -> Path:
+        return self.store.local_path(_TIMELINE)
 
     # -- paths other services send -------------------------------------------
     def relative(self, path: Path) -> str:

@@ -145,7 +145,7 @@ def test_a_server_joins_mid_run_serves_at_the_current_version_and_dies(run):
     admitted = re.compile(rf"inference server {re.escape(joiner)} admitted, serving version (\d+)")
     version = int(run.wait_until(lambda: admitted.search(run.log("orchestrator")), "the joiner").group(1))
     assert version == current  # brought to the trainer's newest version before any request
-    records = parse_records(run.rundir.read_fleet_records(), "the registry")
+    records = parse_records(run.rundir.fleet.read_all(), "the registry")
     assert [r.url for r in records] == [joiner]
 
     run.signal_trainer(signal.SIGCONT)
@@ -154,7 +154,7 @@ def test_a_server_joins_mid_run_serves_at_the_current_version_and_dies(run):
     run.joiner.kill()  # rollouts of the batches ahead of the trainer may be in flight
     removed = f"removing inference server {joiner} from the pool: its heartbeat"
     run.wait_until(lambda: removed in run.log("orchestrator") or None, "the joiner's removal", timeout=60)
-    assert [r.url for r in parse_records(run.rundir.read_fleet_records(), "")] == [joiner]  # left behind
+    assert [r.url for r in parse_records(run.rundir.fleet.read_all(), "")] == [joiner]  # left behind
     run.signal_trainer(signal.SIGCONT)
     run.finish()
 

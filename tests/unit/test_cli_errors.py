@@ -71,4 +71,4 @@ def test_a_joiner_advertised_off_loopback_needs_the_admin_token(tmp_path, tiny_m
     assert_one_line_error(
         r, "--join would advertise http://gpu-7.example:9000 (not loopback)", "without a token"
     )
-    assert not RunDir(tmp_path).read_fleet_records()  # nothing registered
+    assert not RunDir(tmp_path).fleet.read_all()  # nothing registered

@@ -42,13 +42,13 @@ def test_a_registration_renews_its_record_and_removes_it_on_leaving(tmp_path):
     me = Registration(rundir, "http://10.0.0.5:8000")
     me.beat()
     me.beat()
-    (found,) = parse_records(rundir.read_fleet_records(), "here")
+    (found,) = parse_records(rundir.fleet.read_all(), "here")
     assert (found.url, found.beat, found.server_id) == ("http://10.0.0.5:8000", 2, me.record.server_id)
     other = Registration(rundir, "http://10.0.0.6:8000")
     other.beat()
-    assert sorted(rundir.read_fleet_records()) == sorted([me.record.server_id, other.record.server_id])
+    assert sorted(rundir.fleet.read_all()) == sorted([me.record.server_id, other.record.server_id])
     me.leave()
-    assert list(rundir.read_fleet_records()) == [other.record.server_id]
+    assert list(rundir.fleet.read_all()) == [other.record.server_id]
 
 
 def test_keep_alive_survives_a_failing_store_and_says_so(tmp_path, caplog):
@@ -70,9 +70,9 @@ def test_keep_alive_survives_a_failing_store_and_says_so(tmp_path, caplog):
 def test_a_malformed_record_is_reported_and_left_out(tmp_path, caplog):
     rundir = RunDir(tmp_path)
     Registration(rundir, "http://a:1").beat()
-    rundir.write_fleet_record("junk", b'{"url": 3}')
+    rundir.fleet.write("junk", b'{"url": 3}')
     with caplog.at_level(logging.WARNING):
-        records = parse_records(rundir.read_fleet_records(), rundir.describe_fleet())
+        records = parse_records(rundir.fleet.read_all(), rundir.fleet.describe())
     assert [r.url for r in records] == ["http://a:1"]
     assert "ignoring the fleet record junk" in caplog.text
 
@@ -195,7 +195,7 @@ def test_a_joiner_is_admitted_at_the_current_version_and_removed_when_its_heartb
             await stop(beating)  # as if killed: the record stays, unchanged
             await until(lambda: not fleet.pool.has(server))
             assert len(fleet.pool.servers) == 1 and fleet.pool.servers[0].url == fixed.url
-            assert rundir.read_fleet_records()  # the dead server's record is still there
+            assert rundir.fleet.read_all()  # the dead server's record is still there
             await stop(watcher)
             await fleet.close()
 

@@ -27,8 +27,20 @@ def iter_safetensors(weights_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+def on_cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 class TriadWorkerExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's."""
+
+    def triad_check_worker(self) -> None:
+        """At start-up: every vLLM attribute the weight swap uses is there (`inference.vllm_api`)."""
+        from inference.vllm_api import check_worker
+
+        check_worker(self, on_cpu_build())
 
     def triad_load_weights(self, weights_dir: str | None) -> None:
         """Load a published weights directory, or the server's base model (None)."""
@@ -55,10 +67,15 @@ class TriadWorkerExtension:
 
     def _refresh_cpu_lm_head(self) -> None:
         """The CPU build keeps a prepacked copy of a tied `lm_head` that the
-        reload does not refresh; repack it from the (reloaded) embedding."""
+        reload does not refresh; repack it from the (reloaded) embedding. On the CPU
+        build a head without that copy is an unknown vLLM: fail, never serve stale weights."""
         lm_head = getattr(self.model_runner.get_model(), "lm_head", None)
-        if lm_head is None or not hasattr(lm_head, "cpu_linear"):
+        if lm_head is None or not on_cpu_build():
             return
+        if not hasattr(lm_head, "cpu_linear"):
+            from inference.vllm_api import CPU_REPACK, missing
+
+            raise missing(f"lm_head.cpu_linear on the CPU build ({CPU_REPACK})")
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
         dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)

@@ -296,11 +296,15 @@ def test_unknown_loss_settings_are_refused(field, value, message):
         policy_loss(lp, lp.clone(), torch.ones(1), mask, spec, BatchTotals(1, 2))
 
 
-ALL_OPTIONS = SPECS + DECOUPLED + [
-    LossConfig(importance="tis", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
-    LossConfig(importance="mis_token", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
-    LossConfig(importance="mis_seq", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
-]
+ALL_OPTIONS = (
+    SPECS
+    + DECOUPLED
+    + [
+        LossConfig(importance="tis", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
+        LossConfig(importance="mis_token", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
+        LossConfig(importance="mis_seq", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
+    ]
+)
 
 
 @pytest.mark.parametrize("spec", ALL_OPTIONS, ids=lambda s: f"{s.kind}-{s.importance}-{s.kl_estimator}")
@@ -341,5 +345,7 @@ def test_masked_importance_drops_an_overflowing_weight_and_keeps_the_rest(import
         kept[0, 1] = False
     else:
         kept[0] = False
-    want = policy_loss(lp, lq, adv, kept, LossConfig(importance="tis", importance_cap=2.0), BatchTotals(2, 6)).loss
+    want = policy_loss(
+        lp, lq, adv, kept, LossConfig(importance="tis", importance_cap=2.0), BatchTotals(2, 6)
+    ).loss
     assert torch.isfinite(got) and got.item() == pytest.approx(want.item(), abs=1e-6)

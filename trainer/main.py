@@ -38,6 +38,7 @@ from trainer.forward import Forward, packed_forward, padded_forward
 from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
+from trainer.phases import CHECKPOINT, RESUME, STEP_STATS, TRAIN, collective_phase
 from trainer.publish import Publisher
 from trainer.schedule import lr_at
 
@@ -191,11 +192,13 @@ class Trainer:
             parts = [p.with_proximal(lambda mb: self.logprobs_of(self.model, mb, temperature)) for p in parts]
         self.model.train()
         sums, grad_norms = 0, []
-        for part in parts:
-            part_sums, grad_norm = self.optimizer_step(step, part, temperature)
-            sums, grad_norms = sums + part_sums, grad_norms + [grad_norm]
+        with collective_phase(TRAIN, self.tc.collective_timeout_s):
+            for part in parts:
+                part_sums, grad_norm = self.optimizer_step(step, part, temperature)
+                sums, grad_norms = sums + part_sums, grad_norms + [grad_norm]
         sums = sums.to(torch.float64)
-        dist.all_reduce(sums)
+        with collective_phase(STEP_STATS, self.tc.collective_timeout_s):
+            dist.all_reduce(sums)
         metrics = step_metrics(dict(zip(STAT_NAMES, sums.tolist(), strict=True)), rows, grad_norms)
         metrics.update(lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts))
         if self.reference is None:
@@ -208,7 +211,8 @@ class Trainer:
         dist.broadcast_object_list(found, src=0)
         start = found[0]
         if start:
-            load_checkpoint(self.rundir, start, self.model, self.optimizer)
+            with collective_phase(RESUME, self.tc.collective_timeout_s):
+                load_checkpoint(self.rundir, start, self.model, self.optimizer)
             log.info("resumed from the checkpoint after update %d", start)
         if self.rank == 0:
             discard_after_checkpoint(self.rundir, run_id, start)
@@ -245,9 +249,10 @@ class Trainer:
                     step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,
                 )  # fmt: skip
             if self.should_checkpoint(step):
-                save_checkpoint(
-                    self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
-                )
+                with collective_phase(CHECKPOINT, self.tc.collective_timeout_s):
+                    save_checkpoint(
+                        self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
+                    )
 
 
 def run_trainer(cfg: TriadConfig, model_path: str) -> None:

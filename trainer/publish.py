@@ -19,6 +19,7 @@ from shared.config import TriadConfig
 from shared.resume import checkpointed_steps
 from shared.rundir import RunDir
 from trainer.parallel import full_tensor
+from trainer.phases import BROADCAST, GATHER_FOR_PUBLISH, PUBLISH_BARRIER, collective_phase
 
 log = logging.getLogger("triad.trainer")
 
@@ -81,6 +82,7 @@ class Publisher:
                  tied: bool, dtype: torch.dtype) -> None:  # fmt: skip
         self.wc, self.rundir, self.model, self.tokenizer = cfg.weights, rundir, model, tokenizer
         self.tied, self.dtype = tied, dtype
+        self.timeout_s = cfg.trainer.collective_timeout_s
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.sender = None
 
@@ -95,12 +97,14 @@ class Publisher:
         then `DONE`."""
         sent = False
         if self.sender is not None:
-            sent = self.sender.send(version, self.model, self.tied, self.dtype)
+            with collective_phase(BROADCAST, self.timeout_s):
+                sent = self.sender.send(version, self.model, self.tied, self.dtype)
         if sent and not files:
             if self.rank == 0:
                 protect = checkpointed_steps(self.rundir, run_id)
                 mark_broadcast(self.rundir, run_id, version, self.wc.keep, protect)
-            dist.barrier()
+            with collective_phase(PUBLISH_BARRIER, self.timeout_s):
+                dist.barrier()
             return
         self.publish_files(version, run_id)
 
@@ -119,31 +123,35 @@ class Publisher:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self.model, options=options)  # collective: every rank
+        with collective_phase(GATHER_FOR_PUBLISH, self.timeout_s):
+            state = get_model_state_dict(self.model, options=options)  # collective: every rank
         if self.rank == 0:
             exported = export_state_dict(state, self.tied, self.dtype)
             protect = checkpointed_steps(self.rundir, run_id)
             write_weights(self.rundir, run_id, version, exported, self.save_metadata, self.wc.keep, protect)
-        dist.barrier()
+        with collective_phase(PUBLISH_BARRIER, self.timeout_s):
+            dist.barrier()
 
     def publish_shards(self, version: int, run_id: str) -> None:
         """Parameter i is gathered (one at a time) and kept by rank i mod world only."""
         names = [n for n, _ in published_parameters(self.model, self.tied)]
         mine = {}
-        for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
-            full = full_tensor(param)  # collective
-            if i % self.world == self.rank:
-                mine[name] = full.detach().to("cpu", self.dtype).contiguous()
-            del full
+        with collective_phase(GATHER_FOR_PUBLISH, self.timeout_s):
+            for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
+                full = full_tensor(param)  # collective
+                if i % self.world == self.rank:
+                    mine[name] = full.detach().to("cpu", self.dtype).contiguous()
+                del full
         if self.rank == 0:
             self.rundir.weights.clear(version)
             with self.rundir.writing_weights_dir(version) as directory:
                 self.save_metadata(directory)
-        dist.barrier()
-        with self.rundir.writing_tensors(version, self.rank, self.world) as tmp:
-            save_file(mine, tmp, metadata={"format": "pt"})
-        dist.barrier()
-        if self.rank == 0:
-            protect = checkpointed_steps(self.rundir, run_id)
-            finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect)
-        dist.barrier()
+        with collective_phase(PUBLISH_BARRIER, self.timeout_s):
+            dist.barrier()
+            with self.rundir.writing_tensors(version, self.rank, self.world) as tmp:
+                save_file(mine, tmp, metadata={"format": "pt"})
+            dist.barrier()
+            if self.rank == 0:
+                protect = checkpointed_steps(self.rundir, run_id)
+                finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect)
+            dist.barrier()

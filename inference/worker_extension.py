@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from shared.digest import digesting
+
 
 def iter_safetensors(weights_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
@@ -42,28 +44,37 @@ class TriadWorkerExtension:
 
         check_worker(self, on_cpu_build())
 
-    def triad_load_weights(self, weights_dir: str | None) -> None:
-        """Load a published weights directory, or the server's base model (None)."""
+    def triad_load_weights(self, weights_dir: str | None) -> dict[str, str] | None:
+        """Load a published weights directory, or the server's base model (None); returns the
+        digest of each tensor read (`shared/digest.py`), None for the base model."""
+        digests = None
         if weights_dir is None:
             self.model_runner.reload_weights()
         else:
-            self.model_runner.reload_weights(weights_iterator=iter_safetensors(weights_dir))
+            digests = {}
+            self.model_runner.reload_weights(
+                weights_iterator=digesting(iter_safetensors(weights_dir), digests)
+            )
         self._refresh_cpu_lm_head()
+        return digests
 
-    def triad_broadcast_receive(self, spec: dict) -> None:
+    def triad_broadcast_receive(self, spec: dict) -> dict[str, str]:
         """Receive a version from the trainer's broadcast (joining the group's generation if
-        new) and stream it into the in-place reload."""
+        new) and stream it into the in-place reload; returns each received tensor's digest."""
         if not hasattr(self, "_triad_receiver"):
             self._triad_receiver = BroadcastReceiver()
         device = next(self.model_runner.get_model().parameters()).device
         local_rank = int(getattr(self, "rank", 0))
+        digests: dict[str, str] = {}
         try:
             group = self._triad_receiver.join(spec, local_rank, device)
-            self.model_runner.reload_weights(weights_iterator=receive_buckets(group, spec, device))
+            received = receive_buckets(group, spec, device)
+            self.model_runner.reload_weights(weights_iterator=digesting(received, digests))
         except Exception:
             self._triad_receiver = BroadcastReceiver()  # a broken group is never reused
             raise
         self._refresh_cpu_lm_head()
+        return digests
 
     def _refresh_cpu_lm_head(self) -> None:
         """The CPU build keeps a prepacked copy of a tied `lm_head` that the

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from shared.config import TriadConfig
+from shared.digest import tensor_digest, version_digest
 from shared.resume import checkpointed_steps
 from shared.rundir import RunDir
 from trainer.parallel import full_tensor
@@ -39,6 +40,11 @@ def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, 
     return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
 
 
+def digest_fields(digests: dict[str, str]) -> dict:
+    """The weights marker's integrity fields (`shared/digest.py`)."""
+    return {"digest": version_digest(digests), "tensor_digests": digests}
+
+
 def write_weights(
     rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor],
     save_metadata: Callable[[Path], None], keep_last: int, protect: frozenset[int] = frozenset(),
@@ -50,27 +56,39 @@ def write_weights(
     with rundir.writing_tensors(version) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     size = rundir.weights.size(version)
-    rundir.weights.write_marker(version, run_id, version=version, bytes=size, files=True)
+    digests = {name: tensor_digest(tensor) for name, tensor in state.items()}
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=size, files=True, **digest_fields(digests)
+    )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
 def mark_broadcast(
-    rundir: RunDir, run_id: str, version: int, keep_last: int, protect: frozenset[int]
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    keep_last: int,
+    protect: frozenset[int],
+    digests: dict[str, str],
 ) -> None:
     """`DONE` for a version that reached inference by broadcast only: no files to load."""
-    rundir.weights.write_marker(version, run_id, version=version, bytes=0, files=False)
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=0, files=False, **digest_fields(digests)
+    )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
 def finish_shards(
     rundir: RunDir, run_id: str, version: int, names: list[str], world: int, keep_last: int,
-    protect: frozenset[int],
+    protect: frozenset[int], digests: dict[str, str],
 ) -> None:  # fmt: skip
     """The Hugging Face index (which shard holds each tensor), then `DONE`."""
     size = rundir.tensor_bytes(version)
     weight_map = {name: rundir.shard_name(i % world, world) for i, name in enumerate(names)}
     rundir.write_weights_index(version, {"metadata": {"total_size": size}, "weight_map": weight_map})
-    rundir.weights.write_marker(version, run_id, version=version, bytes=size, files=True)
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=size, files=True, **digest_fields(digests)
+    )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
@@ -95,14 +113,14 @@ class Publisher:
     def publish(self, version: int, run_id: str, files: bool = False) -> None:
         """By broadcast if configured (and it works), else, or when `files`, as safetensors;
         then `DONE`."""
-        sent = False
+        sent = None
         if self.sender is not None:
             with collective_phase(BROADCAST, self.timeout_s):
                 sent = self.sender.send(version, self.model, self.tied, self.dtype)
-        if sent and not files:
+        if sent is not None and not files:
             if self.rank == 0:
                 protect = checkpointed_steps(self.rundir, run_id)
-                mark_broadcast(self.rundir, run_id, version, self.wc.keep, protect)
+                mark_broadcast(self.rundir, run_id, version, self.wc.keep, protect, sent)
             with collective_phase(PUBLISH_BARRIER, self.timeout_s):
                 dist.barrier()
             return
@@ -146,12 +164,16 @@ class Publisher:
             self.rundir.weights.clear(version)
             with self.rundir.writing_weights_dir(version) as directory:
                 self.save_metadata(directory)
+        mine_digests = {name: tensor_digest(tensor) for name, tensor in mine.items()}
+        digests: list[dict[str, str]] | None = [{} for _ in range(self.world)] if self.rank == 0 else None
         with collective_phase(PUBLISH_BARRIER, self.timeout_s):
             dist.barrier()
+            dist.gather_object(mine_digests, digests, dst=0)
             with self.rundir.writing_tensors(version, self.rank, self.world) as tmp:
                 save_file(mine, tmp, metadata={"format": "pt"})
             dist.barrier()
             if self.rank == 0:
                 protect = checkpointed_steps(self.rundir, run_id)
-                finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect)
+                merged = {name: d for part in digests for name, d in part.items()}
+                finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect, merged)
             dist.barrier()

@@ -55,6 +55,7 @@ class WeightSender:
             )
         self.generation: int | None = None
         self.group = None
+        self.digest_s = 0.0  # of the last send
 
     def send(self, version: int, model: torch.nn.Module, tied: bool, dtype: torch.dtype) -> dict | None:
         """Collective over the trainer's ranks: once every bucket reached the group, the digest
@@ -72,6 +73,7 @@ class WeightSender:
         if not ok[0]:
             return None
         digests: dict[str, str] = {}
+        self.digest_s = 0.0
         for index, bucket in enumerate(plan_buckets(specs, bucket_bytes)):
             parts = [full_tensor(params[i][1]).detach().to(dtype).flatten() for i in bucket]  # collective
             if self.rank == 0 and ok[0]:

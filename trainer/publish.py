@@ -8,6 +8,7 @@ needs (except checkpointed ones) are pruned after it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +41,13 @@ def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, 
     return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
 
 
+def timed_digests(state: dict[str, torch.Tensor]) -> tuple[dict[str, str], float]:
+    """Each tensor's digest, and the seconds they took (the `digest_s` metric)."""
+    started = time.monotonic()
+    digests = {name: tensor_digest(tensor) for name, tensor in state.items()}
+    return digests, time.monotonic() - started
+
+
 def digest_fields(digests: dict[str, str]) -> dict:
     """The weights marker's integrity fields (`shared/digest.py`)."""
     return {"digest": version_digest(digests), "tensor_digests": digests}
@@ -48,19 +56,21 @@ def digest_fields(digests: dict[str, str]) -> dict:
 def write_weights(
     rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor],
     save_metadata: Callable[[Path], None], keep_last: int, protect: frozenset[int] = frozenset(),
-) -> None:  # fmt: skip
-    """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE`."""
+) -> float:  # fmt: skip
+    """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE` with the
+    tensors' digests; returns the seconds the digests took."""
     rundir.weights.clear(version)
     with rundir.writing_weights_dir(version) as directory:
         save_metadata(directory)
     with rundir.writing_tensors(version) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     size = rundir.weights.size(version)
-    digests = {name: tensor_digest(tensor) for name, tensor in state.items()}
+    digests, seconds = timed_digests(state)
     rundir.weights.write_marker(
         version, run_id, version=version, bytes=size, files=True, **digest_fields(digests)
     )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
+    return seconds
 
 
 def mark_broadcast(
@@ -101,6 +111,7 @@ class Publisher:
         self.wc, self.rundir, self.model, self.tokenizer = cfg.weights, rundir, model, tokenizer
         self.tied, self.dtype = tied, dtype
         self.timeout_s = cfg.trainer.collective_timeout_s
+        self.digest_s = 0.0  # of the last publish, on this rank
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.sender = None
 
@@ -113,10 +124,11 @@ class Publisher:
     def publish(self, version: int, run_id: str, files: bool = False) -> None:
         """By broadcast if configured (and it works), else, or when `files`, as safetensors;
         then `DONE`."""
-        sent = None
+        sent, self.digest_s = None, 0.0
         if self.sender is not None:
             with collective_phase(BROADCAST, self.timeout_s):
                 sent = self.sender.send(version, self.model, self.tied, self.dtype)
+            self.digest_s = self.sender.digest_s
         if sent is not None and not files:
             if self.rank == 0:
                 protect = checkpointed_steps(self.rundir, run_id)
@@ -146,7 +158,9 @@ class Publisher:
         if self.rank == 0:
             exported = export_state_dict(state, self.tied, self.dtype)
             protect = checkpointed_steps(self.rundir, run_id)
-            write_weights(self.rundir, run_id, version, exported, self.save_metadata, self.wc.keep, protect)
+            self.digest_s += write_weights(
+                self.rundir, run_id, version, exported, self.save_metadata, self.wc.keep, protect
+            )
         with collective_phase(PUBLISH_BARRIER, self.timeout_s):
             dist.barrier()
 
@@ -164,7 +178,8 @@ class Publisher:
             self.rundir.weights.clear(version)
             with self.rundir.writing_weights_dir(version) as directory:
                 self.save_metadata(directory)
-        mine_digests = {name: tensor_digest(tensor) for name, tensor in mine.items()}
+        mine_digests, seconds = timed_digests(mine)
+        self.digest_s += seconds
         digests: list[dict[str, str]] | None = [{} for _ in range(self.world)] if self.rank == 0 else None
         with collective_phase(PUBLISH_BARRIER, self.timeout_s):
             dist.barrier()

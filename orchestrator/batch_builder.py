@@ -37,11 +37,14 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def sample_metrics(sample: Sample) -> dict[str, float]:
-    """The row's `metrics` JSON: the environment's reward and turns, and tool use where there was any."""
-    out = {"env_reward": sample.reward, "turns": sample.turns}
+def sample_metrics(sample: Sample) -> dict[str, float | str]:
+    """The row's `metrics` JSON: the environment's reward and turns, tool use where there was any,
+    and the server that sampled it."""
+    out: dict[str, float | str] = {"env_reward": sample.reward, "turns": sample.turns}
     if sample.tool_calls:
         out |= {"tool_calls": sample.tool_calls, "tool_errors": sample.tool_errors}
+    if sample.server:
+        out["server"] = sample.server
     return out
 
 

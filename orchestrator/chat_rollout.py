@@ -135,6 +135,7 @@ class ChatRollouts:
         sample.add(await self.renderer.prompt(self.messages(prompt)), sampled=False)
         for turn in range(max(max_turns(self.env), 1)):
             (c,), server, version = await self.pool.complete(sample.input_ids, 1, prefer=server)
+            sample.server = server.url
             sample.version = version if turn == 0 else min(sample.version, version)
             sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
             sample.truncated, sample.turns = c.truncated, turn + 1

@@ -36,6 +36,7 @@ class Sample:
     conversation: list[dict[str, Any]] = field(default_factory=list)  # chat: the messages after the prompt
     tool_calls: int = 0
     tool_errors: int = 0
+    server: str = ""  # the server of its last model turn (the trainer's drift alarm names it)
 
     def add(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.input_ids += ids
@@ -60,6 +61,7 @@ async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeou
     request: str | list[int] = prompt.text
     for turn in range(max_turns(env)):
         (c,), server, version = await pool.complete(request, 1, prefer=server)
+        sample.server = server.url
         if turn == 0:
             sample.add(c.prompt_ids, sampled=False)
             sample.version = version
@@ -92,8 +94,10 @@ async def rollout_group(
     if prompt.is_chat:
         raise TriadError(f"environment {env.name!r} gave a chat prompt, but chat rollouts are not set up")
     if max_turns(env) == 1:
-        completions, _, version = await pool.complete(prompt.text, group_size)
+        completions, server, version = await pool.complete(prompt.text, group_size)
         samples = [single_turn(c, version) for c in completions]
+        for sample in samples:
+            sample.server = server.url
     else:
         samples = list(
             await asyncio.gather(*(episode(env, prompt, pool, env_timeout) for _ in range(group_size)))

@@ -34,6 +34,7 @@ from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
+from trainer.drift import DriftAlarm, batch_servers
 from trainer.forward import Forward, packed_forward, padded_forward
 from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, policy_loss
@@ -232,18 +233,21 @@ class Trainer:
     def run(self, run_id: str) -> None:
         first = self.resume(run_id) + 1
         self.publisher.start_broadcasting(run_id, self.device)
+        alarm = DriftAlarm(self.tc.max_mismatch_kl, self.tc.mismatch_kl_steps, speak=self.rank == 0)
         for step in range(first, self.cfg.max_steps + 1):
             t0 = time.monotonic()
             marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s, TRAINER)
             t1 = time.monotonic()
             stats = self.train_step(step, rows, float(getattr(marker, "temperature", 1.0)))
             t2 = time.monotonic()
+            alarm.observe(step, stats["mismatch_kl"], batch_servers(rows))  # every rank: all stop together
             # checkpointed versions are also written as files: a restarted server loads them
             self.publisher.publish(step, run_id, files=self.should_checkpoint(step))
             t3 = time.monotonic()
             # the row before the checkpoint: a resume starts after the checkpoint and keeps its rows
             if self.metrics is not None:
-                self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2)
+                self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2,
+                                 digest_s=self.publisher.digest_s)  # fmt: skip
                 log.info(
                     "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
                     step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,

@@ -1,6 +1,6 @@
 """Weight hand-off by broadcast against by files, for models of about 5M, 50M and 200M parameters.
 
-    python -m bench.weight_transport WORKDIR     (prints one JSON line)
+    python -m bench.weight_transport WORKDIR [SIZE ...]    (prints one JSON line; SIZE: 5M, 50M, 200M)
 
 For each size a Qwen2-shaped model with random weights is built, a triad
 inference server started on it, and a 1-rank trainer run on prepared batches,
@@ -145,8 +145,9 @@ def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], lis
 
 def main() -> None:
     workdir = Path(sys.argv[1])
+    chosen = sys.argv[2:] or list(SIZES)
     results = {}
-    for name, shape in SIZES.items():
+    for name, shape in ((n, SIZES[n]) for n in chosen):
         model_dir = workdir / f"model-{name}"
         params = build_model(model_dir, *shape)
         tensor_bytes = sum(f.stat().st_size for f in RunDir.tensor_files_at(model_dir))

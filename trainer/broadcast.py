@@ -10,6 +10,7 @@ trainer writes the version as files instead.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from datetime import timedelta
 
@@ -27,6 +28,7 @@ from shared.broadcast import (
 )
 from shared.config import BroadcastConfig
 from shared.digest import tensor_digest
+from shared.errors import TriadError
 from shared.faults import TRAINER_CORRUPT_BUCKET, armed
 from shared.process_group import generation_store, make_group
 from shared.rundir import Handshake, RunDir
@@ -35,6 +37,25 @@ from trainer.publish import published_parameters
 
 log = logging.getLogger("triad.trainer")
 POLL_S = 0.02
+
+
+def bound_store(host: str, port: int, timeout: timedelta):
+    """The group's TCPStore, listening on `host` only: its own server listens on every
+    interface, so it is handed a socket bound here."""
+    from torch.distributed import TCPStore
+
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        raise TriadError(
+            f"cannot listen on weights.broadcast.host:port = {host}:{port} for the broadcast group: {e}"
+        ) from None
+    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                    master_listen_fd=sock.detach())  # fmt: skip
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -46,13 +67,7 @@ class WeightSender:
         self.bc, self.rundir, self.run_id, self.device = bc, rundir, run_id, device
         self.rank = dist.get_rank()
         self.timeout = timedelta(seconds=bc.timeout_s)
-        self.store = None
-        if self.rank == 0:
-            from torch.distributed import TCPStore
-
-            self.store = TCPStore(
-                "0.0.0.0", bc.port, is_master=True, wait_for_workers=False, timeout=self.timeout
-            )
+        self.store = bound_store(bc.host, bc.port, self.timeout) if self.rank == 0 else None
         self.generation: int | None = None
         self.group = None
         self.digest_s = 0.0  # of the last send

@@ -23,20 +23,20 @@ def test_sglang_backend_is_detected_loads_absolute_paths_and_names_a_refusal(tmp
                 assert (await backend.current()).model_dump(include={"version", "path", "base_path"}) == {
                     "version": 0, "path": "/models/base", "base_path": "/models/base",
                 }  # fmt: skip
-                info = await backend.load(3, "weights/v3")
+                info = await backend.load(3, "published/v3")
                 assert fake.state.sglang_loaded == [
-                    str(tmp_path.resolve() / "weights/v3")
+                    str(tmp_path.resolve() / "published/v3")
                 ]  # absolute, as SGLang reads it
                 assert (info.version, info.path, info.digest) == (
                     3,
-                    "weights/v3",
+                    "published/v3",
                     None,
                 )  # SGLang reports no digests
                 await backend.load(0, "ignored")  # version 0: back to the model it started from
                 assert fake.state.sglang_loaded[-1] == "/models/base"
                 fake.state.sglang_refuse = "Failed to get weights iterator: no such file"
                 with pytest.raises(TriadError, match="update_weights_from_disk answered 400: .*no such file"):
-                    await backend.load(4, "weights/v4")
+                    await backend.load(4, "published/v4")
                 assert (await backend.current()).version == 0  # unchanged after the refusal
             finally:
                 await client.close()

@@ -92,9 +92,11 @@ class WeightSender:
         for index, bucket in enumerate(plan_buckets(specs, bucket_bytes)):
             parts = [full_tensor(params[i][1]).detach().to(dtype).flatten() for i in bucket]  # collective
             if self.rank == 0 and ok[0]:
+                digest_started = time.monotonic()
                 digests.update(
                     (specs[i].name, tensor_digest(part)) for i, part in zip(bucket, parts, strict=True)
                 )
+                self.digest_s += time.monotonic() - digest_started
                 ok[0] = self.broadcast(self.bucket(parts, version, index), version)
         dist.broadcast_object_list(ok, src=0)
         if ok[0] and self.rank == 0:

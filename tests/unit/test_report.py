@@ -170,6 +170,14 @@ def test_wandb_exporter_in_offline_mode_logs_every_row(tmp_path):
     assert summary["orchestrator/reward_mean"] == pytest.approx(1.0) and summary["step"] == 5
     assert "trainer/loss" in summary
     (offline,) = (rundir.root / "wandb").glob("offline-run-*-run-abc")
-    # the offline record log (uncompressed protobuf) holds one history item per logged row
-    records = (offline / "run-run-abc.wandb").read_bytes()
-    assert records.count(b"orchestrator/reward_mean") >= 5 and records.count(b"trainer/loss") >= 5
+    # the offline record log (uncompressed protobuf) holds one history item per logged row;
+    # wandb's service process may still be writing it after `finish` returns
+    from shared.waiting import wait_for
+
+    log_file = offline / "run-run-abc.wandb"
+
+    def logged() -> bool | None:
+        records = log_file.read_bytes()
+        return records.count(b"orchestrator/reward_mean") >= 5 and records.count(b"trainer/loss") >= 5 or None
+
+    wait_for(logged, f"five logged rows of each service in {log_file}", 20, poll=0.05)

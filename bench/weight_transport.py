@@ -1,6 +1,6 @@
 """Weight hand-off by broadcast against by files, for models of about 5M, 50M and 200M parameters.
 
-    python -m bench.weight_transport WORKDIR     (prints one JSON line)
+    python -m bench.weight_transport WORKDIR [SIZE ...]    (prints one JSON line; SIZE: 5M, 50M, 200M)
 
 For each size a Qwen2-shaped model with random weights is built, a triad
 inference server started on it, and a 1-rank trainer run on prepared batches,
@@ -10,6 +10,11 @@ the server to receive (broadcast), or loads each published `DONE` (files).
 Hand-off time for version V: from the trainer starting to publish V (its
 metrics row time minus its `publish_s`) to the server's answer that it serves V.
 Median over versions after the first (which includes joining the group).
+
+Digest cost (`shared/digest.py`, on the hand-off's path on both sides): the
+trainer's `digest_s` metric for each version, plus the same digest computed in
+this process over the tensors of a published file (what inference computes of
+what it loads, same bytes, same machine), as a fraction of the hand-off time.
 """
 
 from __future__ import annotations
@@ -71,7 +76,27 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
         time.sleep(0.005)
 
 
-def one_run(workdir: Path, model: str, transport: str) -> list[float]:
+def inference_digest_s(weights_dir: Path, repeats: int = 3) -> float:
+    """Seconds to digest every tensor of a published directory, as the inference worker does
+    (median of `repeats`)."""
+    from safetensors.torch import load_file
+
+    from shared.digest import tensor_digest
+
+    tensors = {}
+    for file in RunDir.tensor_files_at(weights_dir):
+        tensors.update(load_file(file))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for tensor in tensors.values():
+            tensor_digest(tensor)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], list[float]]:
+    """Hand-off seconds and the trainer's digest seconds, for versions 2.."""
     from tests.helpers import Server, free_port
     from tests.integration.test_trainer import make_batches
 
@@ -113,20 +138,27 @@ def one_run(workdir: Path, model: str, transport: str) -> list[float]:
         if trainer.poll() is None:
             trainer.kill()
         server.stop()
-    started = {r["step"]: r["time"] - r["publish_s"] for r in read_metrics(rundir.metrics_file(TRAINER))}
-    return [served[v] - started[v] for v in range(2, STEPS + 1)]
+    rows = {r["step"]: r for r in read_metrics(rundir.metrics_file(TRAINER))}
+    handoff = [served[v] - (rows[v]["time"] - rows[v]["publish_s"]) for v in range(2, STEPS + 1)]
+    return handoff, [rows[v]["digest_s"] for v in range(2, STEPS + 1)]
 
 
 def main() -> None:
     workdir = Path(sys.argv[1])
+    chosen = sys.argv[2:] or list(SIZES)
     results = {}
-    for name, shape in SIZES.items():
+    for name, shape in ((n, SIZES[n]) for n in chosen):
         model_dir = workdir / f"model-{name}"
         params = build_model(model_dir, *shape)
         tensor_bytes = sum(f.stat().st_size for f in RunDir.tensor_files_at(model_dir))
         figure: dict = {"parameters": params, "bytes": tensor_bytes}
+        figure["inference_digest_s"] = inference_digest_s(model_dir)
         for transport in ("filesystem", "broadcast"):
-            figure[f"{transport}_s"] = statistics.median(one_run(workdir / name, str(model_dir), transport))
+            handoff, digest = one_run(workdir / name, str(model_dir), transport)
+            figure[f"{transport}_s"] = statistics.median(handoff)
+            figure[f"{transport}_trainer_digest_s"] = statistics.median(digest)
+            digest_total = figure[f"{transport}_trainer_digest_s"] + figure["inference_digest_s"]
+            figure[f"{transport}_digest_frac"] = digest_total / figure[f"{transport}_s"]
         figure["speedup"] = figure["filesystem_s"] / figure["broadcast_s"]
         results[name] = figure
     print(json.dumps(results))

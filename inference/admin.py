@@ -28,6 +28,7 @@ from shared.admin_api import (
     WeightsInfo,
 )
 from shared.broadcast import SendReady
+from shared.digest import agreed, version_digest
 from shared.errors import TriadError
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
@@ -90,6 +91,14 @@ def read_send_ready(path: Path, version: int) -> SendReady:
     return ready
 
 
+def digest_fields(per_worker: list[dict[str, str] | None] | None) -> dict:
+    """`WeightsInfo`'s digest fields from what each worker reported loading."""
+    if not per_worker or any(d is None for d in per_worker):
+        return {}
+    tensors = agreed(per_worker)
+    return {"digest": version_digest(tensors), "tensor_digests": tensors}
+
+
 def check_marker_version(path: Path, version: int) -> None:
     """The version asked for must be the one the directory's marker vouches for."""
     marker = RunDir.marker_at(path)
@@ -136,18 +145,22 @@ class WeightManager:
             ready = read_send_ready(path, request.version)
             spec = {**self.group.model_dump(), **ready.model_dump(include={"tensors", "bucket_bytes"})}
             served = path.relative_to(self.rundir.root.resolve()).as_posix()
-            await self._swap("triad_broadcast_receive", spec)
-            self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)
+            loaded = await self._swap("triad_broadcast_receive", spec)
+            self.info = WeightsInfo(
+                version=request.version, path=served, base_path=self.base_path, **digest_fields(loaded)
+            )
         log.info("serving weights version %d (broadcast, generation %d)", request.version, spec["generation"])
         self.metrics.log(request.version, version=request.version, path=served, transport="broadcast")
         return self.info
 
-    async def _swap(self, method: str, arg) -> None:
-        """Run a weight-loading worker method with generation paused (requests kept)."""
+    async def _swap(self, method: str, arg) -> list:
+        """Run a weight-loading worker method with generation paused (requests kept); each
+        worker's answer."""
         await self.engine.pause_generation(mode="keep", clear_cache=False)
         try:
-            await self.engine.collective_rpc(method, args=(arg,))
+            answers = await self.engine.collective_rpc(method, args=(arg,))
             await self.engine.reset_prefix_cache(reset_running_requests=True)
+            return answers
         except Exception:
             # half-loaded weights are no version at all: make every client re-align
             self.info = WeightsInfo(version=-1, path="", base_path=self.base_path)
@@ -166,8 +179,10 @@ class WeightManager:
                 audit_read(path, RunDir.has_marker_at(path), INFERENCE)
             source = str(path) if path else None
             served = path.relative_to(self.rundir.root.resolve()).as_posix() if path else self.base_path
-            await self._swap("triad_load_weights", source)
-            self.info = WeightsInfo(version=request.version, path=served, base_path=self.base_path)
+            loaded = await self._swap("triad_load_weights", source)
+            self.info = WeightsInfo(
+                version=request.version, path=served, base_path=self.base_path, **digest_fields(loaded)
+            )
         log.info("serving weights version %d from %s", request.version, self.info.path)
         self.metrics.log(request.version, version=request.version, path=self.info.path)
         return self.info

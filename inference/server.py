@@ -113,11 +113,14 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
 
     from inference.admin import WeightManager, add_admin_routes
+    from inference.vllm_api import check_engine
 
     token = cfg.inference.token()
     metrics = MetricsWriter(RunDir(cfg.run_dir).metrics_file(INFERENCE))
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
+        check_engine(engine)
+        await engine.collective_rpc("triad_check_worker")
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         manager = WeightManager(engine, RunDir(cfg.run_dir), args.model, metrics)
@@ -136,6 +139,9 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
 
 
 def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None:
+    from inference.vllm_api import check_launcher
+
+    check_launcher()
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from shared.digest import digesting
+
 
 def iter_safetensors(weights_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
@@ -27,38 +29,64 @@ def iter_safetensors(weights_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+def on_cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 class TriadWorkerExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's."""
 
-    def triad_load_weights(self, weights_dir: str | None) -> None:
-        """Load a published weights directory, or the server's base model (None)."""
+    def triad_check_worker(self) -> None:
+        """At start-up: every vLLM attribute the weight swap uses is there (`inference.vllm_api`)."""
+        from inference.vllm_api import check_worker
+
+        check_worker(self, on_cpu_build())
+
+    def triad_load_weights(self, weights_dir: str | None) -> dict[str, str] | None:
+        """Load a published weights directory, or the server's base model (None); returns the
+        digest of each tensor read (`shared/digest.py`), None for the base model."""
+        digests = None
         if weights_dir is None:
             self.model_runner.reload_weights()
         else:
-            self.model_runner.reload_weights(weights_iterator=iter_safetensors(weights_dir))
+            digests = {}
+            self.model_runner.reload_weights(
+                weights_iterator=digesting(iter_safetensors(weights_dir), digests)
+            )
         self._refresh_cpu_lm_head()
+        return digests
 
-    def triad_broadcast_receive(self, spec: dict) -> None:
+    def triad_broadcast_receive(self, spec: dict) -> dict[str, str]:
         """Receive a version from the trainer's broadcast (joining the group's generation if
-        new) and stream it into the in-place reload."""
+        new) and stream it into the in-place reload; returns each received tensor's digest."""
         if not hasattr(self, "_triad_receiver"):
             self._triad_receiver = BroadcastReceiver()
         device = next(self.model_runner.get_model().parameters()).device
         local_rank = int(getattr(self, "rank", 0))
+        digests: dict[str, str] = {}
         try:
             group = self._triad_receiver.join(spec, local_rank, device)
-            self.model_runner.reload_weights(weights_iterator=receive_buckets(group, spec, device))
+            received = receive_buckets(group, spec, device)
+            self.model_runner.reload_weights(weights_iterator=digesting(received, digests))
         except Exception:
             self._triad_receiver = BroadcastReceiver()  # a broken group is never reused
             raise
         self._refresh_cpu_lm_head()
+        return digests
 
     def _refresh_cpu_lm_head(self) -> None:
         """The CPU build keeps a prepacked copy of a tied `lm_head` that the
-        reload does not refresh; repack it from the (reloaded) embedding."""
+        reload does not refresh; repack it from the (reloaded) embedding. On the CPU
+        build a head without that copy is an unknown vLLM: fail, never serve stale weights."""
         lm_head = getattr(self.model_runner.get_model(), "lm_head", None)
-        if lm_head is None or not hasattr(lm_head, "cpu_linear"):
+        if lm_head is None or not on_cpu_build():
             return
+        if not hasattr(lm_head, "cpu_linear"):
+            from inference.vllm_api import CPU_REPACK, missing
+
+            raise missing(f"lm_head.cpu_linear on the CPU build ({CPU_REPACK})")
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
         dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)

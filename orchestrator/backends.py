@@ -29,8 +29,9 @@ class WeightBackend(Protocol):
 
     async def current(self) -> WeightsInfo: ...
 
-    async def load(self, version: int, path: str) -> None:
-        """Serve the weights in `path` (relative to the run directory) as `version`."""
+    async def load(self, version: int, path: str) -> WeightsInfo:
+        """Serve the weights in `path` (relative to the run directory) as `version`; what the
+        server then reports serving."""
 
 
 class TriadAdmin:
@@ -45,11 +46,13 @@ class TriadAdmin:
             raise TriadError(f"{self.client.base_url} has no /admin/weights route: it cannot load weights")
         return info
 
-    async def load(self, version: int, path: str) -> None:
+    async def load(self, version: int, path: str) -> WeightsInfo:
         await self.client.load_weights(version, path, self.timeout)
         info = await self.current()
         if info.version != version:
-            raise TriadError(f"{self.client.base_url} was told to load version {version} but serves {info}")
+            served = f"version {info.version} from {info.path!r}"
+            raise TriadError(f"{self.client.base_url} was told to load version {version} but serves {served}")
+        return info
 
 
 class SGLangUpdate:
@@ -68,7 +71,7 @@ class SGLangUpdate:
             self.info = WeightsInfo(version=0, path=base, base_path=base)
         return self.info
 
-    async def load(self, version: int, path: str) -> None:
+    async def load(self, version: int, path: str) -> WeightsInfo:
         base = (await self.current()).base_path
         target = base if version == 0 else str(self.run_dir / path)
         r = await self._call("POST", "/update_weights_from_disk", json={"model_path": target})
@@ -76,6 +79,7 @@ class SGLangUpdate:
         if not answer.get("success", False):
             raise TriadError(f"{self.client.base_url} could not load {target}: {answer.get('message')}")
         self.info = WeightsInfo(version=version, path=path, base_path=base)
+        return self.info
 
     async def _call(self, method: str, route: str, **kwargs) -> httpx.Response:
         url = self.client.base_url + route
@@ -94,7 +98,7 @@ class Frozen:
     async def current(self) -> WeightsInfo:
         return WeightsInfo(version=0, path="", base_path="")
 
-    async def load(self, version: int, path: str) -> None:
+    async def load(self, version: int, path: str) -> WeightsInfo:
         raise TriadError("this inference backend cannot load weights (backend 'none')")
 
 

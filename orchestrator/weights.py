@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from orchestrator.broadcasting import BroadcastCoordinator
+from orchestrator.integrity import DigestMismatch, mismatch
 from orchestrator.pool import Server, ServerPool
 from orchestrator.published import PublishedWeights
 from shared.config import TriadConfig
@@ -39,6 +40,7 @@ class WeightFollower:
         self.trainer_version = 0  # the newest version the trainer has published
         self.trainer_version_created = 0.0  # its marker's time: a resumed trainer republishes
         self.broadcast = None
+        self.unverified: set[str] = set()  # servers told of once: they report no digests
         if cfg.weights.transport == "broadcast" and not self.frozen:
             self.broadcast = BroadcastCoordinator(rundir, run_id, pool, cfg.weights.broadcast)
 
@@ -56,11 +58,58 @@ class WeightFollower:
             if server.version >= version:
                 return
             try:
-                await server.backend.load(version, self.rundir.weights.relative(version))
+                await self.load_checked(server, version, self.rundir.weights.relative(version))
+            except DigestMismatch:
+                raise
             except TriadError as e:
                 self.pool.take_out(server, f"could not load version {version}: {e}")
                 return
             server.version = version
+
+    async def load_checked(self, server: Server, version: int, path: str) -> None:
+        """Load, then compare what the server loaded with the trainer's digests; on a mismatch
+        load once more, then stop the run naming the server, the version and the tensor."""
+        marker = self.rundir.weights.marker(version, self.run_id) if version else None
+        required = self.verifiable(server)
+        problem = mismatch(marker, await server.backend.load(version, path), required)
+        if problem is None:
+            return
+        log.warning("%s loaded version %d with other bytes than published (%s): loading it again",
+                    server.url, version, problem)  # fmt: skip
+        problem = mismatch(marker, await server.backend.load(version, path), required)
+        if problem is not None:
+            raise DigestMismatch(f"{server.url} serves version {version} from {path} with other bytes than "
+                                 f"the trainer published, also after a reload: {problem}")  # fmt: skip
+
+    def verifiable(self, server: Server) -> bool:
+        """triad's servers report digests of what they load; others are trusted, said once."""
+        if server.backend.kind == "triad":
+            return True
+        if server.url not in self.unverified:
+            self.unverified.add(server.url)
+            log.warning("%s (backend %r) reports no weight digests: loads there are not verified",
+                        server.url, server.backend.kind)  # fmt: skip
+        return False
+
+    async def check_received(self, server: Server, version: int, files: bool) -> None:
+        """A version that came by broadcast: compare the server's digests with the marker's;
+        on a mismatch reload from files if there are any, else stop the run."""
+        async with server.loading:
+            if server.version != version:
+                return
+            problem = mismatch(
+                self.rundir.weights.marker(version, self.run_id), await server.backend.current()
+            )
+            if problem is None:
+                return
+            if not files:
+                raise DigestMismatch(
+                    f"{server.url} received version {version} by broadcast with other bytes than the "
+                    f"trainer sent, and there are no files to reload: {problem}"
+                )
+            log.warning("%s received version %d with other bytes than sent (%s): loading its files",
+                        server.url, version, problem)  # fmt: skip
+            await self.load_checked(server, version, self.rundir.weights.relative(version))
 
     async def align(self, server: Server) -> None:
         """Make a server serve this run's newest published weights (or its base).
@@ -82,7 +131,7 @@ class WeightFollower:
                 return
             path = self.rundir.weights.relative(newest) if newest else info.base_path
             log.info("%s serves %s v%d: loading this run's v%d", server.url, info.path, info.version, newest)
-            await server.backend.load(newest, path)
+            await self.load_checked(server, newest, path)
             server.version = newest
 
     async def connect(self) -> None:
@@ -113,7 +162,10 @@ class WeightFollower:
             if marker is None:  # pruned or discarded between the two reads
                 continue
             self.trainer_version, self.trainer_version_created = version, marker.created_at
-            if not self.frozen and getattr(marker, "files", True):
+            files = getattr(marker, "files", True)
+            if not self.frozen and self.broadcast is not None:  # what came by broadcast is checked first
+                await asyncio.gather(*(self.check_received(s, version, files) for s in self.pool.healthy()))
+            if not self.frozen and files:
                 await asyncio.gather(*(self.load(s, version) for s in self.pool.healthy()))
                 log.info("inference now serves version %d", self.served_version)
             # a batch is done with once trained *and* checkpointed: a resumed trainer restarts after C

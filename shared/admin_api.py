@@ -16,6 +16,11 @@ class WeightsInfo(BaseModel):
     version: int
     path: str
     base_path: str = Field(description="the model the server started from: version 0, always loadable")
+    digest: str | None = Field(
+        None,
+        description="`shared/digest.py` digest of the tensors the workers loaded; None for the base model",
+    )
+    tensor_digests: dict[str, str] | None = Field(None, description="each loaded tensor's digest, by name")
 
 
 class LoadWeightsRequest(BaseModel):

@@ -192,6 +192,12 @@ class TrainerConfig(Table):
     )
     batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
     collective_timeout_s: float = Field(1800, gt=0, description="longest wait in one collective")
+    max_mismatch_kl: float | None = Field(
+        1.0, gt=0, description="drift alarm: warn when a step's mismatch_kl exceeds it; None: off"
+    )
+    mismatch_kl_steps: int = Field(
+        3, ge=1, description="drift alarm: stop after this many such steps in a row"
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)

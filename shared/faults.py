@@ -18,10 +18,15 @@ FAILPOINT_VAR = "TRIAD_FAILPOINT"
 AUDIT_VAR = "TRIAD_AUDIT_READS"
 ORCHESTRATOR_BEFORE_MARKER = "orchestrator.before_marker"
 TRAINER_MID_STEP = "trainer.mid_step"
+TRAINER_CORRUPT_BUCKET = "trainer.corrupt_bucket"
+
+
+def armed(name: str, step: int) -> bool:
+    return os.environ.get(FAILPOINT_VAR) == f"{name}:{step}"
 
 
 def failpoint(name: str, step: int) -> None:
-    if os.environ.get(FAILPOINT_VAR) == f"{name}:{step}":
+    if armed(name, step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

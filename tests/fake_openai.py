@@ -33,6 +33,12 @@ class FakeState:
     requests: int = 0
     busy_since: list[tuple[float, int]] = field(default_factory=list)  # (time, inflight) at each change
     tokenize_failures: int = 0  # the next N /tokenize requests answer 500
+    # SGLang's weight routes, as its http_server documents them: GET /get_model_info ->
+    # {"model_path", ...}; POST /update_weights_from_disk {"model_path"} -> 200 {"success": true,
+    # "message", "num_paused_requests"} or 400 {"success": false, "message", ...}
+    sglang_model: str | None = None  # None: no SGLang routes (404)
+    sglang_loaded: list[str] = field(default_factory=list)
+    sglang_refuse: str | None = None  # the next load fails with this message
 
 
 def encode(text: str) -> list[int]:
@@ -91,8 +97,28 @@ def make_app(state: FakeState) -> Starlette:
             {"id": "x", "object": "text_completion", "created": 0, "model": "fake", "choices": choices}
         )
 
+    async def model_info(request: Request) -> JSONResponse:
+        if state.sglang_model is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return JSONResponse({"model_path": state.sglang_model, "tokenizer_path": state.sglang_model,
+                             "is_generation": True})  # fmt: skip
+
+    async def update_from_disk(request: Request) -> JSONResponse:
+        if state.sglang_model is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        path = (await request.json())["model_path"]
+        if state.sglang_refuse is not None:
+            message, state.sglang_refuse = state.sglang_refuse, None
+            return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, 400)
+        state.sglang_loaded.append(path)
+        state.sglang_model = path
+        return JSONResponse({"success": True, "message": "Succeeded to update model weights.",
+                             "num_paused_requests": 0})  # fmt: skip
+
     return Starlette(
         routes=[
+            Route("/get_model_info", model_info),
+            Route("/update_weights_from_disk", update_from_disk, methods=["POST"]),
             Route("/health", health),
             Route("/v1/models", models),
             Route("/tokenize", tokenize, methods=["POST"]),

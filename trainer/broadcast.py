@@ -10,6 +10,7 @@ trainer writes the version as files instead.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from datetime import timedelta
 
@@ -26,6 +27,9 @@ from shared.broadcast import (
     write_handshake,
 )
 from shared.config import BroadcastConfig
+from shared.digest import tensor_digest
+from shared.errors import TriadError
+from shared.faults import TRAINER_CORRUPT_BUCKET, armed
 from shared.process_group import generation_store, make_group
 from shared.rundir import Handshake, RunDir
 from trainer.parallel import full_tensor
@@ -33,6 +37,25 @@ from trainer.publish import published_parameters
 
 log = logging.getLogger("triad.trainer")
 POLL_S = 0.02
+
+
+def bound_store(host: str, port: int, timeout: timedelta):
+    """The group's TCPStore, listening on `host` only: its own server listens on every
+    interface, so it is handed a socket bound here."""
+    from torch.distributed import TCPStore
+
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        raise TriadError(
+            f"cannot listen on weights.broadcast.host:port = {host}:{port} for the broadcast group: {e}"
+        ) from None
+    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                    master_listen_fd=sock.detach())  # fmt: skip
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -44,38 +67,47 @@ class WeightSender:
         self.bc, self.rundir, self.run_id, self.device = bc, rundir, run_id, device
         self.rank = dist.get_rank()
         self.timeout = timedelta(seconds=bc.timeout_s)
-        self.store = None
-        if self.rank == 0:
-            from torch.distributed import TCPStore
-
-            self.store = TCPStore(
-                "0.0.0.0", bc.port, is_master=True, wait_for_workers=False, timeout=self.timeout
-            )
+        self.store = bound_store(bc.host, bc.port, self.timeout) if self.rank == 0 else None
         self.generation: int | None = None
         self.group = None
+        self.digest_s = 0.0  # of the last send
 
-    def send(self, version: int, model: torch.nn.Module, tied: bool, dtype: torch.dtype) -> bool:
-        """Collective over the trainer's ranks: True once every bucket reached the group."""
+    def send(self, version: int, model: torch.nn.Module, tied: bool, dtype: torch.dtype) -> dict | None:
+        """Collective over the trainer's ranks: once every bucket reached the group, the digest
+        of each tensor sent (on rank 0; {} on the others), else None."""
         params = published_parameters(model, tied)
         specs = [TensorSpec(name=n, dtype=dtype_name(dtype), shape=list(p.shape)) for n, p in params]
         bucket_bytes = int(self.bc.bucket_mb * 2**20)
         decision = [self.handshake(version, specs, bucket_bytes) if self.rank == 0 else None]
         dist.broadcast_object_list(decision, src=0)
         if decision[0] is None:
-            return False
+            return None
         started = time.monotonic()
         ok = [self.join(decision[0]) if self.rank == 0 else True]
         dist.broadcast_object_list(ok, src=0)
         if not ok[0]:
-            return False
-        for bucket in plan_buckets(specs, bucket_bytes):
+            return None
+        digests: dict[str, str] = {}
+        self.digest_s = 0.0
+        for index, bucket in enumerate(plan_buckets(specs, bucket_bytes)):
             parts = [full_tensor(params[i][1]).detach().to(dtype).flatten() for i in bucket]  # collective
             if self.rank == 0 and ok[0]:
-                ok[0] = self.broadcast(torch.cat(parts).to(self.device), version)
+                digest_started = time.monotonic()
+                digests.update(
+                    (specs[i].name, tensor_digest(part)) for i, part in zip(bucket, parts, strict=True)
+                )
+                self.digest_s += time.monotonic() - digest_started
+                ok[0] = self.broadcast(self.bucket(parts, version, index), version)
         dist.broadcast_object_list(ok, src=0)
         if ok[0] and self.rank == 0:
             log.info("broadcast version %d in %.3f s", version, time.monotonic() - started)
-        return bool(ok[0])
+        return digests if ok[0] else None
+
+    def bucket(self, parts: list[torch.Tensor], version: int, index: int) -> torch.Tensor:
+        flat = torch.cat(parts).to(self.device)
+        if index == 0 and armed(TRAINER_CORRUPT_BUCKET, version):  # tests only: a bit flipped on the way
+            flat.view(torch.uint8)[0] ^= 1
+        return flat
 
     def handshake(self, version: int, specs: list[TensorSpec], bucket_bytes: int) -> Receiving | None:
         """Say the update is ready; wait for the orchestrator's answer (None: use files)."""

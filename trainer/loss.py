@@ -32,16 +32,28 @@ Optional KL penalty, beta * k(logp, logr) per token, aggregated as above, to a
 reference policy `logp_ref` (a frozen copy of the base model) when given, else
 to the sampler (logr = logq); k1 = logp - logr, k2 = (logp - logr)^2 / 2,
 k3 = exp(logr - logp) - 1 - (logr - logp).
+
+Robustness (float32, vLLM reporting an impossible token as -9999): at positions outside
+the loss mask the sampler's logprob is replaced by the trainer's own (detached), so
+nothing there can overflow; every log-ratio is clamped to +-MAX_LOG_RATIO before `exp`
+(as verl does), and masking uses `torch.where`, never `w * keep` (inf * 0 = NaN).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import get_args
 
 import torch
 
 from shared.config import KLEstimator, LossConfig, LossKind
+
+MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: finite in float32 with room for sums
+
+
+def _exp_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
 @dataclass(frozen=True)
@@ -100,7 +112,7 @@ def kl_penalty(logp: torch.Tensor, logq: torch.Tensor, estimator: KLEstimator) -
     if estimator == "k2":
         return 0.5 * diff.square()
     if estimator == "k3":
-        return torch.exp(-diff) - 1 + diff
+        return _exp_ratio(-diff) - 1 + diff
     raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
@@ -138,16 +150,19 @@ def _clip(ratio: torch.Tensor, spec: LossConfig) -> torch.Tensor:
 def _behaviour_weight(
     logp_prox: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor, spec: LossConfig
 ) -> torch.Tensor:
-    """w = pi_prox / pi_sampler per token, truncated or masked as `spec.importance` says."""
-    log_w = (logp_prox - logq) * mask
-    w = torch.exp(log_w)
+    """w = pi_prox / pi_sampler per token, truncated or masked as `spec.importance` says.
+    Decided in log space, so an overflowing w (e^100 in float32) is masked, not NaN."""
+    keep_mask = mask.bool()
+    log_w = torch.where(keep_mask, logp_prox - logq, torch.zeros_like(logq))
+    log_cap = math.log(spec.importance_cap)
+    zero = torch.zeros_like(log_w)
     if spec.importance == "tis":
-        return torch.clamp(w, max=spec.importance_cap)
+        return torch.exp(torch.clamp(log_w, max=log_cap))
     if spec.importance == "mis_token":
-        return w * (w <= spec.importance_cap)
+        return torch.where(log_w <= log_cap, _exp_ratio(log_w), zero)
     if spec.importance == "mis_seq":
-        seq_ok = torch.exp(log_w.sum(-1, keepdim=True)) <= spec.importance_cap
-        return w * seq_ok
+        seq_ok = log_w.sum(-1, keepdim=True) <= log_cap
+        return torch.where(seq_ok, _exp_ratio(log_w), zero)
     raise ValueError(f"unknown importance correction {spec.importance!r}")
 
 
@@ -167,15 +182,17 @@ def policy_loss(
         raise ValueError(f"unknown loss kind {spec.kind!r}")
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     m = mask.to(logp.dtype)
-    prox = logp.detach() if logp_prox is None else logp_prox.detach()
+    keep = mask.bool()
+    logq = torch.where(keep, logq, logp.detach())  # prompt, padding, -9999: no overflow, no gradient
+    prox = logp.detach() if logp_prox is None else torch.where(keep, logp_prox.detach(), logp.detach())
     log_ratio = logp - logq
     if spec.kind == "gspo":
         seq_log_ratio = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
-        ratio = torch.exp(seq_log_ratio).expand_as(logp)
+        ratio = _exp_ratio(seq_log_ratio).expand_as(logp)
     elif spec.importance != "none":
-        ratio = torch.exp(logp - prox)
+        ratio = _exp_ratio(logp - prox)
     else:
-        ratio = torch.exp(log_ratio)
+        ratio = _exp_ratio(log_ratio)
     unclipped, clipped = ratio * adv, _clip(ratio, spec) * adv
     if spec.kind == "cispo":
         pg = -_clip(ratio, spec).detach() * adv * logp

@@ -34,10 +34,12 @@ from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
+from trainer.drift import DriftAlarm, batch_servers
 from trainer.forward import Forward, packed_forward, padded_forward
 from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
+from trainer.phases import CHECKPOINT, RESUME, STEP_STATS, TRAIN, collective_phase
 from trainer.publish import Publisher
 from trainer.schedule import lr_at
 
@@ -191,11 +193,13 @@ class Trainer:
             parts = [p.with_proximal(lambda mb: self.logprobs_of(self.model, mb, temperature)) for p in parts]
         self.model.train()
         sums, grad_norms = 0, []
-        for part in parts:
-            part_sums, grad_norm = self.optimizer_step(step, part, temperature)
-            sums, grad_norms = sums + part_sums, grad_norms + [grad_norm]
+        with collective_phase(TRAIN, self.tc.collective_timeout_s):
+            for part in parts:
+                part_sums, grad_norm = self.optimizer_step(step, part, temperature)
+                sums, grad_norms = sums + part_sums, grad_norms + [grad_norm]
         sums = sums.to(torch.float64)
-        dist.all_reduce(sums)
+        with collective_phase(STEP_STATS, self.tc.collective_timeout_s):
+            dist.all_reduce(sums)
         metrics = step_metrics(dict(zip(STAT_NAMES, sums.tolist(), strict=True)), rows, grad_norms)
         metrics.update(lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts))
         if self.reference is None:
@@ -208,7 +212,8 @@ class Trainer:
         dist.broadcast_object_list(found, src=0)
         start = found[0]
         if start:
-            load_checkpoint(self.rundir, start, self.model, self.optimizer)
+            with collective_phase(RESUME, self.tc.collective_timeout_s):
+                load_checkpoint(self.rundir, start, self.model, self.optimizer)
             log.info("resumed from the checkpoint after update %d", start)
         if self.rank == 0:
             discard_after_checkpoint(self.rundir, run_id, start)
@@ -228,26 +233,30 @@ class Trainer:
     def run(self, run_id: str) -> None:
         first = self.resume(run_id) + 1
         self.publisher.start_broadcasting(run_id, self.device)
+        alarm = DriftAlarm(self.tc.max_mismatch_kl, self.tc.mismatch_kl_steps, speak=self.rank == 0)
         for step in range(first, self.cfg.max_steps + 1):
             t0 = time.monotonic()
             marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s, TRAINER)
             t1 = time.monotonic()
             stats = self.train_step(step, rows, float(getattr(marker, "temperature", 1.0)))
             t2 = time.monotonic()
+            alarm.observe(step, stats["mismatch_kl"], batch_servers(rows))  # every rank: all stop together
             # checkpointed versions are also written as files: a restarted server loads them
             self.publisher.publish(step, run_id, files=self.should_checkpoint(step))
             t3 = time.monotonic()
             # the row before the checkpoint: a resume starts after the checkpoint and keeps its rows
             if self.metrics is not None:
-                self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2)
+                self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2,
+                                 digest_s=self.publisher.digest_s)  # fmt: skip
                 log.info(
                     "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
                     step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,
                 )  # fmt: skip
             if self.should_checkpoint(step):
-                save_checkpoint(
-                    self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
-                )
+                with collective_phase(CHECKPOINT, self.tc.collective_timeout_s):
+                    save_checkpoint(
+                        self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
+                    )
 
 
 def run_trainer(cfg: TriadConfig, model_path: str) -> None:

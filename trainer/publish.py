@@ -8,6 +8,7 @@ needs (except checkpointed ones) are pruned after it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,9 +17,11 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from shared.config import TriadConfig
+from shared.digest import tensor_digest, version_digest
 from shared.resume import checkpointed_steps
 from shared.rundir import RunDir
 from trainer.parallel import full_tensor
+from trainer.phases import BROADCAST, GATHER_FOR_PUBLISH, PUBLISH_BARRIER, collective_phase
 
 log = logging.getLogger("triad.trainer")
 
@@ -38,38 +41,64 @@ def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, 
     return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
 
 
+def timed_digests(state: dict[str, torch.Tensor]) -> tuple[dict[str, str], float]:
+    """Each tensor's digest, and the seconds they took (the `digest_s` metric)."""
+    started = time.monotonic()
+    digests = {name: tensor_digest(tensor) for name, tensor in state.items()}
+    return digests, time.monotonic() - started
+
+
+def digest_fields(digests: dict[str, str]) -> dict:
+    """The weights marker's integrity fields (`shared/digest.py`)."""
+    return {"digest": version_digest(digests), "tensor_digests": digests}
+
+
 def write_weights(
     rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor],
     save_metadata: Callable[[Path], None], keep_last: int, protect: frozenset[int] = frozenset(),
-) -> None:  # fmt: skip
-    """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE`."""
+) -> float:  # fmt: skip
+    """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE` with the
+    tensors' digests; returns the seconds the digests took."""
     rundir.weights.clear(version)
     with rundir.writing_weights_dir(version) as directory:
         save_metadata(directory)
     with rundir.writing_tensors(version) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     size = rundir.weights.size(version)
-    rundir.weights.write_marker(version, run_id, version=version, bytes=size, files=True)
+    digests, seconds = timed_digests(state)
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=size, files=True, **digest_fields(digests)
+    )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
+    return seconds
 
 
 def mark_broadcast(
-    rundir: RunDir, run_id: str, version: int, keep_last: int, protect: frozenset[int]
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    keep_last: int,
+    protect: frozenset[int],
+    digests: dict[str, str],
 ) -> None:
     """`DONE` for a version that reached inference by broadcast only: no files to load."""
-    rundir.weights.write_marker(version, run_id, version=version, bytes=0, files=False)
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=0, files=False, **digest_fields(digests)
+    )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
 def finish_shards(
     rundir: RunDir, run_id: str, version: int, names: list[str], world: int, keep_last: int,
-    protect: frozenset[int],
+    protect: frozenset[int], digests: dict[str, str],
 ) -> None:  # fmt: skip
     """The Hugging Face index (which shard holds each tensor), then `DONE`."""
     size = rundir.tensor_bytes(version)
     weight_map = {name: rundir.shard_name(i % world, world) for i, name in enumerate(names)}
     rundir.write_weights_index(version, {"metadata": {"total_size": size}, "weight_map": weight_map})
-    rundir.weights.write_marker(version, run_id, version=version, bytes=size, files=True)
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=size, files=True, **digest_fields(digests)
+    )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
@@ -81,6 +110,8 @@ class Publisher:
                  tied: bool, dtype: torch.dtype) -> None:  # fmt: skip
         self.wc, self.rundir, self.model, self.tokenizer = cfg.weights, rundir, model, tokenizer
         self.tied, self.dtype = tied, dtype
+        self.timeout_s = cfg.trainer.collective_timeout_s
+        self.digest_s = 0.0  # of the last publish, on this rank
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.sender = None
 
@@ -93,14 +124,17 @@ class Publisher:
     def publish(self, version: int, run_id: str, files: bool = False) -> None:
         """By broadcast if configured (and it works), else, or when `files`, as safetensors;
         then `DONE`."""
-        sent = False
+        sent, self.digest_s = None, 0.0
         if self.sender is not None:
-            sent = self.sender.send(version, self.model, self.tied, self.dtype)
-        if sent and not files:
+            with collective_phase(BROADCAST, self.timeout_s):
+                sent = self.sender.send(version, self.model, self.tied, self.dtype)
+            self.digest_s = self.sender.digest_s
+        if sent is not None and not files:
             if self.rank == 0:
                 protect = checkpointed_steps(self.rundir, run_id)
-                mark_broadcast(self.rundir, run_id, version, self.wc.keep, protect)
-            dist.barrier()
+                mark_broadcast(self.rundir, run_id, version, self.wc.keep, protect, sent)
+            with collective_phase(PUBLISH_BARRIER, self.timeout_s):
+                dist.barrier()
             return
         self.publish_files(version, run_id)
 
@@ -119,31 +153,42 @@ class Publisher:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self.model, options=options)  # collective: every rank
+        with collective_phase(GATHER_FOR_PUBLISH, self.timeout_s):
+            state = get_model_state_dict(self.model, options=options)  # collective: every rank
         if self.rank == 0:
             exported = export_state_dict(state, self.tied, self.dtype)
             protect = checkpointed_steps(self.rundir, run_id)
-            write_weights(self.rundir, run_id, version, exported, self.save_metadata, self.wc.keep, protect)
-        dist.barrier()
+            self.digest_s += write_weights(
+                self.rundir, run_id, version, exported, self.save_metadata, self.wc.keep, protect
+            )
+        with collective_phase(PUBLISH_BARRIER, self.timeout_s):
+            dist.barrier()
 
     def publish_shards(self, version: int, run_id: str) -> None:
         """Parameter i is gathered (one at a time) and kept by rank i mod world only."""
         names = [n for n, _ in published_parameters(self.model, self.tied)]
         mine = {}
-        for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
-            full = full_tensor(param)  # collective
-            if i % self.world == self.rank:
-                mine[name] = full.detach().to("cpu", self.dtype).contiguous()
-            del full
+        with collective_phase(GATHER_FOR_PUBLISH, self.timeout_s):
+            for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
+                full = full_tensor(param)  # collective
+                if i % self.world == self.rank:
+                    mine[name] = full.detach().to("cpu", self.dtype).contiguous()
+                del full
         if self.rank == 0:
             self.rundir.weights.clear(version)
             with self.rundir.writing_weights_dir(version) as directory:
                 self.save_metadata(directory)
-        dist.barrier()
-        with self.rundir.writing_tensors(version, self.rank, self.world) as tmp:
-            save_file(mine, tmp, metadata={"format": "pt"})
-        dist.barrier()
-        if self.rank == 0:
-            protect = checkpointed_steps(self.rundir, run_id)
-            finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect)
-        dist.barrier()
+        mine_digests, seconds = timed_digests(mine)
+        self.digest_s += seconds
+        digests: list[dict[str, str]] | None = [{} for _ in range(self.world)] if self.rank == 0 else None
+        with collective_phase(PUBLISH_BARRIER, self.timeout_s):
+            dist.barrier()
+            dist.gather_object(mine_digests, digests, dst=0)
+            with self.rundir.writing_tensors(version, self.rank, self.world) as tmp:
+                save_file(mine, tmp, metadata={"format": "pt"})
+            dist.barrier()
+            if self.rank == 0:
+                protect = checkpointed_steps(self.rundir, run_id)
+                merged = {name: d for part in digests for name, d in part.items()}
+                finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect, merged)
+            dist.barrier()

@@ -3,7 +3,11 @@
 1. The test plays the orchestrator's part of the handshake against a real 2-rank
    trainer and two real servers: after each of 4 updates both servers' logprobs
    equal those of `transformers` loading the same version from files (the
-   trainer also writes them), and training moved them.
+   trainer also writes them), and training moved them; each server's digest of
+   what it received equals the trainer's. The last update's first bucket is
+   corrupted on the way (failpoint): the orchestrator's check finds the tensor,
+   reloads one server from the files, and stops on the other as it would
+   without files.
 2. A real run (orchestrator, trainer, two servers) in which one server is
    killed during an update: the update falls back to files, it is logged, and
    the run finishes on the other server.
@@ -11,7 +15,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,7 +27,9 @@ import httpx
 import pytest
 
 from shared.admin_api import ADMIN_PREFIX, BROADCAST_INIT_ROUTE, BROADCAST_RECEIVE_ROUTE
-from shared.broadcast import Receiving, SendReady, read_handshake, write_handshake
+from shared.broadcast import Receiving, SendReady, plan_buckets, read_handshake, write_handshake
+from shared.digest import first_difference
+from shared.faults import FAILPOINT_VAR, TRAINER_CORRUPT_BUCKET
 from shared.metrics import read_metrics
 from shared.rundir import Handshake, RunDir
 from shared.waiting import wait_for
@@ -76,6 +84,39 @@ def start_servers(run_dir: Path, model: str, names: list[str]) -> list[Server]:
     return servers
 
 
+def check_corrupted_broadcast(run_dir: Path, run_id: str, receivers: list[Server], version: int, tensor: str):
+    """The orchestrator's check of a received version: server a is reloaded from the version's
+    files and then verified; for server b, told there are no files, the run stops naming it."""
+    from orchestrator.backends import TriadAdmin
+    from orchestrator.client import InferenceClient
+    from orchestrator.integrity import DigestMismatch
+    from orchestrator.pool import Server as PoolServer
+    from orchestrator.pool import ServerPool
+    from orchestrator.weights import WeightFollower
+    from shared.config import load_config
+
+    async def run() -> None:
+        cfg = load_config(None, [f"run_dir={run_dir}"])
+        clients = [InferenceClient(s.url, None, 120) for s in receivers]
+        pool = ServerPool(
+            [PoolServer(c, TriadAdmin(c, 120), version=version) for c in clients], cfg.orchestrator
+        )
+        follower = WeightFollower(cfg, RunDir(run_dir), run_id, pool, asyncio.sleep)
+        try:
+            await follower.check_received(pool.servers[0], version, files=True)
+            info = await pool.servers[0].backend.current()
+            assert info.digest == RunDir(run_dir).weights.marker(version, run_id).digest
+            with pytest.raises(
+                DigestMismatch, match=f"{receivers[1].url} received version {version} by broadcast"
+            ):
+                await follower.check_received(pool.servers[1], version, files=False)
+        finally:
+            for c in clients:
+                await c.close()
+
+    asyncio.run(run())
+
+
 def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
     rundir = RunDir(run_dir)
@@ -89,10 +130,11 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
         "trainer.checkpoint.every=1", "weights.keep=10", "weights.broadcast.bucket_mb=0.5",
     ]  # fmt: skip
     log = open(tmp_path / "trainer.log", "wb")  # noqa: SIM115
+    corrupt = {**os.environ, FAILPOINT_VAR: f"{TRAINER_CORRUPT_BUCKET}:{STEPS}"}
     trainer = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=corrupt,
     )  # fmt: skip
     try:
         for i, s in enumerate(receivers):
@@ -124,8 +166,19 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
             )
             marker = rundir.weights.marker(version, run_id)
             assert marker is not None and marker.files  # checkpoint.every=1: files too, to compare with
+            if version == STEPS:
+                first = ready.tensors[plan_buckets(ready.tensors, ready.bucket_bytes)[0][0]].name
+                for a in answers:
+                    assert first_difference(marker.tensor_digests, a.json()["tensor_digests"]) == first
+                check_corrupted_broadcast(run_dir, run_id, receivers, version, first)
+            else:
+                for a in answers:
+                    assert (
+                        a.json()["digest"] == marker.digest
+                        and a.json()["tensor_digests"] == marker.tensor_digests
+                    )
             expected = files_logprobs(rundir.weights.path(version))
-            for s in receivers:
+            for s in receivers if version < STEPS else receivers[:1]:
                 assert gap(served_logprobs(s.url), expected) < 1e-3, (version, s.url)
         assert trainer.wait(timeout=120) == 0
         assert gap(before, expected) > 1e-2  # training moved the weights: the comparison can fail

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from shared.batch import publish_batch
 from shared.metrics import read_metrics
-from shared.rundir import RunDir
+from shared.rundir import TRAINER, RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, free_port, wait_until_gone
 
@@ -24,11 +24,13 @@ STEPS = 4
 
 
 def make_batches(
-    run_dir: Path, model_dir: str, steps: range, seed: int = 0, sampler_noise: float = 0.0
-) -> None:
+    run_dir: Path, model_dir: str, steps: range, seed: int = 0, sampler_noise: float = 0.0,
+    temperature: float = 1.0,
+) -> None:  # fmt: skip
     """Batches of random prompt/completion tokens sampled (as far as the trainer can
     tell) by the base model: version 0, with its logprobs as the sampler's, or with
-    `sampler_noise` those plus Gaussian noise (a sampler that differs from the base model)."""
+    `sampler_noise` those plus Gaussian noise (a sampler that differs from the base model).
+    The logprobs are at temperature 1; the marker says `temperature`."""
     from transformers import AutoModelForCausalLM
 
     from trainer.loss import token_logprobs
@@ -56,7 +58,7 @@ def make_batches(
                     advantage=rng.uniform(-1, 1), reward=0.0, truncated=False, env="test", metrics="{}",
                 )
             )  # fmt: skip
-        publish_batch(rundir, run_id, step, rows, temperature=1.0)
+        publish_batch(rundir, run_id, step, rows, temperature=temperature)
 
 
 def trainer_cmd(
@@ -351,3 +353,28 @@ def test_compiled_blocks_change_nothing(straight: Path, tiny_model: str, tmp_pat
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
     train(run_dir, tiny_model, 2, "trainer.parallel.compile=true")
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6
+
+
+def test_the_drift_alarm_fires_when_the_sampler_temperature_differs(
+    straight: Path, tiny_model: str, tmp_path
+):
+    """Batches sampled at temperature 1 whose marker says 0.5: the trainer's logprobs are
+    sharper than the sampler's on every step (mismatch KL about 3.5 per token on this model),
+    so with the default limit it warns on update 1 and stops on update 2. The matched run
+    (`straight`) stays silent under the default."""
+    matched = [r["mismatch_kl"] for r in read_metrics(RunDir(straight).metrics_file(TRAINER))]
+    assert len(matched) == STEPS and max(matched) < 0.05  # measured: at most 8.6e-3
+    run_dir = tmp_path / "run"
+    make_batches(run_dir, tiny_model, range(1, STEPS + 1), temperature=0.5)
+    r = subprocess.run(
+        trainer_cmd(run_dir, tiny_model, 1, "trainer.mismatch_kl_steps=2"),
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]
+    assert "step 1: mismatch KL" in out and "over trainer.max_mismatch_kl = 1 (1 of 2 in a row" in out, out[
+        -3000:
+    ]
+    assert "step 2: mismatch KL" in out and "for 2 updates in a row" in out, out[-3000:]
+    rows = read_metrics(RunDir(run_dir).metrics_file(TRAINER))
+    assert [row["step"] for row in rows] == [1] and rows[0]["mismatch_kl"] > 1.0

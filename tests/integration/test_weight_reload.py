@@ -82,7 +82,12 @@ def test_reloaded_weights_match_a_fresh_server(server: Server, run_dir: Path, ti
     relative = rundir.weights.relative(1)  # a path relative to run_dir, as the orchestrator sends
     r = admin(server, "POST", json={"version": 1, "path": relative})
     assert r.status_code == 200, r.text
-    assert admin(server, "GET").json() == {"version": 1, "path": relative, "base_path": tiny_model}
+    info = admin(server, "GET").json()
+    assert {k: info[k] for k in ("version", "path", "base_path")} == {
+        "version": 1, "path": relative, "base_path": tiny_model,
+    }  # fmt: skip
+    marker = rundir.weights.marker(1, "test-run")
+    assert info["digest"] == marker.digest and info["tensor_digests"] == marker.tensor_digests
     reloaded = greedy_logprobs(server.url, model_id(server.url))
 
     fresh = Server(run_dir, str(step_dir), tmp_path / "fresh.log")
@@ -140,3 +145,78 @@ def test_admin_rejects_bad_requests_and_keeps_weights(server: Server, run_dir: P
     assert admin(server, "GET", token=None).status_code == 401
     rundir.weights.write_marker(3, "test-run")  # a marker alone vouches for no weights
     assert admin(server, "POST", json={"version": 3, "path": str(incomplete)}).status_code == 400
+
+
+def flip_tensor_byte(file: Path) -> str:
+    """Flip one byte inside the data of the file's last tensor (same size, header intact);
+    return that tensor's name."""
+    import json
+    import struct
+
+    data = bytearray(file.read_bytes())
+    header_len = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + header_len])
+    name, entry = max(
+        ((n, e) for n, e in header.items() if n != "__metadata__"),
+        key=lambda item: item[1]["data_offsets"][0],
+    )
+    start, end = entry["data_offsets"]
+    data[8 + header_len + (start + end) // 2] ^= 0x40
+    file.write_bytes(bytes(data))
+    return name
+
+
+def follower_for(run_dir: Path, server: Server):
+    """The orchestrator's weight follower over this server, as `triad orchestrator` builds it."""
+    from orchestrator.backends import TriadAdmin
+    from orchestrator.client import InferenceClient
+    from orchestrator.pool import Server as PoolServer
+    from orchestrator.pool import ServerPool
+    from orchestrator.weights import WeightFollower
+    from shared.config import load_config
+
+    cfg = load_config(None, [f"run_dir={run_dir}", f"inference.admin_token={TOKEN}"])
+    client = InferenceClient(server.url, TOKEN, 120)
+    pool = ServerPool([PoolServer(client, TriadAdmin(client, 120))], cfg.orchestrator)
+
+    async def nothing() -> None:
+        return None
+
+    return WeightFollower(cfg, RunDir(run_dir), "test-run", pool, nothing), client
+
+
+def loads_of(run_dir: Path, version: int) -> int:
+    from shared.metrics import read_metrics
+    from shared.rundir import INFERENCE
+
+    return sum(1 for row in read_metrics(RunDir(run_dir).metrics_file(INFERENCE)) if row["step"] == version)
+
+
+@pytest.mark.slow
+def test_a_file_changed_after_done_is_reloaded_once_then_stops_the_run_naming_the_tensor(
+    server: Server, run_dir: Path, tiny_model: str
+):
+    import asyncio
+
+    from orchestrator.integrity import DigestMismatch
+
+    rundir = RunDir(run_dir)
+    perturbed_weights(tiny_model, rundir, version=7, seed=7)
+    perturbed_weights(tiny_model, rundir, version=8, seed=8)
+    flipped = flip_tensor_byte(rundir.weights_file(8))
+
+    async def run() -> None:
+        follower, client = follower_for(run_dir, server)
+        pool_server = follower.pool.servers[0]
+        try:
+            await follower.load(pool_server, 7)  # the correct file: verified, served
+            assert pool_server.version == 7 and pool_server.healthy
+            with pytest.raises(DigestMismatch) as caught:
+                await follower.load(pool_server, 8)
+            message = str(caught.value)
+            assert server.url in message and "version 8" in message and f"tensor {flipped!r}" in message
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    assert loads_of(run_dir, 7) == 1 and loads_of(run_dir, 8) == 2  # reloaded once, then stopped

@@ -294,3 +294,58 @@ def test_unknown_loss_settings_are_refused(field, value, message):
     lp, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match=message):
         policy_loss(lp, lp.clone(), torch.ones(1), mask, spec, BatchTotals(1, 2))
+
+
+ALL_OPTIONS = (
+    SPECS
+    + DECOUPLED
+    + [
+        LossConfig(importance="tis", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
+        LossConfig(importance="mis_token", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
+        LossConfig(importance="mis_seq", importance_cap=2.0, kl_coef=0.1, kl_estimator="k3"),
+    ]
+)
+
+
+@pytest.mark.parametrize("spec", ALL_OPTIONS, ids=lambda s: f"{s.kind}-{s.importance}-{s.kl_estimator}")
+@pytest.mark.parametrize("with_prox", [False, True])
+def test_float32_overflowing_behaviour_weights_and_minus_9999_give_finite_gradients(spec, with_prox):
+    """Behaviour weights e^+-100 (overflow float32: inf, and inf * 0 = NaN when masked by a
+    product) on loss tokens, and a masked position holding vLLM's -9999 for an impossible token."""
+    gen = torch.Generator().manual_seed(7)
+    lp = (torch.randn(3, 6, generator=gen) * 0.3 - 1).requires_grad_()
+    mask = torch.tensor([[False, True, True, True, False, False]] * 3)
+    shift = torch.tensor([[0.0, 100.0, -100.0, 0.1, 0.0, 0.0]] * 3)
+    prox = lp.detach() + 0.05 if with_prox else None
+    lq = lp.detach() - shift
+    lq[:, 0] = -9999.0  # a prompt position
+    lq[:, 5] = -9999.0  # a padding position
+    adv = torch.tensor([1.0, -1.0, 0.5])
+    parts = policy_loss(lp, lq, adv, mask, spec, BatchTotals(3, int(mask.sum())), logp_prox=prox)
+    (grad,) = torch.autograd.grad(parts.loss, lp)
+    assert torch.isfinite(parts.loss), spec
+    assert torch.isfinite(grad).all(), spec
+    assert torch.all(grad[~mask] == 0)
+    assert torch.isfinite(parts.mismatch_kl_sum)
+
+
+@pytest.mark.parametrize("importance", ["mis_token", "mis_seq"])
+def test_masked_importance_drops_an_overflowing_weight_and_keeps_the_rest(importance):
+    """mis_token masks only the token with w = e^100; mis_seq its whole sequence: the loss equals
+    that of the batch without them."""
+    spec = LossConfig(importance=importance, importance_cap=2.0)
+    lp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -0.7, -1.1]], requires_grad=True)
+    lq = lp.detach().clone()
+    lq[0, 1] = lp[0, 1].item() - 100.0
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0])
+    got = policy_loss(lp, lq, adv, mask, spec, BatchTotals(2, 6)).loss
+    kept = mask.clone()
+    if importance == "mis_token":
+        kept[0, 1] = False
+    else:
+        kept[0] = False
+    want = policy_loss(
+        lp, lq, adv, kept, LossConfig(importance="tis", importance_cap=2.0), BatchTotals(2, 6)
+    ).loss
+    assert torch.isfinite(got) and got.item() == pytest.approx(want.item(), abs=1e-6)

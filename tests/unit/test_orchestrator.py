@@ -12,12 +12,14 @@ import pytest
 from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient
 from orchestrator.environments import Prompt, load_environment
+from orchestrator.integrity import DigestMismatch
 from orchestrator.loop import Orchestrator
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.rollout import Sample, single_turn
 from shared.admin_api import WeightsInfo
 from shared.batch import publish_batch
 from shared.config import load_config
+from shared.digest import version_digest
 from shared.errors import TriadError, WaitTimeout
 from shared.metrics import read_metrics
 from shared.rundir import RunDir
@@ -32,13 +34,20 @@ class FakeBackend:
     def __init__(self) -> None:
         self.loads: list[int] = []
         self.version, self.path = 0, "base"
+        self.digests: list[dict[str, str] | None] = []  # what each next load reports loading
+        self.loaded: dict[str, str] | None = None
 
     async def current(self) -> WeightsInfo:
-        return WeightsInfo(version=self.version, path=self.path, base_path="base")
+        digest = None if self.loaded is None else version_digest(self.loaded)
+        return WeightsInfo(version=self.version, path=self.path, base_path="base", digest=digest,
+                           tensor_digests=self.loaded)  # fmt: skip
 
-    async def load(self, version: int, path: str) -> None:
+    async def load(self, version: int, path: str) -> WeightsInfo:
         self.loads.append(version)
         self.version, self.path = version, path
+        if self.digests:
+            self.loaded = self.digests.pop(0)
+        return await self.current()
 
 
 def make(tmp_path, urls: list[str], *sets: str) -> Orchestrator:
@@ -362,3 +371,68 @@ def test_frozen_backend_paces_rollouts_by_the_trainer_and_skips_the_staleness_dr
     assert orch2.weights.served_version == 5
     old = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0], version=0))
     assert orch2.accepts(old, step=9, filtered=0) is None
+
+
+PUBLISHED = {"model.embed_tokens.weight": "aa", "model.norm.weight": "bb"}
+FLIPPED = {"model.embed_tokens.weight": "aa", "model.norm.weight": "b0"}
+
+
+def publish_with_digests(orch: Orchestrator, version: int, files: bool = True) -> None:
+    RunDir(orch.cfg.run_dir).weights.write_marker(
+        version, orch.run_id, version=version, files=files, digest=version_digest(PUBLISHED),
+        tensor_digests=PUBLISHED,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reported", "loads", "error"),
+    [
+        ([PUBLISHED], [1], None),  # verified at once
+        ([FLIPPED, PUBLISHED], [1, 1], None),  # a bad read, then good: loaded once more
+        ([FLIPPED, FLIPPED], [1, 1], "serves version 1 from .* also after a reload: .*'model.norm.weight'"),
+        ([None], [1], None),  # a backend that reports none (SGLang): not verifiable, logged
+    ],
+)
+def test_a_load_is_checked_against_the_published_digests(tmp_path, reported, loads, error):
+    async def run() -> None:
+        orch = make(tmp_path, ["http://127.0.0.1:9"])
+        publish_with_digests(orch, 1)
+        server = orch.pool.servers[0]
+        server.backend.digests = list(reported)
+        try:
+            if error is None:
+                await orch.weights.load(server, 1)
+                assert server.version == 1 and server.healthy
+            else:
+                with pytest.raises(DigestMismatch, match=f"http://127.0.0.1:9 {error}"):
+                    await orch.weights.load(server, 1)
+            assert server.backend.loads == loads
+        finally:
+            await close(orch)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("files", [False, True])
+def test_a_broadcast_version_with_other_bytes_stops_or_reloads_from_files(tmp_path, files):
+    async def run() -> None:
+        orch = make(tmp_path, ["http://127.0.0.1:9"])
+        publish_with_digests(orch, 1, files=files)
+        server = orch.pool.servers[0]
+        server.version = server.backend.version = 1  # as a broadcast receive leaves it
+        server.backend.loaded, server.backend.digests = FLIPPED, [PUBLISHED]
+        try:
+            if files:  # a checkpointed version also has files: reloaded from them, then verified
+                await orch.weights.check_received(server, 1, files)
+                assert server.backend.loads == [1]
+            else:
+                named = (
+                    "no files to reload: first differing tensor 'model.norm.weight' \\(published bb, loaded"
+                )
+                with pytest.raises(DigestMismatch, match=named):
+                    await orch.weights.check_received(server, 1, files)
+                assert server.backend.loads == []
+        finally:
+            await close(orch)
+
+    asyncio.run(run())

@@ -1,0 +1,85 @@
+"""The vLLM attributes triad is written against (vLLM 0.32.0, CUDA and CPU builds alike),
+checked once at start-up so that a different vLLM fails with the attribute's name instead
+of misbehaving later (a skipped lm_head repack would serve stale weights silently).
+
+The server checks the launcher pieces and engine methods it uses; each worker checks,
+through `collective_rpc("triad_check_worker")`, the model-runner pieces the weight swap uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from types import ModuleType
+
+from shared.errors import TriadError
+
+VLLM_VERSION = "0.32.0"
+
+LAUNCHER_ATTRIBUTES = (
+    "vllm.entrypoints.launchers.cli_args:make_arg_parser",
+    "vllm.entrypoints.launchers.cli_args:validate_parsed_serve_args",
+    "vllm.utils.argparse_utils:FlexibleArgumentParser",
+    "vllm.entrypoints.launchers.api_server.app_state:init_app_state",
+    "vllm.entrypoints.launchers.api_server.entry:build_async_engine_client",
+    "vllm.entrypoints.launchers.app:build_app",
+    "vllm.entrypoints.launchers.launcher:serve_http",
+    "vllm.entrypoints.launchers.launcher:setup_server",
+    "vllm.entrypoints.serve.utils.api_utils:cli_env_setup",
+)
+ENGINE_METHODS = (
+    "get_supported_tasks", "pause_generation", "resume_generation", "collective_rpc", "reset_prefix_cache",
+)  # fmt: skip
+CPU_REPACK = "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm"
+
+
+def missing(what: str) -> TriadError:
+    return TriadError(
+        f"this vLLM has no {what}, which triad's inference relies on (written against vLLM "
+        f"{VLLM_VERSION}): install that version (pyproject extra 'inference' or 'inference-cpu')"
+    )
+
+
+def resolve(spec: str, importer: Callable[[str], ModuleType] = importlib.import_module) -> object:
+    """The object `module:attribute` names, or a TriadError naming it."""
+    module_name, attribute = spec.split(":")
+    try:
+        module = importer(module_name)
+    except ImportError:
+        raise missing(f"module {module_name}") from None
+    if not hasattr(module, attribute):
+        raise missing(f"{module_name}.{attribute}")
+    return getattr(module, attribute)
+
+
+def check_launcher(importer: Callable[[str], ModuleType] = importlib.import_module) -> None:
+    for spec in LAUNCHER_ATTRIBUTES:
+        resolve(spec, importer)
+
+
+def check_engine(engine: object) -> None:
+    for name in ENGINE_METHODS:
+        if not callable(getattr(engine, name, None)):
+            raise missing(f"engine client method {type(engine).__name__}.{name}")
+
+
+def check_worker(
+    worker: object, on_cpu: bool, importer: Callable[[str], ModuleType] = importlib.import_module
+) -> None:
+    """What the worker extension uses: the runner's in-place reload taking a weights iterator,
+    its model, and on the CPU build the `lm_head.cpu_linear` repack."""
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        raise missing("worker attribute model_runner")
+    reload = getattr(runner, "reload_weights", None)
+    if not callable(reload) or "weights_iterator" not in inspect.signature(reload).parameters:
+        raise missing(f"{type(runner).__name__}.reload_weights(weights_iterator=...)")
+    if not callable(getattr(runner, "get_model", None)):
+        raise missing(f"{type(runner).__name__}.get_model")
+    if not on_cpu:
+        return
+    resolve(CPU_REPACK, importer)
+    lm_head = getattr(runner.get_model(), "lm_head", None)
+    if lm_head is not None and not hasattr(lm_head, "cpu_linear"):
+        raise missing(f"lm_head.cpu_linear on the CPU build (the tied head's prepacked copy, {CPU_REPACK})")

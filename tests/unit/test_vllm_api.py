@@ -1,0 +1,85 @@
+"""The start-up check of the vLLM attributes triad relies on, against fakes with one missing."""
+
+import types
+
+import pytest
+
+from inference import vllm_api
+from shared.errors import TriadError
+
+KNOWN = vllm_api.LAUNCHER_ATTRIBUTES + (vllm_api.CPU_REPACK,)
+
+
+def importer_without(module_name: str, attribute: str | None):
+    """A fake vLLM holding every attribute triad uses, except `attribute` of `module_name`
+    (None: that whole module is missing)."""
+
+    def fake(name: str) -> types.SimpleNamespace:
+        if name == module_name and attribute is None:
+            raise ImportError(name)
+        present = [s.split(":")[1] for s in KNOWN if s.split(":")[0] == name]
+        return types.SimpleNamespace(
+            **{a: object() for a in present if (name, a) != (module_name, attribute)}
+        )
+
+    return fake
+
+
+def test_every_launcher_attribute_is_named_when_missing():
+    for spec in vllm_api.LAUNCHER_ATTRIBUTES:
+        module, attribute = spec.split(":")
+        with pytest.raises(TriadError, match=f"no {module}.{attribute},.*vLLM 0.32.0"):
+            vllm_api.check_launcher(importer_without(module, attribute))
+    module = vllm_api.LAUNCHER_ATTRIBUTES[0].split(":")[0]
+    with pytest.raises(TriadError, match=f"no module {module}"):
+        vllm_api.check_launcher(importer_without(module, None))
+    vllm_api.check_launcher(importer_without("elsewhere", "nothing"))  # all present: passes
+
+
+class Runner:
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def reload_weights(self, weights_iterator=None, weights_path=None) -> None: ...
+
+    def get_model(self):
+        return self.model
+
+
+class OldRunner(Runner):
+    def reload_weights(self) -> None: ...  # type: ignore[override]
+
+
+def model_with_head(**head_attributes):
+    return types.SimpleNamespace(lm_head=types.SimpleNamespace(weight=None, **head_attributes))
+
+
+def test_worker_check_names_the_missing_runner_and_cpu_head_attributes():
+    present = importer_without("elsewhere", "nothing")
+    good = types.SimpleNamespace(model_runner=Runner(model_with_head(cpu_linear=print)))
+    vllm_api.check_worker(good, on_cpu=True, importer=present)
+    with pytest.raises(TriadError, match=r"lm_head.cpu_linear on the CPU build"):
+        stale = types.SimpleNamespace(model_runner=Runner(model_with_head()))
+        vllm_api.check_worker(stale, on_cpu=True, importer=present)
+    # on GPU the head has no prepacked copy, rightly
+    vllm_api.check_worker(types.SimpleNamespace(model_runner=Runner(model_with_head())), on_cpu=False)
+    with pytest.raises(TriadError, match=r"OldRunner.reload_weights\(weights_iterator=...\)"):
+        vllm_api.check_worker(types.SimpleNamespace(model_runner=OldRunner(None)), on_cpu=False)
+    with pytest.raises(TriadError, match="worker attribute model_runner"):
+        vllm_api.check_worker(object(), on_cpu=False)
+    module, attribute = vllm_api.CPU_REPACK.split(":")
+    with pytest.raises(TriadError, match=f"no {module}.{attribute}"):
+        vllm_api.check_worker(good, on_cpu=True, importer=importer_without(module, attribute))
+
+
+def test_engine_check_names_the_missing_method():
+    class Engine:
+        pass
+
+    for name in vllm_api.ENGINE_METHODS:
+        engine = Engine()
+        for other in vllm_api.ENGINE_METHODS:
+            if other != name:
+                setattr(engine, other, print)
+        with pytest.raises(TriadError, match=f"Engine.{name}"):
+            vllm_api.check_engine(engine)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
-from shared.metrics import MetricsWriter
 from shared.rundir import INFERENCE, RunDir
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
@@ -79,12 +78,12 @@ async def serve(cfg: TriadConfig, args: Namespace) -> None:
     from inference.admin import WeightManager, add_admin_routes
 
     token = cfg.inference.token()
-    metrics = MetricsWriter(RunDir(cfg.run_dir).metrics_file(INFERENCE))
+    metrics = RunDir.of(cfg).metrics.writer(INFERENCE)
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
-        manager = WeightManager(engine, RunDir(cfg.run_dir), args.model, metrics)
+        manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics)
         add_admin_routes(app, manager, token)
         await init_app_state(engine, app.state, args, tasks)
         metrics.log(0, version=0, path=args.model)

@@ -7,7 +7,6 @@ from pathlib import Path
 from statistics import mean
 
 from shared.errors import TriadError
-from shared.metrics import read_metrics
 from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
@@ -34,7 +33,7 @@ def status_lines(rundir: RunDir, now: float | None = None) -> list[str]:
         f"newest checkpoint {newest_checkpoint(rundir, run.run_id)}"
     )
     for service in SERVICES:
-        rows = read_metrics(rundir.metrics_file(service))
+        rows = rundir.metrics.rows(service)
         if not rows:
             lines.append(f"  {service:<12} no metrics yet")
             continue
@@ -46,7 +45,7 @@ def status_lines(rundir: RunDir, now: float | None = None) -> list[str]:
 
 def plot_run(rundir: RunDir) -> Path:
     """Reward, off-policy lag and throughput over steps, as a PNG in the run directory."""
-    rows = read_metrics(rundir.metrics_file(ORCHESTRATOR))
+    rows = rundir.metrics.rows(ORCHESTRATOR)
     if not rows:
         raise TriadError(f"{rundir.root} has no orchestrator metrics to plot yet")
     import matplotlib

@@ -107,6 +107,7 @@ def run_inference(cfg: TriadConfig, model_path: str) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
     check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())
+    RunDir.of(cfg).check_writable()  # a bad bucket, credentials or endpoint fail here, not at the first load
     cli_env_setup()
 
     import uvloop

@@ -39,7 +39,7 @@ ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 PERMANENT = ("NO_SUCH_BUCKET", "ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH",
              "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")  # fmt: skip
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.2, 5.0
-CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S = 3.0, 10.0
+CONNECT_TIMEOUT_S, STALL_TIMEOUT_S = 3.0, 5.0
 LOG_EVERY_S = 5.0
 T = TypeVar("T")
 log = logging.getLogger("triad.store")
@@ -56,6 +56,7 @@ def endpoint() -> str | None:
 def short(error: BaseException) -> str:
     """The first line of a pyarrow/AWS error, without the request id."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = text[text.find("AWS Error") :] if "AWS Error" in text else text
     return text.split(" (Request ID")[0]
 
 
@@ -66,7 +67,7 @@ class StoreCall:
         self.url, self.timeout_s = url, timeout_s
 
     def __call__(self, what: str, fn: Callable[[], T]) -> T:
-        start = last_log = time.monotonic()
+        start, last_log = time.monotonic(), None
         delay = FIRST_BACKOFF_S
         while True:
             try:
@@ -82,7 +83,7 @@ class StoreCall:
                         f"gave up after {self.timeout_s:.0f} s waiting for object store {self.url} "
                         f"({what}): {short(e)}"
                     ) from None
-                if waited == 0 or time.monotonic() - last_log >= LOG_EVERY_S:
+                if last_log is None or time.monotonic() - last_log >= LOG_EVERY_S:
                     last_log = time.monotonic()
                     log.warning("waiting for object store %s (%s, %.0f s of %.0f s): %s",
                                 self.url, what, waited, self.timeout_s, short(e))  # fmt: skip
@@ -102,7 +103,9 @@ def parse_url(url: str) -> tuple[str, str]:
 class ObjectStore:
     """A run directory under `s3://bucket/prefix`; see the module docstring."""
 
-    def __init__(self, url: str, cache_dir: Path, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, url: str, cache_dir: Path, timeout_s: float = 300.0, stall_s: float = STALL_TIMEOUT_S
+    ) -> None:
         bucket, prefix = parse_url(url)
         self.url = f"{SCHEME}{bucket}/{prefix}".rstrip("/")
         self.base = f"{bucket}/{prefix}".rstrip("/")
@@ -111,7 +114,7 @@ class ObjectStore:
         self.fs = pafs.S3FileSystem(
             endpoint_override=endpoint(),
             connect_timeout=CONNECT_TIMEOUT_S,
-            request_timeout=REQUEST_TIMEOUT_S,
+            request_timeout=stall_s,  # the SDK's stall limit: a request that moves no data for that long
             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
         )
         self.local = pafs.LocalFileSystem()
@@ -215,7 +218,7 @@ class ObjectStore:
             if info.type == pafs.FileType.File:
                 self.fs.delete_file(self.path(key))
             elif info.type == pafs.FileType.Directory:
-                self.fs.delete_dir_contents(self.path(key), missing_dir_ok=True)
+                self.fs.delete_dir(self.path(key))
 
         self.call(f"removing {key}", remove)
 

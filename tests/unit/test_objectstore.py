@@ -97,7 +97,7 @@ def test_a_step_is_trusted_only_with_its_marker_and_pulled_marker_last(store):
     assert rundir.weights.newest(run_id) == 3
     relative, path = pull_step_dir(rundir, relative)
     assert RunDir.marker_at(path) == marker and RunDir.payload_bytes_at(path) == 64
-    assert path == rundir.root / relative
+    assert relative == rundir.weights.relative(3) and path == rundir.root / relative
     rundir.store.drop_local(relative)
     assert not path.exists()
     rundir.weights.clear(3)

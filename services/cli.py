@@ -88,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triad", description="asynchronous RL post-training")
     sub = p.add_subparsers(dest="command", required=True)
     for name in RUN_DIR_COMMANDS:
-        sub.add_parser(name).add_argument("run_dir", type=Path)
+        sub.add_parser(name).add_argument("run_dir", type=str)
     for name in COMMANDS:
         s = sub.add_parser(name)
         s.add_argument("-c", "--config", type=Path, help="TOML config file")

@@ -26,7 +26,7 @@ def describe(service: str, row: dict) -> str:
 def status_lines(rundir: RunDir, now: float | None = None) -> list[str]:
     run = rundir.read_run()
     now = time.time() if now is None else now
-    lines = [f"run {run.run_id} in {rundir.root} (max_steps {run.config.get('max_steps')})"]
+    lines = [f"run {run.run_id} in {rundir.name} (max_steps {run.config.get('max_steps')})"]
     lines.append(
         f"  newest batch {newest_batch(rundir, run.run_id)}, "
         f"newest weights {rundir.weights.newest(run.run_id)}, "
@@ -47,7 +47,7 @@ def plot_run(rundir: RunDir) -> Path:
     """Reward, off-policy lag and throughput over steps, as a PNG in the run directory."""
     rows = rundir.metrics.rows(ORCHESTRATOR)
     if not rows:
-        raise TriadError(f"{rundir.root} has no orchestrator metrics to plot yet")
+        raise TriadError(f"{rundir.name} has no orchestrator metrics to plot yet")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -222,6 +222,7 @@ def markdown(results: dict) -> str:
             f"{w['broadcast_s'] * 1000:.0f} ms", f"files {w['filesystem_s'] * 1000:.0f} ms",
             f"{w['speedup']:.2f}x faster",
         ))  # fmt: skip
+    rows += floor_rows(results)
     lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
     again = "".join(
@@ -230,11 +231,28 @@ def markdown(results: dict) -> str:
     return f"Benchmarks ({results['machine']}, {results['date']}{again})\n\n" + "\n".join(lines) + "\n"
 
 
+def floor_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """triad's steady-state step at eta=1 against the same step done in one process."""
+    f = results.get("floor")
+    if not f:
+        return []
+    rates = {str(eta): rate for eta, rate in results["asynchrony"]["samples_per_s"].items()}
+    triad_step_s = f["samples_per_step"] / rates["1"]
+    return [(
+        "embedded default: steady-state step time / compute floor",
+        f"triad {triad_step_s * 1000:.0f} ms (eta=1)",
+        f"floor {f['step_s'] * 1000:.0f} ms (sampling {f['sample_s'] * 1000:.0f}, training "
+        f"{f['train_s'] * 1000:.0f})",
+        f"{triad_step_s / f['step_s']:.1f}x (goal <= 1.5)",
+    )]  # fmt: skip
+
+
 SEPARATE = {  # figures that can be re-measured alone (--only), each from its own script
     "trainer": run_trainer_throughput,
     "orchestrator": lambda workdir: run_module("bench.orchestrator_overhead"),
     "weight_transport": lambda workdir: run_module("bench.weight_transport", str(workdir / "transport")),
     "trl": lambda workdir: run_module("bench.trl_compare", str(workdir / "peer")),
+    "floor": lambda workdir: run_module("bench.floor"),
 }
 
 
@@ -252,6 +270,7 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
         "handoff": run_handoff(runs[1]),
         "trainer": run_trainer_throughput(workdir),
         "orchestrator": SEPARATE["orchestrator"](workdir),
+        "floor": SEPARATE["floor"](workdir),
     }
     if not args.skip_transport:
         results["weight_transport"] = SEPARATE["weight_transport"](workdir)

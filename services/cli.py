@@ -4,8 +4,9 @@
     triad inference -c cfg.toml                       vLLM + /admin routes
     triad orchestrator -c cfg.toml                    rollouts -> run_dir/rollouts
     torchrun --nproc-per-node N -m services.cli trainer -c cfg.toml
-    triad status RUN_DIR                              where each service is
-    triad plot RUN_DIR                                reward, lag, throughput -> RUN_DIR/plot.png
+    triad status RUN_DIR [--last N]                   where each service is, where the time went
+    triad plot RUN_DIR [--window A:B]                 reward, lag, throughput -> RUN_DIR/plot.png,
+                                                      a timeline of steps A..B -> RUN_DIR/timeline.png
 
 Config is parsed before anything heavy is imported, so a bad key fails in
 a fraction of a second with one line that names it.
@@ -72,13 +73,15 @@ COMMANDS: dict[str, Callable[[TriadConfig, argparse.Namespace], None]] = {
 def run_status(args: argparse.Namespace) -> None:
     from services.report import status_lines
 
-    print("\n".join(status_lines(RunDir(args.run_dir))))
+    print("\n".join(status_lines(RunDir(args.run_dir), last_n=args.last)))
 
 
 def run_plot(args: argparse.Namespace) -> None:
-    from services.report import plot_run
+    from services.report import plot_run, plot_timeline, step_window
 
-    print(plot_run(RunDir(args.run_dir)))
+    rundir = RunDir(args.run_dir)
+    print(plot_run(rundir))
+    print(plot_timeline(rundir, *step_window(rundir, args.window)))
 
 
 RUN_DIR_COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {"status": run_status, "plot": run_plot}
@@ -89,6 +92,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name in RUN_DIR_COMMANDS:
         sub.add_parser(name).add_argument("run_dir", type=str)
+    sub.choices["status"].add_argument("--last", type=int, default=20, help="steps the time breakdown covers")
+    sub.choices["plot"].add_argument("--window", help="FIRST:LAST steps of the timeline (default: last 10)")
     for name in COMMANDS:
         s = sub.add_parser(name)
         s.add_argument("-c", "--config", type=Path, help="TOML config file")

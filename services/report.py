@@ -6,9 +6,13 @@ import time
 from pathlib import Path
 from statistics import mean
 
+from services.timeline import breakdown, spans
 from shared.errors import TriadError
 from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
+
+PHASE_COLOURS = {"generate": "tab:green", "wait": "lightgrey", "train": "tab:blue", "publish": "tab:orange",
+                 "load": "tab:red"}  # fmt: skip
 
 
 def rolling_mean(values: list[float], window: int = 10) -> list[float]:
@@ -23,7 +27,7 @@ def describe(service: str, row: dict) -> str:
     return f"serving version {row['version']}"
 
 
-def status_lines(rundir: RunDir, now: float | None = None) -> list[str]:
+def status_lines(rundir: RunDir, now: float | None = None, last_n: int = 20) -> list[str]:
     run = rundir.read_run()
     now = time.time() if now is None else now
     lines = [f"run {run.run_id} in {rundir.name} (max_steps {run.config.get('max_steps')})"]
@@ -40,7 +44,8 @@ def status_lines(rundir: RunDir, now: float | None = None) -> list[str]:
         last = rows[-1]
         age = now - last["time"]
         lines.append(f"  {service:<12} step {last['step']:>5}  {describe(service, last)}  ({age:.0f} s ago)")
-    return lines
+    time_went = breakdown(rundir, last_n)
+    return [*lines, "where the time went:", *time_went] if time_went else lines
 
 
 def plot_run(rundir: RunDir) -> Path:
@@ -71,5 +76,51 @@ def plot_run(rundir: RunDir) -> Path:
     fig.tight_layout()
     out = rundir.plot_file
     fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def step_window(rundir: RunDir, window: str | None) -> tuple[int, int]:
+    """`A:B` -> (A, B); None -> the trainer's last 10 steps."""
+    if window:
+        first, sep, last = window.partition(":")
+        if not sep or not first.isdigit() or not last.isdigit() or int(first) > int(last):
+            raise TriadError(f"--window expects FIRST:LAST steps (e.g. 20:30), got {window!r}")
+        return int(first), int(last)
+    rows = rundir.metrics.rows(TRAINER)
+    if not rows:
+        raise TriadError(f"{rundir.name} has no trainer metrics for a timeline yet")
+    return max(1, rows[-1]["step"] - 9), rows[-1]["step"]
+
+
+def plot_timeline(rundir: RunDir, first: int, last: int) -> Path:
+    """A Gantt-style figure of steps `first..last`: one lane per service, one bar per phase."""
+    chosen = spans(rundir, first, last)
+    if not chosen:
+        raise TriadError(f"{rundir.name} has no metrics for steps {first}..{last}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    origin = min(s.start for s in chosen)
+    lanes = {service: i for i, service in enumerate(reversed(SERVICES))}
+    fig, ax = plt.subplots(figsize=(12, 3.2))
+    for s in chosen:
+        width = max(s.end - s.start, 0.002)  # a load without a duration still shows as a tick
+        ax.broken_barh([(s.start - origin, width)], (lanes[s.service] - 0.35, 0.7),
+                       facecolors=PHASE_COLOURS[s.phase], edgecolor="black", linewidth=0.3)  # fmt: skip
+        if s.phase in ("generate", "train", "load"):
+            ax.text(s.start - origin + width / 2, lanes[s.service], str(s.step), ha="center", va="center",
+                    fontsize=6)  # fmt: skip
+    ax.set_yticks(list(lanes.values()), list(lanes))
+    ax.set_xlabel("seconds")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLOURS.values()]
+    ax.legend(handles, list(PHASE_COLOURS), loc="upper center", ncol=len(PHASE_COLOURS),
+              bbox_to_anchor=(0.5, -0.25), fontsize=8)  # fmt: skip
+    ax.set_title(f"triad run {rundir.read_run().run_id}: steps {first}..{last} (numbers: step or version)")
+    fig.tight_layout()
+    out = rundir.timeline_file
+    fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

@@ -94,10 +94,15 @@ def wait_for_batch(
         timeout,
     )
     audit_read(rundir.rollouts.path(step), rundir.rollouts.has_marker(step), reader)
-    raw = rundir.batch_bytes(step)
+    return marker, load_batch(rundir, step).to_pylist()
+
+
+def load_batch(rundir: RunDir, step: int) -> pa.Table:
+    """Batch `step` from the run directory's store (its marker is the caller's to check)."""
+    raw, where = rundir.batch_source(step)
     if raw is None:
-        raise TriadError(f"batch {rundir.describe_batch(step)} is missing although its marker is there")
-    return marker, read_batch(pa.BufferReader(raw), rundir.describe_batch(step)).to_pylist()
+        raise TriadError(f"batch {where} is missing although its marker is there")
+    return read_batch(pa.BufferReader(raw), where)
 
 
 def token_count(table: pa.Table) -> int:

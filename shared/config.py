@@ -30,7 +30,7 @@ CPUS_PATTERN = r"^\d+(-\d+)?(,\d+(-\d+)?)*$"
 
 
 class Table(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)  # `--set inference.cpus=0`
 
 
 class InferenceConfig(Table):

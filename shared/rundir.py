@@ -39,6 +39,7 @@ _WEIGHTS_SUFFIX = ".safetensors"
 _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
+_TIMELINE = "timeline.png"
 _STEP_PREFIX = "step_"
 _STEP_DIGITS = 6
 
@@ -217,8 +218,7 @@ class RunDir:
         self.store: Storage = store or open_store(root)
         self.name = str(root)
         self.root = self.store.local_path("")
-        self.rollouts = Steps(self.store, _ROLLOUTS)
-        self.weights = Steps(self.store, _WEIGHTS)
+        self.rollouts, self.weights = Steps(self.store, _ROLLOUTS), Steps(self.store, _WEIGHTS)
         self.checkpoints = Steps(self.store, _CHECKPOINTS)
         self.metrics = MetricsFiles(self.store)
 
@@ -274,11 +274,10 @@ class RunDir:
         with self.store.writing(self.rollouts.key(step, _BATCH_FILE)) as tmp:
             yield tmp
 
-    def batch_bytes(self, step: int) -> bytes | None:
-        return self.store.read_bytes(self.rollouts.key(step, _BATCH_FILE))
-
-    def describe_batch(self, step: int) -> str:
-        return self.store.describe(self.rollouts.key(step, _BATCH_FILE))
+    def batch_source(self, step: int) -> tuple[bytes | None, str]:
+        """Batch `step`'s bytes (None if missing) and where they come from."""
+        key = self.rollouts.key(step, _BATCH_FILE)
+        return self.store.read_bytes(key), self.store.describe(key)
 
     # -- weights --------------------------------------------------------------
     def weights_file(self, version: int) -> Path:
@@ -336,12 +335,10 @@ class RunDir:
         return self.store.local_path(self.checkpoints.key(step, _TRAINER_STATE))
 
     def trainer_state_key(self, step: int) -> str:
-        """The key of the checkpoint state: `store.writing_dir`, `fetch` and `drop_local` take it."""
         return self.checkpoints.key(step, _TRAINER_STATE)
 
     # -- metrics, logs, reports ----------------------------------------------
-    def metrics_file(self, service: str) -> Path:
-        """The metrics file on a local store (`metrics` reads any store)."""
+    def metrics_file(self, service: str) -> Path:  # local stores; `metrics` reads any
         return self.store.local_path(self.metrics.key(service))
 
     def log_file(self, service: str) -> Path:
@@ -358,6 +355,10 @@ class RunDir:
     @property
     def plot_file(self) -> Path:
         return self.store.local_path(_PLOT)
+
+    @property
+    def timeline_file(self) -> Path:
+        return self.store.local_path(_TIMELINE)
 
     # -- paths other services send -------------------------------------------
     def relative(self, path: Path) -> str:

@@ -17,10 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from shared.batch import read_batch
+from shared.batch import load_batch
 from shared.faults import AUDIT_VAR, TRAINER_MID_STEP
 from shared.rundir import RunDir
 from shared.storage import open_store
@@ -163,7 +162,7 @@ def audit(rundir: RunDir) -> None:
     assert rundir.rollouts.done_steps(run_id)[-1] == STEPS
     lags = []
     for step in range(1, STEPS + 1):
-        rows = read_batch(pa.BufferReader(rundir.batch_bytes(step)), rundir.describe_batch(step)).to_pylist()
+        rows = load_batch(rundir, step).to_pylist()
         lags += [step - 1 - r["policy_version"] for r in rows]
     assert lags and all(0 <= lag <= ETA for lag in lags) and 1 in lags, lags
     assert rundir.weights.newest(run_id) == STEPS
@@ -201,9 +200,7 @@ class StoreRun(Run):
         trained = trained_steps(self.rundir)
         assert trained == list(range(1, FAULT_STEPS + 1)), trained
         for step in self.rundir.rollouts.steps():
-            raw = self.rundir.batch_bytes(step)
-            table = read_batch(pa.BufferReader(raw), self.rundir.describe_batch(step))
-            versions = table.column("policy_version")
+            versions = load_batch(self.rundir, step).column("policy_version")
             assert all(0 <= step - 1 - v <= ASYNC for v in versions.to_pylist()), (step, versions)
         reads = [json.loads(line) for line in self.audit.read_text().splitlines()]
         assert {r["reader"] for r in reads} == {"trainer", "inference"}

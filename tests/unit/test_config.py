@@ -40,6 +40,11 @@ def test_sections_read_from_toml_env_and_set(tmp_path, monkeypatch):
     assert cfg.weights.keep == 7 and cfg.weights.sharded is False  # env, and a default
 
 
+def test_a_string_option_takes_a_bare_number(tmp_path):
+    cfg = load_config(write(tmp_path, ""), ["inference.cpus=0", "trainer.cpus=1"])
+    assert (cfg.inference.cpus, cfg.trainer.cpus) == ("0", "1")
+
+
 def test_override_values_are_toml_typed():
     assert overrides_to_dict(["a.b=3", "c=true", "d=[1, 2]", "e=/some/path", 'f="x"']) == {
         "a": {"b": 3},

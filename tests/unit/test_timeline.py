@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from services.report import plot_timeline, status_lines, step_window
+from services.timeline import Span, breakdown, spans
+from shared.errors import TriadError
+from shared.rundir import RunDir
+
+
+def write_rows(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def run(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.ensure_run({"max_steps": 3})
+    write_rows(rundir.metrics_file("trainer"), [  # written after publishing
+        {"step": s, "time": 100.0 + 10 * s, "wait_s": 1.0, "train_s": 2.0 * s, "publish_s": 0.5,
+         "loss": 0.0, "grad_norm": 1.0}
+        for s in (1, 2, 3)
+    ])  # fmt: skip
+    write_rows(rundir.metrics_file("orchestrator"), [
+        {"step": s, "time": 95.0 + 10 * s, "step_time_s": 4.0, "samples_per_s": 32.0, "reward_mean": 0.5,
+         "lag_mean": 1.0, "lag_max": 1} for s in (1, 2, 3)
+    ])  # fmt: skip
+    write_rows(rundir.metrics_file("inference"), [
+        {"step": 1, "time": 111.0, "version": 1, "load_s": 0.25}, {"step": 2, "time": 121.0, "version": 2},
+    ])  # fmt: skip
+    return rundir
+
+
+def test_phases_end_at_the_row_and_lie_back_to_back(run):
+    got = {(s.service, s.phase, s.step): (s.start, s.end) for s in spans(run, 2, 2)}
+    assert got == {
+        ("trainer", "publish", 2): (119.5, 120.0),
+        ("trainer", "train", 2): (115.5, 119.5),
+        ("trainer", "wait", 2): (114.5, 115.5),
+        ("orchestrator", "generate", 2): (111.0, 115.0),
+        ("inference", "load", 2): (121.0, 121.0),  # no load_s: a point in time
+    }
+    assert Span("inference", "load", 1, 110.75, 111.0) in spans(run, 1, 1)
+
+
+def test_breakdown_gives_mean_phase_times_over_the_last_steps(run):
+    lines = breakdown(run, last_n=2)  # steps 2 and 3: train 4 and 6 s -> 5 s
+    assert lines[0] == (
+        "  trainer      last 2 steps: 6.500 s/step = "
+        "wait 1.000 s (15%), train 5.000 s (77%), publish 0.500 s (8%)"
+    )
+    assert lines[1] == "  orchestrator last 2 steps: 4.000 s/step, 32 samples/s"
+    assert lines[2] == "  inference    last 1 loads: 0.250 s each"
+    assert "where the time went:" in status_lines(run, now=200.0)
+
+
+def test_timeline_window_and_figure(run):
+    assert step_window(run, None) == (1, 3)
+    assert step_window(run, "2:3") == (2, 3)
+    for bad in ("3:2", "x:3", "3"):
+        with pytest.raises(TriadError, match="--window expects FIRST:LAST"):
+            step_window(run, bad)
+    with pytest.raises(TriadError, match="no metrics for steps 7..9"):
+        plot_timeline(run, 7, 9)
+    out = plot_timeline(run, 1, 3)
+    assert out == run.timeline_file and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

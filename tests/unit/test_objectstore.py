@@ -181,3 +181,19 @@ def test_sglang_which_reads_paths_on_its_own_disk_refuses_an_object_store():
         TriadError, match="backend 'sglang' needs a mounted run_dir, not the object store s3://b/r"
     ):
         SGLangUpdate(None, "s3://b/r", 1.0)
+
+
+def test_triad_up_progress_follows_metrics_in_the_store(store):
+    from services.progress import StoreTail, tail_of
+
+    rundir = RunDir(f"s3://{BUCKET}/progress", store)
+    tail = tail_of(rundir, "trainer")
+    assert isinstance(tail, StoreTail) and tail.read() == []
+    writer = rundir.metrics.writer("trainer")
+    for step in (1, 2):
+        writer.log(step, lineage="first")
+    assert [r["step"] for r in tail.read()] == [1, 2]
+    rundir.metrics.drop_after("trainer", 1)  # a resumed trainer: its own step 2 comes next
+    rundir.metrics.writer("trainer").log(2, lineage="resumed")
+    assert [(r["step"], r["lineage"]) for r in tail.read()] == [(2, "resumed")]
+    assert tail.read() == []

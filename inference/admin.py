@@ -93,15 +93,19 @@ def read_send_ready(path: Path, version: int) -> SendReady:
 
 
 def check_marker_version(path: Path, version: int) -> None:
-    """The version asked for must be the one the directory's marker vouches for, and the
-    files must add up to at least the size it vouches for (a copy cut short is refused; a
-    handshake file written after the marker may add a few bytes)."""
+    """The version asked for must be the one the directory's marker vouches for."""
     marker = RunDir.marker_at(path)
     if marker is None:
         raise AdminError(400, f"{path.name}/{RunDir.marker_name()} is not a valid marker")
     held = getattr(marker, "version", marker.step)
     if held != version:
         raise AdminError(400, f"{path.name} holds version {held}, not {version}")
+
+
+def check_size(path: Path) -> None:
+    """The files must add up to at least the bytes the marker vouches for: a copy cut short is
+    refused (a handshake file written after the marker may add a few bytes)."""
+    marker = RunDir.marker_at(path)
     vouched = getattr(marker, "bytes", 0)
     found = RunDir.payload_bytes_at(path)
     if vouched and found < vouched:
@@ -140,7 +144,7 @@ class WeightManager:
         async with self._lock:
             if self.group is None:
                 raise AdminError(409, "no broadcast group: POST /admin/broadcast/init first")
-            served, path = resolve_inside(self.rundir, request.path)
+            served, path = await asyncio.to_thread(resolve_inside, self.rundir, request.path)
             try:
                 ready = read_send_ready(path, request.version)
             finally:
@@ -167,7 +171,8 @@ class WeightManager:
 
     async def load(self, request: LoadWeightsRequest) -> WeightsInfo:
         async with self._lock:
-            pulled = resolve_weights_dir(self.rundir, request.path, self.base_path)
+            # off the event loop: from an object store this downloads, and /health must keep answering
+            pulled = await asyncio.to_thread(resolve_weights_dir, self.rundir, request.path, self.base_path)
             if pulled is None and request.version != 0:
                 raise AdminError(400, "the base model is version 0")
             served, path = pulled or (self.base_path, None)
@@ -186,6 +191,7 @@ class WeightManager:
         try:
             check_marker_version(path, version)
             check_safetensors(path)
+            check_size(path)
         except AdminError:
             self.rundir.store.drop_local(served)
             raise

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -60,6 +61,44 @@ def short(error: BaseException) -> str:
     return text.split(" (Request ID")[0]
 
 
+class StallWatch:
+    """One daemon thread that logs every store call in flight for longer than LOG_EVERY_S, so a
+    store that stops answering is named while a request hangs, not only once it fails."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, list] = {}
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def begin(self, url: str, what: str) -> int:
+        token = threading.get_ident() ^ id(what) ^ time.monotonic_ns()
+        now = time.monotonic()
+        with self.lock:
+            self.calls[token] = [url, what, now, now]
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name="store-stall-watch", daemon=True)
+                self.thread.start()
+        return token
+
+    def end(self, token: int) -> None:
+        with self.lock:
+            self.calls.pop(token, None)
+
+    def run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            now = time.monotonic()
+            with self.lock:
+                stalled = [c for c in self.calls.values() if now - c[3] >= LOG_EVERY_S]
+                for call in stalled:
+                    call[3] = now
+            for url, what, start, _ in stalled:
+                log.warning("waiting for object store %s (%s): no answer for %.0f s", url, what, now - start)
+
+
+WATCH = StallWatch()
+
+
 class StoreCall:
     """Retry one store operation with backoff until a deadline, saying what it waits for."""
 
@@ -67,6 +106,13 @@ class StoreCall:
         self.url, self.timeout_s = url, timeout_s
 
     def __call__(self, what: str, fn: Callable[[], T]) -> T:
+        token = WATCH.begin(self.url, what)
+        try:
+            return self.retrying(what, fn)
+        finally:
+            WATCH.end(token)
+
+    def retrying(self, what: str, fn: Callable[[], T]) -> T:
         start, last_log = time.monotonic(), None
         delay = FIRST_BACKOFF_S
         while True:

@@ -149,9 +149,14 @@ def test_three_hosts_share_only_a_bucket_and_ride_out_an_outage(
             stop(proc)
     audit(rundir)
     assert outage_after < STEPS, "the outage came after the run had finished"
-    for name in ("orc.log", "trn.log"):
-        text = (tmp_path / name).read_text()
-        assert f"waiting for object store {url}" in text, f"{name} did not say what it waited for"
+    # a service logs the store wait when it has a call in flight during the outage: the trainer
+    # always has (it polls for the next batch or publishes); the orchestrator either polls the
+    # store or waits for inference, which then is the one pulling weights from the store
+    said = {
+        n: f"waiting for object store {url}" in (tmp_path / n).read_text()
+        for n in ("trn.log", "orc.log", "inf.log")
+    }
+    assert said["trn.log"] and (said["orc.log"] or said["inf.log"]), said
     assert not any(p.is_file() for p in (tmp_path / "cache-orc").rglob("*.parquet"))
 
 

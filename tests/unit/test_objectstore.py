@@ -197,3 +197,16 @@ def test_triad_up_progress_follows_metrics_in_the_store(store):
     rundir.metrics.writer("trainer").log(2, lineage="resumed")
     assert [(r["step"], r["lineage"]) for r in tail.read()] == [(2, "resumed")]
     assert tail.read() == []
+
+
+def test_a_request_that_hangs_is_named_while_it_hangs(moto, monkeypatch, tmp_path, caplog):
+    """A stopped store may hold a request open without failing it: the wait is logged anyway."""
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    store = ObjectStore(f"s3://{BUCKET}/hang", tmp_path, timeout_s=60, stall_s=60)
+    store.write_bytes("h.txt", b"held")
+    caplog.set_level(logging.WARNING, logger="triad.store")
+    with moto.stopped():
+        threading.Timer(7.0, lambda: moto.proc.send_signal(signal.SIGCONT)).start()
+        assert store.read_bytes("h.txt") == b"held"
+    assert f"waiting for object store {store.url} (reading h.txt): no answer for" in caplog.text

@@ -229,6 +229,7 @@ def markdown(results: dict) -> str:
                 f"files {files:.1f}%, broadcast {broadcast:.1f}%", "of the hand-off time", "goal < 5%",
             ))  # fmt: skip
     rows += floor_rows(results)
+    rows += store_rows(results)
     lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
     again = "".join(
@@ -253,12 +254,34 @@ def floor_rows(results: dict) -> list[tuple[str, str, str, str]]:
     )]  # fmt: skip
 
 
+def store_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """The object-store run directory against a local one (`bench/object_store.py`)."""
+    r = results.get("object_store")
+    if not r:
+        return []
+    rows = [(
+        "orchestrator rollouts/s, run_dir in an object store (moto) vs local",
+        f"{r['rollouts_per_s']['store']:.0f}/s", f"local {r['rollouts_per_s']['local']:.0f}/s",
+        f"{r['rollouts_per_s']['store_over_local']:.2f}x",
+    )]  # fmt: skip
+    for size in ("5M", "50M"):
+        h = r.get(f"hand_off_{size}")
+        if h:
+            rows.append((
+                f"hand-off through the object store vs a local run_dir, {size}",
+                f"{h['store_s'] * 1000:.0f} ms", f"local {h['local_s'] * 1000:.0f} ms",
+                f"{h['store_over_local']:.2f}x the time",
+            ))  # fmt: skip
+    return rows
+
+
 SEPARATE = {  # figures that can be re-measured alone (--only), each from its own script
     "trainer": run_trainer_throughput,
     "orchestrator": lambda workdir: run_module("bench.orchestrator_overhead"),
     "weight_transport": lambda workdir: run_module("bench.weight_transport", str(workdir / "transport")),
     "trl": lambda workdir: run_module("bench.trl_compare", str(workdir / "peer")),
     "floor": lambda workdir: run_module("bench.floor"),
+    "object_store": lambda workdir: run_module("bench.object_store", str(workdir / "store")),
 }
 
 
@@ -280,6 +303,7 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
     }
     if not args.skip_transport:
         results["weight_transport"] = SEPARATE["weight_transport"](workdir)
+        results["object_store"] = SEPARATE["object_store"](workdir)
     if not args.skip_peer:
         results["trl"] = SEPARATE["trl"](workdir)
     return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
@@ -32,7 +33,7 @@ from shared.digest import agreed, version_digest
 from shared.errors import TriadError
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
-from shared.rundir import INFERENCE, Handshake, RunDir
+from shared.rundir import INFERENCE, Handshake, RunDir, pull_step_dir
 
 log = logging.getLogger("triad.inference")
 T = TypeVar("T")
@@ -44,26 +45,28 @@ class AdminError(Exception):
         self.status, self.detail = status, detail
 
 
-def resolve_inside(rundir: RunDir, raw: str) -> Path:
+def resolve_inside(rundir: RunDir, raw: str) -> tuple[str, Path]:
     """The directory `raw` names (relative to the run directory, or absolute), which must lie
-    inside it once `..` and symlinks are resolved."""
+    inside it once `..` and symlinks are resolved: its relative name and a local copy
+    (fetched into the cache from an object store)."""
     try:
-        return rundir.resolve_inside(raw)
+        return pull_step_dir(rundir, raw)
     except TriadError as e:
         raise AdminError(400, str(e)) from None
 
 
-def resolve_weights_dir(rundir: RunDir, raw: str, base_path: str) -> Path | None:
+def resolve_weights_dir(rundir: RunDir, raw: str, base_path: str) -> tuple[str, Path] | None:
     """The weights directory `raw` names, if it lies inside the run directory and is
     complete; None for the base model the server started from."""
     if raw == base_path:
         return None
-    path = resolve_inside(rundir, raw)
+    served, path = resolve_inside(rundir, raw)
     if not RunDir.has_marker_at(path):
+        rundir.store.drop_local(served)
         raise AdminError(409, f"path {raw!r} has no {RunDir.marker_name()} marker: not published yet")
     if not RunDir.tensor_files_at(path):
         raise AdminError(400, f"path {raw!r} holds no .safetensors files")
-    return path
+    return served, path
 
 
 def check_safetensors(path: Path) -> None:
@@ -109,6 +112,16 @@ def check_marker_version(path: Path, version: int) -> None:
         raise AdminError(400, f"{path.name} holds version {held}, not {version}")
 
 
+def check_size(path: Path) -> None:
+    """The files must add up to at least the bytes the marker vouches for: a copy cut short is
+    refused (a handshake file written after the marker may add a few bytes)."""
+    marker = RunDir.marker_at(path)
+    vouched = getattr(marker, "bytes", 0)
+    found = RunDir.payload_bytes_at(path)
+    if vouched and found < vouched:
+        raise AdminError(400, f"{path.name} holds {found} bytes, its marker vouches for {vouched}")
+
+
 class WeightManager:
     """Knows which weights are served and swaps them in place, one load at a time."""
 
@@ -141,16 +154,22 @@ class WeightManager:
         async with self._lock:
             if self.group is None:
                 raise AdminError(409, "no broadcast group: POST /admin/broadcast/init first")
-            path = resolve_inside(self.rundir, request.path)
-            ready = read_send_ready(path, request.version)
+            served, path = await asyncio.to_thread(resolve_inside, self.rundir, request.path)
+            try:
+                ready = read_send_ready(path, request.version)
+            finally:
+                self.rundir.store.drop_local(served)
             spec = {**self.group.model_dump(), **ready.model_dump(include={"tensors", "bucket_bytes"})}
-            served = path.relative_to(self.rundir.root.resolve()).as_posix()
+            started = time.monotonic()
             loaded = await self._swap("triad_broadcast_receive", spec)
+            load_s = time.monotonic() - started
             self.info = WeightsInfo(
                 version=request.version, path=served, base_path=self.base_path, **digest_fields(loaded)
             )
         log.info("serving weights version %d (broadcast, generation %d)", request.version, spec["generation"])
-        self.metrics.log(request.version, version=request.version, path=served, transport="broadcast")
+        self.metrics.log(
+            request.version, version=request.version, path=served, transport="broadcast", load_s=load_s
+        )
         return self.info
 
     async def _swap(self, method: str, arg) -> list:
@@ -170,22 +189,35 @@ class WeightManager:
 
     async def load(self, request: LoadWeightsRequest) -> WeightsInfo:
         async with self._lock:
-            path = resolve_weights_dir(self.rundir, request.path, self.base_path)
-            if path is None and request.version != 0:
+            # off the event loop: from an object store this downloads, and /health must keep answering
+            pulled = await asyncio.to_thread(resolve_weights_dir, self.rundir, request.path, self.base_path)
+            if pulled is None and request.version != 0:
                 raise AdminError(400, "the base model is version 0")
+            served, path = pulled or (self.base_path, None)
             if path is not None:
-                check_marker_version(path, request.version)
-                check_safetensors(path)
-                audit_read(path, RunDir.has_marker_at(path), INFERENCE)
-            source = str(path) if path else None
-            served = path.relative_to(self.rundir.root.resolve()).as_posix() if path else self.base_path
-            loaded = await self._swap("triad_load_weights", source)
+                self._check_pulled(served, path, request.version)
+            previous = self.info.path
+            started = time.monotonic()
+            loaded = await self._swap("triad_load_weights", str(path) if path else None)
+            load_s = time.monotonic() - started
             self.info = WeightsInfo(
                 version=request.version, path=served, base_path=self.base_path, **digest_fields(loaded)
             )
+            if previous not in (served, self.base_path, ""):
+                self.rundir.store.drop_local(previous)  # the cache holds the served version only
         log.info("serving weights version %d from %s", request.version, self.info.path)
-        self.metrics.log(request.version, version=request.version, path=self.info.path)
+        self.metrics.log(request.version, version=request.version, path=self.info.path, load_s=load_s)
         return self.info
+
+    def _check_pulled(self, served: str, path: Path, version: int) -> None:
+        try:
+            check_marker_version(path, version)
+            check_safetensors(path)
+            check_size(path)
+        except AdminError:
+            self.rundir.store.drop_local(served)
+            raise
+        audit_read(path, RunDir.has_marker_at(path), INFERENCE)
 
     async def pause(self) -> PauseState:
         await self.engine.pause_generation(mode="keep", clear_cache=False)

@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
 from shared.fleet import Registration, default_url
-from shared.metrics import MetricsWriter
 from shared.rundir import INFERENCE, RunDir
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
@@ -97,7 +96,7 @@ async def joined(cfg: TriadConfig, url: str | None) -> AsyncIterator[None]:
     if url is None:
         yield
         return
-    registration = Registration(RunDir(cfg.run_dir), url)
+    registration = Registration(RunDir.of(cfg), url)
     heartbeat = asyncio.create_task(registration.keep_alive(cfg.inference.heartbeat_interval_s))
     try:
         yield
@@ -116,14 +115,14 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     from inference.vllm_api import check_engine
 
     token = cfg.inference.token()
-    metrics = MetricsWriter(RunDir(cfg.run_dir).metrics_file(INFERENCE))
+    metrics = RunDir.of(cfg).metrics.writer(INFERENCE)
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
         check_engine(engine)
         await engine.collective_rpc("triad_check_worker")
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
-        manager = WeightManager(engine, RunDir(cfg.run_dir), args.model, metrics)
+        manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics)
         add_admin_routes(app, manager, token)
         await init_app_state(engine, app.state, args, tasks)
         metrics.log(0, version=0, path=args.model)
@@ -150,6 +149,7 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
     join_as = advertised_url(cfg, args) if join else None
     if join_as is not None:
         check_advertised_exposure(join_as, cfg.inference.token())
+    RunDir.of(cfg).check_writable()  # a bad bucket, credentials or endpoint fail here, not at the first load
     cli_env_setup()
 
     import uvloop

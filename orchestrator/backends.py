@@ -19,6 +19,7 @@ import httpx
 from orchestrator.client import InferenceClient
 from shared.admin_api import WeightsInfo
 from shared.errors import TriadError
+from shared.objectstore import is_object_url
 
 log = logging.getLogger("triad.orchestrator")
 
@@ -60,8 +61,10 @@ class SGLangUpdate:
 
     kind, updates = "sglang", True
 
-    def __init__(self, client: InferenceClient, run_dir: Path, timeout: float) -> None:
-        self.client, self.run_dir, self.timeout = client, run_dir.resolve(), timeout
+    def __init__(self, client: InferenceClient, run_dir: Path | str, timeout: float) -> None:
+        if is_object_url(run_dir):
+            raise TriadError(f"backend 'sglang' needs a mounted run_dir, not the object store {run_dir}")
+        self.client, self.run_dir, self.timeout = client, Path(run_dir).resolve(), timeout
         self.info: WeightsInfo | None = None
 
     async def current(self) -> WeightsInfo:
@@ -109,7 +112,7 @@ async def _answers(client: InferenceClient, route: str) -> bool:
         return False
 
 
-async def detect(client: InferenceClient, kind: str, run_dir: Path, timeout: float) -> WeightBackend:
+async def detect(client: InferenceClient, kind: str, run_dir: Path | str, timeout: float) -> WeightBackend:
     """The backend `kind` names, or for `auto` the first kind the server answers to."""
     if kind == "auto":
         if await _answers(client, "/admin/weights"):

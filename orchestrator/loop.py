@@ -57,7 +57,6 @@ from orchestrator.weights import WeightFollower
 from shared.batch import publish_batch
 from shared.config import TriadConfig
 from shared.errors import TriadError, WaitTimeout
-from shared.metrics import MetricsWriter, drop_rows_after
 from shared.resume import discard_batches_after, newest_batch, newest_checkpoint
 from shared.rundir import EVAL, ORCHESTRATOR, RunDir
 
@@ -70,7 +69,7 @@ class Orchestrator:
     def __init__(self, cfg: TriadConfig, run_id: str, pool: ServerPool, env: Environment) -> None:
         self.cfg, self.oc = cfg, cfg.orchestrator
         self.run_id = run_id
-        self.rundir = RunDir(cfg.run_dir)
+        self.rundir = RunDir.of(cfg)
         self.pool = pool
         self.env = env
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify)
@@ -80,9 +79,9 @@ class Orchestrator:
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
         for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
-            drop_rows_after(self.rundir.metrics_file(kind), self.first_step - 1)
-        self.metrics = MetricsWriter(self.rundir.metrics_file(ORCHESTRATOR))
-        self.eval_metrics = MetricsWriter(self.rundir.metrics_file(EVAL))
+            self.rundir.metrics.drop_after(kind, self.first_step - 1)
+        self.metrics = self.rundir.metrics.writer(ORCHESTRATOR)
+        self.eval_metrics = self.rundir.metrics.writer(EVAL)
         self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=self.oc.max_inflight)
         self.changed = asyncio.Condition()
         self.step = self.first_step
@@ -298,7 +297,8 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
-    run = RunDir(cfg.run_dir).ensure_run(cfg.public_dict())
+    rundir = RunDir.of(cfg)
+    run = rundir.ensure_run(cfg.public_dict())
     token = cfg.inference.token()
     clients = [
         InferenceClient(url, token, cfg.orchestrator.request_timeout_s) for url in cfg.inference_urls()
@@ -306,7 +306,7 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
     fleet, watcher = None, None
     try:
         pool = ServerPool(await connect_servers(cfg, clients), cfg.orchestrator)
-        fleet = Fleet(cfg, RunDir(cfg.run_dir), pool)
+        fleet = Fleet(cfg, rundir, pool)
         if cfg.orchestrator.fleet_poll_s:
             watcher = asyncio.create_task(fleet.watch())
         while True:
@@ -320,7 +320,7 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
                 if rewound is None:
                     raise first_user_error(group) from None
             log.warning("%s", first_user_error(rewound))
-            follow_rewound_trainer(RunDir(cfg.run_dir), run.run_id)
+            follow_rewound_trainer(RunDir.of(cfg), run.run_id)
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -91,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triad", description="asynchronous RL post-training")
     sub = p.add_subparsers(dest="command", required=True)
     for name in RUN_DIR_COMMANDS:
-        sub.add_parser(name).add_argument("run_dir", type=Path)
+        sub.add_parser(name).add_argument("run_dir", type=str)
     sub.choices["status"].add_argument("--last", type=int, default=20, help="steps the time breakdown covers")
     sub.choices["plot"].add_argument("--window", help="FIRST:LAST steps of the timeline (default: last 10)")
     for name in COMMANDS:

@@ -13,6 +13,7 @@ from statistics import mean
 
 from services.exporters import Exporter
 from shared.rundir import INFERENCE, ORCHESTRATOR, SERVICES, TRAINER, RunDir
+from shared.storage import LocalStore
 
 
 class MetricsTail:
@@ -55,6 +56,27 @@ class MetricsTail:
         self.inode, self.offset = inode, 0
 
 
+class StoreTail:
+    """New rows of a service's metrics in an object store, where each row rewrites the (small,
+    single-writer) object: read whole, pass the rows newer than the last one returned."""
+
+    def __init__(self, rundir: RunDir, service: str) -> None:
+        self.rundir, self.service = rundir, service
+        self.last_time = float("-inf")
+
+    def read(self) -> list[dict]:
+        rows = [r for r in self.rundir.metrics.rows(self.service) if r.get("time", 0.0) > self.last_time]
+        if rows:
+            self.last_time = rows[-1].get("time", self.last_time)
+        return rows
+
+
+def tail_of(rundir: RunDir, service: str) -> MetricsTail | StoreTail:
+    if isinstance(rundir.store, LocalStore):
+        return MetricsTail(rundir.metrics_file(service))
+    return StoreTail(rundir, service)
+
+
 def parse_row(line: bytes) -> dict | None:
     try:
         row = json.loads(line)
@@ -73,7 +95,7 @@ class ProgressPrinter:
         self, rundir: RunDir, max_steps: int, exporters: Sequence[Exporter] = (), live: bool = False
     ) -> None:
         self.max_steps = max_steps
-        self.tails = {s: MetricsTail(rundir.metrics_file(s)) for s in SERVICES}
+        self.tails = {s: tail_of(rundir, s) for s in SERVICES}
         self.exporters = exporters
         self.rewards: list[float] = []
         self.step_times: list[float] = []

@@ -9,7 +9,6 @@ from statistics import mean
 from services.timeline import breakdown, spans
 from shared.errors import TriadError
 from shared.fleet import parse_records
-from shared.metrics import read_metrics
 from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
@@ -32,14 +31,14 @@ def describe(service: str, row: dict) -> str:
 def status_lines(rundir: RunDir, now: float | None = None, last_n: int = 20) -> list[str]:
     run = rundir.read_run()
     now = time.time() if now is None else now
-    lines = [f"run {run.run_id} in {rundir.root} (max_steps {run.config.get('max_steps')})"]
+    lines = [f"run {run.run_id} in {rundir.name} (max_steps {run.config.get('max_steps')})"]
     lines.append(
         f"  newest batch {newest_batch(rundir, run.run_id)}, "
         f"newest weights {rundir.weights.newest(run.run_id)}, "
         f"newest checkpoint {newest_checkpoint(rundir, run.run_id)}"
     )
     for service in SERVICES:
-        rows = read_metrics(rundir.metrics_file(service))
+        rows = rundir.metrics.rows(service)
         if not rows:
             lines.append(f"  {service:<12} no metrics yet")
             continue
@@ -55,9 +54,9 @@ def status_lines(rundir: RunDir, now: float | None = None, last_n: int = 20) -> 
 
 def plot_run(rundir: RunDir) -> Path:
     """Reward, off-policy lag and throughput over steps, as a PNG in the run directory."""
-    rows = read_metrics(rundir.metrics_file(ORCHESTRATOR))
+    rows = rundir.metrics.rows(ORCHESTRATOR)
     if not rows:
-        raise TriadError(f"{rundir.root} has no orchestrator metrics to plot yet")
+        raise TriadError(f"{rundir.name} has no orchestrator metrics to plot yet")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +78,7 @@ def plot_run(rundir: RunDir) -> Path:
     ax_t.set_xlabel("step")
     fig.suptitle(f"triad run {rundir.read_run().run_id}")
     fig.tight_layout()
-    out = rundir.plot_file
+    out = rundir.plot_file()
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
@@ -92,9 +91,9 @@ def step_window(rundir: RunDir, window: str | None) -> tuple[int, int]:
         if not sep or not first.isdigit() or not last.isdigit() or int(first) > int(last):
             raise TriadError(f"--window expects FIRST:LAST steps (e.g. 20:30), got {window!r}")
         return int(first), int(last)
-    rows = read_metrics(rundir.metrics_file(TRAINER))
+    rows = rundir.metrics.rows(TRAINER)
     if not rows:
-        raise TriadError(f"{rundir.root} has no trainer metrics for a timeline yet")
+        raise TriadError(f"{rundir.name} has no trainer metrics for a timeline yet")
     return max(1, rows[-1]["step"] - 9), rows[-1]["step"]
 
 
@@ -102,7 +101,7 @@ def plot_timeline(rundir: RunDir, first: int, last: int) -> Path:
     """A Gantt-style figure of steps `first..last`: one lane per service, one bar per phase."""
     chosen = spans(rundir, first, last)
     if not chosen:
-        raise TriadError(f"{rundir.root} has no metrics for steps {first}..{last}")
+        raise TriadError(f"{rundir.name} has no metrics for steps {first}..{last}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +124,7 @@ def plot_timeline(rundir: RunDir, first: int, last: int) -> Path:
               bbox_to_anchor=(0.5, -0.25), fontsize=8)  # fmt: skip
     ax.set_title(f"triad run {rundir.read_run().run_id}: steps {first}..{last} (numbers: step or version)")
     fig.tight_layout()
-    out = rundir.timeline_file
+    out = rundir.plot_file(timeline=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

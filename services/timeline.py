@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import mean
 
-from shared.metrics import read_metrics
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 TRAINER_PHASES = ("wait_s", "train_s", "publish_s")
@@ -59,9 +58,9 @@ def inference_spans(rows: list[dict]) -> list[Span]:
 
 def spans(rundir: RunDir, first: int, last: int) -> list[Span]:
     """The spans of steps `first..last` (weights versions for inference)."""
-    out = trainer_spans(read_metrics(rundir.metrics_file(TRAINER)))
-    out += orchestrator_spans(read_metrics(rundir.metrics_file(ORCHESTRATOR)))
-    out += inference_spans(read_metrics(rundir.metrics_file(INFERENCE)))
+    out = trainer_spans(rundir.metrics.rows(TRAINER))
+    out += orchestrator_spans(rundir.metrics.rows(ORCHESTRATOR))
+    out += inference_spans(rundir.metrics.rows(INFERENCE))
     return [s for s in out if first <= s.step <= last]
 
 
@@ -69,7 +68,7 @@ def breakdown(rundir: RunDir, last_n: int) -> list[str]:
     """Mean seconds per step of each service's phases over its last `last_n` rows."""
 
     def last(service: str, key: str) -> list[dict]:
-        return [r for r in read_metrics(rundir.metrics_file(service)) if key in r][-last_n:]
+        return [r for r in rundir.metrics.rows(service) if key in r][-last_n:]
 
     trainer, orchestrator = last(TRAINER, "train_s"), last(ORCHESTRATOR, "step_time_s")
     lines = []

@@ -143,7 +143,7 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     # explicitly: a process started with SIGINT ignored (nohup, a script's background job) keeps it
     # ignored, and Ctrl-C would then leave the run going
     signal.signal(signal.SIGINT, _interrupt)
-    rundir = RunDir(cfg.run_dir)
+    rundir = RunDir.of(cfg)
     rundir.check_writable()
     model = resolve_model(cfg.model)
     run = rundir.ensure_run(cfg.public_dict())

@@ -51,10 +51,12 @@ def write_batch(path: Path, rows: list[dict[str, Any]]) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), path)
 
 
-def read_batch(path: Path) -> pa.Table:
-    """Read a batch and check it has exactly the contract's columns and types."""
+def read_batch(source: Path | pa.BufferReader, where: str | None = None) -> pa.Table:
+    """Read a batch (a file, or its bytes from `where`) and check it has exactly the
+    contract's columns and types."""
+    path = where or source
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(source)
     except (OSError, pa.ArrowException) as e:
         raise TriadError(f"cannot read batch {path}: {e}") from None
     if not table.schema.equals(BATCH_SCHEMA):
@@ -93,7 +95,15 @@ def wait_for_batch(
         timeout,
     )
     audit_read(rundir.rollouts.path(step), rundir.rollouts.has_marker(step), reader)
-    return marker, read_batch(rundir.batch_file(step)).to_pylist()
+    return marker, load_batch(rundir, step).to_pylist()
+
+
+def load_batch(rundir: RunDir, step: int) -> pa.Table:
+    """Batch `step` from the run directory's store (its marker is the caller's to check)."""
+    raw, where = rundir.batch_source(step)
+    if raw is None:
+        raise TriadError(f"batch {where} is missing although its marker is there")
+    return read_batch(pa.BufferReader(raw), where)
 
 
 def token_count(table: pa.Table) -> int:

@@ -232,12 +232,21 @@ class MetricsConfig(Table):
     wandb_mode: Literal["offline", "online"] = "offline"
 
 
+class StoreConfig(Table):
+    timeout_s: float = Field(
+        300.0, gt=0, description="how long each object-store call retries (with backoff) before it fails"
+    )
+    cache_dir: Path | None = Field(
+        None, description="local copies of an object-store run directory (default $TRIAD_CACHE/store)"
+    )
+
+
 class TriadConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TRIAD_", env_nested_delimiter="__", extra="forbid", toml_file=None
     )
 
-    run_dir: Path = Path("runs/default")
+    run_dir: str = Field("runs/default", description="a local path, or s3://bucket/prefix")
     model: str = BUILTIN_MODEL_PREFIX + "tiny-addition"
     max_steps: int = Field(20, ge=1)
     max_async_level: int = Field(1, ge=0)
@@ -247,6 +256,7 @@ class TriadConfig(BaseSettings):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
 
     @classmethod
     def settings_customise_sources(

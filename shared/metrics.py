@@ -1,44 +1,29 @@
-"""Metrics as JSON lines in `run_dir/metrics/<service>.jsonl`."""
+"""Metrics as JSON lines in `run_dir/metrics/<service>.jsonl`, through the run directory's store.
+
+On a local store rows are appended in place; on an object store each row rewrites the
+(small, single-writer) object, so readers always see whole files of complete rows."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.storage import atomic_write_bytes
 
+if TYPE_CHECKING:
+    from shared.storage import Storage
+
 
 class MetricsWriter:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        seal_torn_row(path)
+    def __init__(self, store: Storage, key: str) -> None:
+        self.store, self.key = store, key
 
     def log(self, step: int, **values: Any) -> dict[str, Any]:
         row = {"step": step, "time": time.time(), **values}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.store.append(self.key, (json.dumps(row) + "\n").encode())
         return row
-
-
-def seal_torn_row(path: Path) -> None:
-    """End a row torn by a writer killed mid-write with a newline, so that the next row
-    appended is a line of its own (readers skip the torn one)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size == 0:
-                return
-            f.seek(size - 1)
-            torn = f.read(1) != b"\n"
-    except FileNotFoundError:
-        return
-    if torn:  # appended, not written at the end seen: another writer may have added a row since
-        with open(path, "ab") as f:
-            f.write(b"\n")
 
 
 def drop_rows_after(path: Path, step: int) -> int:
@@ -51,11 +36,13 @@ def drop_rows_after(path: Path, step: int) -> int:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All complete rows; a torn last line (writer killed mid-write) is skipped."""
-    if not path.exists():
-        return []
+    """All complete rows of a local metrics file; a torn last line (writer killed mid-write) is skipped."""
+    return parse_metrics(path.read_bytes() if path.exists() else None)
+
+
+def parse_metrics(raw: bytes | None) -> list[dict[str, Any]]:
     rows = []
-    for line in path.read_text().splitlines():
+    for line in (raw or b"").decode(errors="replace").splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:

@@ -19,13 +19,14 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import TriadError
-from shared.storage import LocalStore, Storage
+from shared.metrics import MetricsWriter, parse_metrics
+from shared.storage import LocalStore, Storage, open_store
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class Steps:
 
     def describe_marker(self, step: int) -> str:
         """The marker's location, for messages about waiting on it."""
-        return str(self.marker_path(step))
+        return self.store.describe(self.key(step, _DONE))
 
     def steps(self) -> list[int]:
         """Step numbers of the directories of this kind (done or not), ascending."""
@@ -184,6 +185,32 @@ class Steps:
         return self.store.size(self.key(step))
 
 
+class MetricsFiles:
+    """`metrics/<service>.jsonl` of every service, through the store."""
+
+    def __init__(self, store: Storage) -> None:
+        self.store = store
+
+    @staticmethod
+    def key(service: str) -> str:
+        return f"{_METRICS}/{service}.jsonl"
+
+    def writer(self, service: str) -> MetricsWriter:
+        return MetricsWriter(self.store, self.key(service))
+
+    def rows(self, service: str) -> list[dict[str, Any]]:
+        """All complete rows of a service's metrics (a torn last line is skipped)."""
+        return parse_metrics(self.store.read_bytes(self.key(service)))
+
+    def drop_after(self, service: str, step: int) -> int:
+        """Rewrite a service's metrics without rows of steps after `step`; returns how many."""
+        rows = self.rows(service)
+        kept = [r for r in rows if r.get("step", 0) <= step]
+        if len(kept) < len(rows):
+            self.store.write_bytes(self.key(service), "".join(json.dumps(r) + "\n" for r in kept).encode())
+        return len(rows) - len(kept)
+
+
 class FleetRegistry:
     """`fleet/`: one record per inference server that joined the run (`shared/fleet.py`)."""
 
@@ -211,28 +238,35 @@ class FleetRegistry:
 
     def describe(self) -> str:
         """The registry's location, for messages."""
-        return str(self.store.local_path(_FLEET))
+        return self.store.describe(_FLEET)
 
 
 class RunDir:
-    """A run directory. `root` is where it lives (a local path today)."""
+    """A run directory: a local path, or an object-store URL (`s3://bucket/prefix`).
+    `root` is its local directory (for an object store: this machine's cache of it)."""
 
     def __init__(self, root: Path | str, store: Storage | None = None) -> None:
-        self.root = Path(root)
-        self.store: Storage = store or LocalStore(self.root)
-        self.rollouts = Steps(self.store, _ROLLOUTS)
-        self.weights = Steps(self.store, _WEIGHTS)
+        self.store: Storage = store or open_store(root)
+        self.name = str(root)
+        self.root = self.store.local_path("")
+        self.rollouts, self.weights = Steps(self.store, _ROLLOUTS), Steps(self.store, _WEIGHTS)
         self.checkpoints = Steps(self.store, _CHECKPOINTS)
         self.fleet = FleetRegistry(self.store)
+        self.metrics = MetricsFiles(self.store)
+
+    @classmethod
+    def of(cls, cfg: Any) -> RunDir:
+        """The run directory of a `TriadConfig`, with its `[store]` settings."""
+        return cls(cfg.run_dir, open_store(cfg.run_dir, cfg.store.cache_dir, cfg.store.timeout_s))
 
     def __repr__(self) -> str:
-        return f"RunDir({str(self.root)!r})"
+        return f"RunDir({self.name!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, RunDir) and other.root == self.root
+        return isinstance(other, RunDir) and other.name == self.name
 
     def __hash__(self) -> int:
-        return hash(self.root)
+        return hash(self.name)
 
     # -- the run record -------------------------------------------------------
     @property
@@ -253,11 +287,14 @@ class RunDir:
     def read_run(self) -> RunInfo:
         raw = self.store.read_bytes(_RUN_FILE)
         if raw is None:
-            raise TriadError(f"{self.run_file} does not exist: is this a triad run directory?")
+            raise TriadError(
+                f"{self.store.describe(_RUN_FILE)} does not exist: is this a triad run directory?"
+            )
         try:
             return RunInfo.model_validate_json(raw)
         except ValidationError as e:
-            raise TriadError(f"{self.run_file} is not a valid run file: {e.errors()[0]['msg']}") from None
+            where = self.store.describe(_RUN_FILE)
+            raise TriadError(f"{where} is not a valid run file: {e.errors()[0]['msg']}") from None
 
     # -- batches --------------------------------------------------------------
     def batch_file(self, step: int) -> Path:
@@ -268,6 +305,11 @@ class RunDir:
         """A local path to write batch `step` to (published atomically; the marker comes after)."""
         with self.store.writing(self.rollouts.key(step, _BATCH_FILE)) as tmp:
             yield tmp
+
+    def batch_source(self, step: int) -> tuple[bytes | None, str]:
+        """Batch `step`'s bytes (None if missing) and where they come from."""
+        key = self.rollouts.key(step, _BATCH_FILE)
+        return self.store.read_bytes(key), self.store.describe(key)
 
     # -- weights --------------------------------------------------------------
     def weights_file(self, version: int) -> Path:
@@ -321,12 +363,15 @@ class RunDir:
 
     # -- checkpoints ----------------------------------------------------------
     def trainer_state_dir(self, step: int) -> Path:
-        """Where torch.distributed.checkpoint keeps the trainer's state after update `step`."""
+        """The local directory of the trainer's DCP state after update `step` (or its fetched copy)."""
         return self.store.local_path(self.checkpoints.key(step, _TRAINER_STATE))
 
+    def trainer_state_key(self, step: int) -> str:
+        return self.checkpoints.key(step, _TRAINER_STATE)
+
     # -- metrics, logs, reports ----------------------------------------------
-    def metrics_file(self, service: str) -> Path:
-        return self.store.local_path(f"{_METRICS}/{service}.jsonl")
+    def metrics_file(self, service: str) -> Path:  # local stores; `metrics` reads any
+        return self.store.local_path(self.metrics.key(service))
 
     def log_file(self, service: str) -> Path:
         return self.store.local_path(f"{_LOGS}/{service}.log")
@@ -339,13 +384,9 @@ class RunDir:
     def tensorboard_dir(self) -> Path:
         return self.store.local_path(_TENSORBOARD)
 
-    @property
-    def plot_file(self) -> Path:
-        return self.store.local_path(_PLOT)
-
-    @property
-    def timeline_file(self) -> Path:
-        return self.store.local_path(_TIMELINE)
+    def plot_file(self, timeline: bool = False) -> Path:
+        """`triad plot`'s figures: reward, lag and throughput, or the per-step timeline."""
+        return self.store.local_path(_TIMELINE if timeline else _PLOT)
 
     # -- paths other services send -------------------------------------------
     def relative(self, path: Path) -> str:
@@ -385,6 +426,11 @@ class RunDir:
             return None
 
     @staticmethod
+    def payload_bytes_at(step_dir: Path) -> int:
+        """Bytes of every file in a step directory but its marker (what a weights marker vouches for)."""
+        return sum(f.stat().st_size for f in step_dir.rglob("*") if f.is_file() and f.name != _DONE)
+
+    @staticmethod
     def tensor_files_at(step_dir: Path) -> list[Path]:
         return sorted(step_dir.glob("*" + _WEIGHTS_SUFFIX))
 
@@ -392,3 +438,19 @@ class RunDir:
     def marker_name() -> str:
         """The marker's file name, for messages only."""
         return _DONE
+
+
+def pull_step_dir(rundir: RunDir, raw: str) -> tuple[str, Path]:
+    """The step directory `raw` names (relative to the run directory; on a local store also
+    absolute inside it), as (its relative name, a local directory holding it). From an
+    object store it is fetched into the cache, its marker first and written last;
+    `store.drop_local(name)` forgets the copy. TriadError if it lies outside the run directory."""
+    if isinstance(rundir.store, LocalStore):
+        path = rundir.resolve_inside(raw)
+        return path.relative_to(rundir.root.resolve()).as_posix(), path
+    key = PurePosixPath(raw)
+    if key.is_absolute() or ".." in key.parts or not key.parts:
+        raise TriadError(f"path {raw!r} is outside the run directory")
+    if not rundir.store.children(key.as_posix(), dirs=False):
+        raise TriadError(f"path {raw!r} is not a directory")
+    return key.as_posix(), rundir.store.fetch(key.as_posix(), last=_DONE)

@@ -8,7 +8,8 @@ directory; an object store can stand in its place without touching a service.
 Writes are atomic: a file is written under a temporary name beside its key and
 renamed into place, so a reader sees the old file, the new one, or none.
 Writers that need a real path (safetensors, Parquet, torch.distributed.checkpoint,
-`save_pretrained`) get one from `writing` or `writing_dir`; readers from `local_path`.
+`save_pretrained`) get one from `writing` or `writing_dir`; readers that need a directory
+`fetch` it (and `drop_local` it when done). `shared/objectstore.py` has the object store.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class Storage(Protocol):
 
     def check_writable(self) -> None: ...
 
+    def describe(self, key: str) -> str: ...
+
+    def append(self, key: str, data: bytes) -> None: ...
+
+    def fetch(self, key: str, last: str | None = None) -> Path: ...
+
+    def drop_local(self, key: str) -> None: ...
+
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -97,6 +106,30 @@ class LocalStore:
 
     def local_path(self, key: str) -> Path:
         return self.root / key if key else self.root
+
+    def describe(self, key: str) -> str:
+        return str(self.local_path(key))
+
+    def fetch(self, key: str, last: str | None = None) -> Path:
+        """The directory itself: it is local already."""
+        return self.local_path(key)
+
+    def drop_local(self, key: str) -> None:
+        """Nothing to drop: `fetch` made no copy."""
+
+    def append(self, key: str, data: bytes) -> None:
+        """Append in place; a row torn by a writer killed mid-write is ended with a newline
+        first, so the appended data starts a line of its own."""
+        path = self.local_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                torn = f.read(1) != b"\n"
+                f.seek(0, os.SEEK_END)
+                data = b"\n" + data if torn else data
+            f.write(data)
 
     def read_bytes(self, key: str) -> bytes | None:
         """The file's bytes; None if it does not exist."""
@@ -180,3 +213,14 @@ class LocalStore:
             probe.unlink()
         except OSError as e:
             raise TriadError(f"run directory {self.root} is not writable: {e.strerror or e}") from None
+
+
+def open_store(root: str | os.PathLike, cache_dir: Path | None = None, timeout_s: float = 300.0) -> Storage:
+    """The store of a run directory: an object store for `s3://bucket/prefix`, else local.
+    The object store keeps its local copies under `cache_dir` (default `$TRIAD_CACHE/store`)."""
+    from shared.objectstore import ObjectStore, is_object_url
+
+    if not is_object_url(root):
+        return LocalStore(Path(root))
+    cache = cache_dir or Path(os.environ.get("TRIAD_CACHE", Path.home() / ".cache" / "triad")) / "store"
+    return ObjectStore(str(root), cache, timeout_s)

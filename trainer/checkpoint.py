@@ -3,10 +3,13 @@
 `checkpoints/step_N/trainer/` holds the sharded state after update N (every
 rank writes its own shards); `checkpoints/step_N/DONE` is written by rank 0
 after all ranks have finished. Only a checkpoint with a valid marker of this
-run is ever loaded.
+run is ever loaded. On an object store every rank uploads its own files, and a resumed
+trainer fetches a copy per machine, loads it and drops it.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -29,7 +32,8 @@ def save_checkpoint(
         rundir.checkpoints.clear(step)
     dist.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=rundir.trainer_state_dir(step))
+    with rundir.store.writing_dir(rundir.trainer_state_key(step)) as directory:
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory)
     dist.barrier()
     if dist.get_rank() == 0:
         rundir.checkpoints.write_marker(step, run_id)
@@ -46,5 +50,12 @@ def load_checkpoint(
     something to load into."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
+    leader = int(os.environ.get("LOCAL_RANK", "0")) == 0  # one copy per machine
+    if leader:
+        rundir.store.fetch(rundir.trainer_state_key(step))
+    dist.barrier()
     dcp.load(state, checkpoint_id=rundir.trainer_state_dir(step))
+    dist.barrier()
+    if leader:
+        rundir.store.drop_local(rundir.trainer_state_key(step))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -29,7 +29,6 @@ import torch.distributed as dist
 from shared.batch import wait_for_batch
 from shared.config import TriadConfig
 from shared.faults import TRAINER_MID_STEP, failpoint
-from shared.metrics import MetricsWriter, drop_rows_after
 from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir
 from trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -94,7 +93,7 @@ class Trainer:
         self.optim, self.loss, self.parallel = cfg.trainer.optim, cfg.trainer.loss, cfg.trainer.parallel
         self.device = device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.rundir = RunDir(cfg.run_dir)
+        self.rundir = RunDir.of(cfg)
         hf_config = AutoConfig.from_pretrained(model_path)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -115,7 +114,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.optim.lr, weight_decay=self.optim.weight_decay
         )
-        self.metrics = MetricsWriter(self.rundir.metrics_file(TRAINER)) if self.rank == 0 else None
+        self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, config_dtype(hf_config))
 
@@ -218,7 +217,7 @@ class Trainer:
         if self.rank == 0:
             discard_after_checkpoint(self.rundir, run_id, start)
             # rows of discarded updates describe weights that no longer exist
-            drop_rows_after(self.rundir.metrics_file(TRAINER), start)
+            self.rundir.metrics.drop_after(TRAINER, start)
         dist.barrier()
         missing = [bool(start) and self.rundir.weights.marker(start, run_id) is None]
         dist.broadcast_object_list(missing, src=0)  # one decision: publish() is collective
@@ -264,7 +263,7 @@ def run_trainer(cfg: TriadConfig, model_path: str) -> None:
         log.info("trainer.keep_freed_memory: no glibc mallopt here; the allocator keeps its defaults")
     device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.collective_timeout_s)
     try:
-        rundir = RunDir(cfg.run_dir)
+        rundir = RunDir.of(cfg)
         if dist.get_rank() == 0:
             rundir.ensure_run(cfg.public_dict())
         dist.barrier()

@@ -68,4 +68,4 @@ def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) ->
     evals = read_metrics(rundir.metrics_file("eval"))
     assert evals and evals[-1]["step"] == STEPS, evals  # held-out evaluation ran, the last at the end
     assert all(0 <= r["eval_pass@1"] <= r["eval_pass@4"] <= 1 for r in evals), evals
-    assert rundir.plot_file.exists()
+    assert rundir.plot_file().exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,39 @@ def test_slurm_template_runs_the_trainer_entry_point():
     assert "-m services.cli trainer" in text and "--rdzv-backend=c10d" in text
     r = subprocess.run(["bash", "-n", str(REPO / "deploy" / "slurm" / "trainer.sbatch")])
     assert r.returncode == 0
+
+
+def test_s3_compose_shares_no_volume_and_points_every_service_at_the_bucket():
+    services = yaml.safe_load((REPO / "deploy" / "compose" / "compose.s3.yaml").read_text())["services"]
+    for name in ("inference", "orchestrator", "trainer"):
+        service = services[name]
+        assert "volumes" not in service, name
+        env = service["environment"]
+        assert env["TRIAD_RUN_DIR"].startswith("s3://") and env["AWS_ENDPOINT_URL"] == "http://s3:9000", name
+        command = service["command"]
+        assert command[0] == name and name in COMMANDS
+    assert services["orchestrator"]["depends_on"]["inference"] == {"condition": "service_healthy"}
+    assert services["trainer"]["depends_on"]["bucket"] == {"condition": "service_completed_successfully"}
+
+
+def test_s3_kubernetes_manifests_have_no_shared_volume():
+    pytest.importorskip("kubernetes")
+    from kubernetes.client import ApiClient
+
+    from shared.config import TriadConfig
+
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "k8s" / "triad-s3.yaml").read_text()))
+    for doc in docs:
+        check_against_schema(doc, KINDS[doc["kind"]], f"{doc['kind']}/{doc['metadata']['name']}")
+        ApiClient()._ApiClient__deserialize(doc, KINDS[doc["kind"]])
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.toml"]
+    cfg = TriadConfig.model_validate(tomllib.loads(config))
+    assert cfg.run_dir.startswith("s3://") and str(cfg.store.cache_dir) == "/cache"
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "Job")]
+    assert len(pods) == 3
+    for pod in pods:
+        assert all("persistentVolumeClaim" not in v for v in pod["volumes"])
+        container = pod["containers"][0]
+        assert {"secretRef": {"name": "triad-s3"}} in container["envFrom"]
+        assert {"name": "cache", "mountPath": "/cache"} in container["volumeMounts"]

@@ -8,6 +8,7 @@ from services.report import plot_run, rolling_mean, status_lines
 from shared.errors import TriadError
 from shared.metrics import MetricsWriter, drop_rows_after, read_metrics
 from shared.rundir import RunDir
+from shared.storage import LocalStore
 
 try:
     import tensorboard  # noqa: F401
@@ -21,8 +22,8 @@ def fake_run(tmp_path, steps: int = 30):
     rundir = RunDir(tmp_path)
     run = rundir.ensure_run({"max_steps": steps})
     orch, trainer = (
-        MetricsWriter(rundir.metrics_file("orchestrator")),
-        MetricsWriter(rundir.metrics_file("trainer")),
+        rundir.metrics.writer("orchestrator"),
+        rundir.metrics.writer("trainer"),
     )
     for s in range(1, steps + 1):
         orch.log(
@@ -95,13 +96,13 @@ def test_metrics_tail_follows_a_resumed_writer(tmp_path):
     file without steps 3-4 (a new, shorter file) and writes its own 3 and 4; it used to seek
     the new file at the old offset, into the middle of a row, and stop triad up."""
     path = tmp_path / "trainer.jsonl"
-    writer = MetricsWriter(path)
+    writer = MetricsWriter(LocalStore(tmp_path), path.name)
     for step in range(1, 5):
         writer.log(step, lineage="first")
     tail = MetricsTail(path)
     assert [r["step"] for r in tail.read()] == [1, 2, 3, 4]
     assert drop_rows_after(path, 2) == 2
-    resumed = MetricsWriter(path)
+    resumed = MetricsWriter(LocalStore(tmp_path), path.name)
     resumed.log(3, lineage="resumed")
     assert [(r["step"], r["lineage"]) for r in tail.read()] == [(3, "resumed")]
     resumed.log(4, lineage="resumed")
@@ -110,12 +111,12 @@ def test_metrics_tail_follows_a_resumed_writer(tmp_path):
 
 def test_a_row_torn_by_a_killed_writer_is_skipped_not_fatal(tmp_path):
     path = tmp_path / "trainer.jsonl"
-    MetricsWriter(path).log(1)
+    MetricsWriter(LocalStore(tmp_path), path.name).log(1)
     with open(path, "a") as f:
         f.write('{"step": 2, "ti')  # killed mid-write
     tail = MetricsTail(path)
     assert [r["step"] for r in tail.read()] == [1]
-    MetricsWriter(path).log(2)  # the restarted writer
+    MetricsWriter(LocalStore(tmp_path), path.name).log(2)  # the restarted writer
     assert [r["step"] for r in tail.read()] == [2]
     assert [r["step"] for r in read_metrics(path)] == [1, 2]
 

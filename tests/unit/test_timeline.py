@@ -64,4 +64,4 @@ def test_timeline_window_and_figure(run):
     with pytest.raises(TriadError, match="no metrics for steps 7..9"):
         plot_timeline(run, 7, 9)
     out = plot_timeline(run, 1, 3)
-    assert out == run.timeline_file and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out == run.plot_file(timeline=True) and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,243 @@
+"""Three hosts that share no directory at all, only an S3-compatible store.
+
+Inference, orchestrator and trainer each run in their own network namespace, with their
+own cache directory; each reaches only the store (moto's standalone server, in the root
+namespace, through a link of its own) and the orchestrator also reaches inference. The
+run directory is `s3://bucket/run`. In the middle of the run the store stops answering
+for 10 s (SIGSTOP); the run goes on afterwards. The audit reads the store alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shared.batch import load_batch
+from shared.faults import AUDIT_VAR, TRAINER_MID_STEP
+from shared.rundir import RunDir
+from shared.storage import open_store
+from shared.waiting import wait_for
+from tests.helpers import Server
+from tests.integration.test_faults import ASYNC, Run
+from tests.integration.test_faults import STEPS as FAULT_STEPS
+from tests.integration.test_three_hosts import sh, stop
+from tests.s3 import MotoServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STEPS, ETA = 5, 1
+BUCKET = "triad-run"
+INFERENCE_IP, ORCHESTRATOR_IP = "10.231.78.1", "10.231.78.2"
+STORE_NET = {"inf": "10.232.1", "orc": "10.232.2", "trn": "10.232.3"}  # root side .1, host side .2
+TOKEN = "s3-test-token"
+OUTAGE_S = 10
+
+
+def link(ns: str, subnet: str, tag: str) -> None:
+    """A veth pair from the root namespace (the store, at subnet.1) into `ns` (subnet.2)."""
+    root, inner = f"sr{tag}", f"sh{tag}"
+    sh("ip", "link", "add", root, "type", "veth", "peer", "name", inner)
+    sh("ip", "link", "set", inner, "netns", ns)
+    sh("ip", "addr", "add", f"{subnet}.1/30", "dev", root)
+    sh("ip", "link", "set", root, "up")
+    sh("ip", "-n", ns, "addr", "add", f"{subnet}.2/30", "dev", inner)
+    sh("ip", "-n", ns, "link", "set", inner, "up")
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    if os.geteuid() != 0 or subprocess.run(["which", "ip"], capture_output=True).returncode != 0:
+        pytest.skip("network namespaces need root and iproute2")
+    tag = uuid.uuid4().hex[:5]
+    names = {role: f"triad-s3-{role}-{tag}" for role in STORE_NET}
+    try:
+        for ns in names.values():
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for i, (role, subnet) in enumerate(STORE_NET.items()):
+            link(names[role], subnet, f"{tag}{i}")
+        a, b = f"vi{tag}", f"vo{tag}"
+        sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+        for dev, ns, ip in ((a, names["inf"], INFERENCE_IP), (b, names["orc"], ORCHESTRATOR_IP)):
+            sh("ip", "link", "set", dev, "netns", ns)
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+    except subprocess.CalledProcessError as e:
+        for ns in names.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        pytest.skip(f"cannot create network namespaces here: {e.stderr.strip()}")
+    yield names
+    for ns in names.values():
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log", host="0.0.0.0")
+    server.create_bucket(BUCKET)
+    yield server
+    server.close()
+
+
+def service_env(store: MotoServer, role: str, cache: Path) -> dict[str, str]:
+    """A host's view: the store at its own link's address, a cache of its own, no shared path."""
+    env = {**os.environ, **store.env(), "TRIAD_CACHE": str(cache)}
+    env["AWS_ENDPOINT_URL"] = f"http://{STORE_NET[role]}.1:{store.port}"
+    return env
+
+
+def start(ns: str, env: dict[str, str], *cmd: str, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, *cmd], stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, env=env,
+        )  # fmt: skip
+
+
+def trained_steps(rundir: RunDir) -> list[int]:
+    return [r["step"] for r in rundir.metrics.rows("trainer")]
+
+
+def test_three_hosts_share_only_a_bucket_and_ride_out_an_outage(
+    hosts, store, tiny_model, tmp_path, monkeypatch
+):
+    url = f"s3://{BUCKET}/run"
+    config = tmp_path / "triad.toml"
+    config.write_text(
+        f'run_dir = "{url}"\nmodel = "{tiny_model}"\nmax_steps = {STEPS}\nmax_async_level = {ETA}\n'
+        f'[inference]\nhost = "{INFERENCE_IP}"\nport = 8000\nadmin_token = "{TOKEN}"\n'
+        f'[orchestrator]\ninference_urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
+        f"keep_rollouts = {STEPS}\n[trainer.optim]\nlr = 1e-3\n[trainer.checkpoint]\nevery = 2\n"
+    )
+    py = sys.executable
+    env = {role: service_env(store, role, tmp_path / f"cache-{role}") for role in STORE_NET}
+    inference = start(
+        hosts["inf"], env["inf"], py, "-m", "services.cli", "inference", "-c", str(config),
+        log=tmp_path / "inf.log",
+    )  # fmt: skip
+    trainer = start(
+        hosts["trn"], env["trn"], py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "-m", "services.cli", "trainer", "-c", str(config), log=tmp_path / "trn.log",
+    )  # fmt: skip
+    orchestrator = start(
+        hosts["orc"], env["orc"], py, "-m", "services.cli", "orchestrator", "-c", str(config),
+        log=tmp_path / "orc.log",
+    )  # fmt: skip
+    for key, value in store.env().items():
+        monkeypatch.setenv(key, value)
+    rundir = RunDir(url, open_store(url, tmp_path / "audit-cache", timeout_s=60))
+    logs = lambda: "\n".join(p.name + ":\n" + p.read_text()[-3000:] for p in sorted(tmp_path.glob("*.log")))  # noqa: E731
+    try:
+        deadline = time.monotonic() + 400
+        while len(trained_steps(rundir)) < 2:
+            assert time.monotonic() < deadline and trainer.poll() is None, f"no progress:\n{logs()}"
+            time.sleep(1)
+        with store.stopped():
+            time.sleep(OUTAGE_S)
+        outage_after = trained_steps(rundir)[-1]
+        for name, proc in (("orchestrator", orchestrator), ("trainer", trainer)):
+            code = proc.wait(timeout=400)
+            assert code == 0, f"{name} failed:\n{logs()}"
+    finally:
+        for proc in (inference, trainer, orchestrator):
+            stop(proc)
+    audit(rundir)
+    assert outage_after < STEPS, "the outage came after the run had finished"
+    # a service logs the store wait when it has a call in flight during the outage: the trainer
+    # always has (it polls for the next batch or publishes); the orchestrator either polls the
+    # store or waits for inference, which then is the one pulling weights from the store
+    said = {
+        n: f"waiting for object store {url}" in (tmp_path / n).read_text()
+        for n in ("trn.log", "orc.log", "inf.log")
+    }
+    assert said["trn.log"] and (said["orc.log"] or said["inf.log"]), said
+    assert not any(p.is_file() for p in (tmp_path / "cache-orc").rglob("*.parquet"))
+
+
+def audit(rundir: RunDir) -> None:
+    """From the store alone: steps 1..N trained once each, every sample within η, one of lag 1."""
+    run_id = rundir.read_run().run_id
+    assert trained_steps(rundir) == list(range(1, STEPS + 1))
+    assert rundir.rollouts.done_steps(run_id)[-1] == STEPS
+    lags = []
+    for step in range(1, STEPS + 1):
+        rows = load_batch(rundir, step).to_pylist()
+        lags += [step - 1 - r["policy_version"] for r in rows]
+    assert lags and all(0 <= lag <= ETA for lag in lags) and 1 in lags, lags
+    assert rundir.weights.newest(run_id) == STEPS
+    assert (
+        rundir.checkpoints.newest(run_id) == STEPS - STEPS % 2 or rundir.checkpoints.newest(run_id) == STEPS
+    )
+    assert rundir.metrics.rows("inference")[-1]["version"] == STEPS
+
+
+class StoreRun(Run):
+    """test_faults' run of three services, on one machine, with `run_dir` in the store and a
+    cache directory per service."""
+
+    def __init__(self, root: Path, model: str, url: str) -> None:
+        self.root, self.model, self.url_store = root, model, url
+        self.run_dir = url
+        self.audit = root / "reads.jsonl"
+        self.inference = self.new_server()
+        self.url = self.inference.url
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.rundir = RunDir(url, open_store(url, root / "audit-cache", timeout_s=60))
+
+    def new_server(self, port: int = 0) -> Server:
+        sets = (*self.shared_sets(), f"store.cache_dir={self.root / 'cache-inference'}")
+        return Server(self.run_dir, self.model, self.root / "inference.log", *sets, port=port)
+
+    def sets(self) -> list[str]:
+        return [*super().sets(), f"store.cache_dir={self.root / 'cache-services'}"]
+
+    def wait_for_batch(self, step: int, timeout: float = 240) -> None:
+        what = f"batch {step} in {self.url_store}"
+        wait_for(lambda: self.rundir.rollouts.has_marker(step) or None, what, timeout, poll=0.2)
+
+    def check(self) -> None:
+        trained = trained_steps(self.rundir)
+        assert trained == list(range(1, FAULT_STEPS + 1)), trained
+        for step in self.rundir.rollouts.steps():
+            versions = load_batch(self.rundir, step).column("policy_version")
+            assert all(0 <= step - 1 - v <= ASYNC for v in versions.to_pylist()), (step, versions)
+        reads = [json.loads(line) for line in self.audit.read_text().splitlines()]
+        assert {r["reader"] for r in reads} == {"trainer", "inference"}
+        assert all(r["done"] for r in reads), [r for r in reads if not r["done"]]
+
+
+def test_each_service_killed_and_restarted_on_a_store_run_dir(store, tiny_model, tmp_path, monkeypatch):
+    """kill -9 the trainer (mid-step), then the orchestrator, then inference; each is restarted
+    and the run finishes with every step trained once and every batch within η."""
+    for key, value in store.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{store.port}")
+    monkeypatch.setenv(AUDIT_VAR, str(tmp_path / "reads.jsonl"))
+    run = StoreRun(tmp_path, tiny_model, f"s3://{BUCKET}/faults")
+    try:
+        run.inference.wait_healthy()
+        run.start("orchestrator")
+        run.start("trainer", failpoint=f"{TRAINER_MID_STEP}:4")
+        assert run.wait("trainer") != 0
+        assert trained_steps(run.rundir) == [1, 2, 3]
+        run.start("trainer")
+        run.wait_for_batch(6)
+        run.procs["orchestrator"].kill()
+        run.procs["orchestrator"].wait()
+        run.start("orchestrator")
+        run.wait_for_batch(8)
+        run.inference.kill()
+        run.inference = run.new_server(port=run.inference.port)
+        run.inference.wait_healthy()
+        run.finish()
+        run.check()
+    finally:
+        run.stop()
+    assert "resumed from the checkpoint after update 3" in run.log("trainer")
+    assert f"{run.url} is back, serving version" in run.log("orchestrator")

@@ -1,0 +1,212 @@
+"""The object store against a real S3-compatible server (moto's, as its own process)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+
+import pytest
+
+from shared.errors import TriadError, WaitTimeout
+from shared.objectstore import ObjectStore
+from shared.rundir import RunDir, pull_step_dir
+from shared.storage import open_store
+from tests.s3 import MotoServer
+
+BUCKET = "triad-unit"
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+    server.create_bucket(BUCKET)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def store(moto, monkeypatch, tmp_path, request):
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    return ObjectStore(f"s3://{BUCKET}/{request.node.name}", tmp_path / "cache", timeout_s=20)
+
+
+def test_an_s3_run_dir_opens_an_object_store_and_a_path_a_local_one(store, tmp_path):
+    assert isinstance(open_store(f"s3://{BUCKET}/x", tmp_path), ObjectStore)
+    assert RunDir(tmp_path).store.__class__.__name__ == "LocalStore"
+    for bad in ("s3://", "s3://b/../x"):
+        with pytest.raises(TriadError, match="s3://bucket/prefix"):
+            ObjectStore(bad, tmp_path)
+
+
+def test_keys_round_trip_list_size_and_remove(store):
+    assert store.read_bytes("a/b.txt") is None
+    store.write_bytes("a/b.txt", b"hello")
+    store.write_bytes("a/sub/c.bin", b"12345678")
+    assert store.read_bytes("a/b.txt") == b"hello"
+    assert store.exists("a/b.txt") and store.exists("a") and not store.exists("zz")
+    assert store.children("a") == ["sub"] and store.children("a", dirs=False) == ["b.txt"]
+    assert store.children("missing") == []
+    assert store.size("a/b.txt") == 5 and store.size("a") == 13
+    store.remove("a/sub")
+    assert store.children("a") == [] and store.read_bytes("a/sub/c.bin") is None
+    store.remove("a/b.txt")
+    store.remove("never/there")
+    assert not store.exists("a/b.txt")
+
+
+def test_append_rewrites_the_object_and_create_once_keeps_the_first(store):
+    store.append("m.jsonl", b"1\n")
+    store.append("m.jsonl", b"2\n")
+    assert store.read_bytes("m.jsonl") == b"1\n2\n"
+    assert store.create_once("record.json", b"first", settle_s=0.1)
+    assert not store.create_once("record.json", b"second", settle_s=0.1)
+    assert store.read_bytes("record.json") == b"first"
+
+
+def test_writers_upload_on_success_only_and_keep_nothing_local(store):
+    with store.writing("w/file.bin") as tmp:
+        tmp.write_bytes(b"x" * 1000)
+    assert store.size("w/file.bin") == 1000
+    with pytest.raises(RuntimeError), store.writing("w/failed.bin") as tmp:
+        tmp.write_bytes(b"partial")
+        raise RuntimeError("writer died")
+    assert not store.exists("w/failed.bin")
+    with store.writing_dir("w/dir") as d:
+        (d / "nested").mkdir()
+        (d / "nested" / "n.txt").write_text("n")
+        (d / "top.txt").write_text("top")
+    assert (
+        store.children("w/dir", dirs=False) == ["top.txt"] and store.read_bytes("w/dir/nested/n.txt") == b"n"
+    )
+    assert not any(p.is_file() for p in store.local_path("").rglob("*"))
+
+
+def test_a_step_is_trusted_only_with_its_marker_and_pulled_marker_last(store):
+    rundir = RunDir(f"s3://{BUCKET}/steps", store)
+    run_id = rundir.ensure_run({}).run_id
+    with rundir.writing_tensors(3) as tmp:
+        tmp.write_bytes(b"t" * 64)
+    assert rundir.weights.marker(3, run_id) is None and rundir.weights.newest(run_id) == 0
+    relative, half = pull_step_dir(rundir, rundir.weights.relative(3))
+    assert not RunDir.has_marker_at(half)  # a copy without the marker is never trusted
+    marker = rundir.weights.write_marker(3, run_id, version=3, bytes=64, files=True)
+    assert rundir.weights.newest(run_id) == 3
+    relative, path = pull_step_dir(rundir, relative)
+    assert RunDir.marker_at(path) == marker and RunDir.payload_bytes_at(path) == 64
+    assert relative == rundir.weights.relative(3) and path == rundir.root / relative
+    rundir.store.drop_local(relative)
+    assert not path.exists()
+    rundir.weights.clear(3)
+    assert rundir.weights.steps() == [] and rundir.weights.marker(3, run_id) is None
+    for bad in ("../other", "/etc", ""):
+        with pytest.raises(TriadError, match="outside the run directory"):
+            pull_step_dir(rundir, bad)
+
+
+def test_metrics_live_in_the_store(store):
+    rundir = RunDir(f"s3://{BUCKET}/metrics", store)
+    writer = rundir.metrics.writer("trainer")
+    for step in (1, 2, 3):
+        writer.log(step, loss=step / 10)
+    assert [r["step"] for r in rundir.metrics.rows("trainer")] == [1, 2, 3]
+    assert rundir.metrics.drop_after("trainer", 1) == 2
+    rundir.metrics.writer("trainer").log(2, loss=0.0)
+    assert [(r["step"], r["loss"]) for r in rundir.metrics.rows("trainer")] == [(1, 0.1), (2, 0.0)]
+    assert json.loads(store.read_bytes(rundir.metrics.key("trainer")).splitlines()[0])["step"] == 1
+
+
+def test_an_outage_is_waited_out_with_a_log_naming_the_url(moto, monkeypatch, tmp_path, caplog):
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    store = ObjectStore(f"s3://{BUCKET}/outage", tmp_path, timeout_s=20, stall_s=1)
+    store.write_bytes("o.txt", b"before")
+    caplog.set_level(logging.WARNING, logger="triad.store")
+    with moto.stopped():
+        threading.Timer(3.0, lambda: moto.proc.send_signal(signal.SIGCONT)).start()
+        started = time.monotonic()
+        assert store.read_bytes("o.txt") == b"before"
+    assert time.monotonic() - started >= 2.5
+    assert f"waiting for object store {store.url} (reading o.txt" in caplog.text
+
+
+def test_an_outage_longer_than_the_timeout_is_an_error_naming_the_url(moto, monkeypatch, tmp_path):
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    store = ObjectStore(f"s3://{BUCKET}/short", tmp_path, timeout_s=2, stall_s=1)
+    with moto.stopped(), pytest.raises(WaitTimeout, match=rf"waiting for object store s3://{BUCKET}/short"):
+        store.write_bytes("x", b"1")
+
+
+def test_a_missing_bucket_is_an_error_at_once(store, moto, tmp_path):
+    missing = ObjectStore("s3://no-such-bucket/run", tmp_path, timeout_s=60)
+    started = time.monotonic()
+    expected = r"^run directory s3://no-such-bucket/run at http\S+ is not writable: AWS Error NO_SUCH_BUCKET"
+    with pytest.raises(TriadError, match=expected):
+        missing.check_writable()
+    with pytest.raises(TriadError, match="object store s3://no-such-bucket/run: writing k failed"):
+        missing.write_bytes("k", b"")
+    assert time.monotonic() - started < 5
+
+
+def test_an_unreachable_endpoint_is_an_error_at_start_up(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(
+        TriadError, match=r"run directory s3://b/run at http://127.0.0.1:9 is not writable: .*connect"
+    ):
+        ObjectStore("s3://b/run", tmp_path).check_writable()
+
+
+def test_wrong_credentials_are_an_error_at_start_up(tmp_path, monkeypatch):
+    server = MotoServer(tmp_path / "moto-auth.log", auth=True)
+    try:
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        with pytest.raises(
+            TriadError, match=r"s3://b/run at http\S+ is not writable: AWS Error INVALID_ACCESS_KEY_ID"
+        ):
+            ObjectStore("s3://b/run", tmp_path).check_writable()
+    finally:
+        server.close()
+
+
+def test_sglang_which_reads_paths_on_its_own_disk_refuses_an_object_store():
+    from orchestrator.backends import SGLangUpdate
+
+    with pytest.raises(
+        TriadError, match="backend 'sglang' needs a mounted run_dir, not the object store s3://b/r"
+    ):
+        SGLangUpdate(None, "s3://b/r", 1.0)
+
+
+def test_triad_up_progress_follows_metrics_in_the_store(store):
+    from services.progress import StoreTail, tail_of
+
+    rundir = RunDir(f"s3://{BUCKET}/progress", store)
+    tail = tail_of(rundir, "trainer")
+    assert isinstance(tail, StoreTail) and tail.read() == []
+    writer = rundir.metrics.writer("trainer")
+    for step in (1, 2):
+        writer.log(step, lineage="first")
+    assert [r["step"] for r in tail.read()] == [1, 2]
+    rundir.metrics.drop_after("trainer", 1)  # a resumed trainer: its own step 2 comes next
+    rundir.metrics.writer("trainer").log(2, lineage="resumed")
+    assert [(r["step"], r["lineage"]) for r in tail.read()] == [(2, "resumed")]
+    assert tail.read() == []
+
+
+def test_a_request_that_hangs_is_named_while_it_hangs(moto, monkeypatch, tmp_path, caplog):
+    """A stopped store may hold a request open without failing it: the wait is logged anyway."""
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    store = ObjectStore(f"s3://{BUCKET}/hang", tmp_path, timeout_s=60, stall_s=60)
+    store.write_bytes("h.txt", b"held")
+    caplog.set_level(logging.WARNING, logger="triad.store")
+    with moto.stopped():
+        threading.Timer(7.0, lambda: moto.proc.send_signal(signal.SIGCONT)).start()
+        assert store.read_bytes("h.txt") == b"held"
+    assert f"waiting for object store {store.url} (reading h.txt): no answer for" in caplog.text

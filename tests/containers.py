@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -143,6 +144,24 @@ class PodmanService:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.log.close()
+
+
+class HealthChecks:
+    """deploy/podman/healthchecks.sh for one project: podman runs health checks from systemd
+    timers, and without systemd as init compose would wait on them forever."""
+
+    def __init__(self, project: str, env: dict[str, str], log: Path, interval: float = 2) -> None:
+        script = REPO / "deploy" / "podman" / "healthchecks.sh"
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [str(script), project, str(interval)], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=15)
         self.log.close()
 
 

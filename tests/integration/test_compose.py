@@ -24,6 +24,7 @@ from shared.rundir import RunDir
 from shared.waiting import wait_for
 from tests.containers import (
     Compose,
+    HealthChecks,
     PodmanService,
     build_cpu_image,
     missing_tools,
@@ -80,10 +81,12 @@ def compose(tmp_path_factory, podman_env):
     project = Compose(
         f"triadit{os.getpid()}", [REPO / "compose.yaml", override_file(root)], env, root / "compose.log"
     )
+    health = HealthChecks(project.project, env, root / "healthchecks.log")
     try:
         yield project
     finally:
         project.run("down", "--volumes", "--timeout=5", check=False)
+        health.stop()
         service.stop()
 
 

@@ -114,8 +114,8 @@ def kill_trainer_after_checkpoint(compose: Compose, run_dir: Path) -> None:
 
     wait_for(progressed, f"{KILL_AFTER} trainer updates in {run_dir}", timeout=420, poll=0.2, log_every=60)
     compose.run("kill", "trainer")
+    assert compose.exit_code("trainer", timeout=30) == 137  # SIGKILL
     assert len(trained_steps(run_dir)) < STEPS, "the run finished before the trainer could be killed"
-    assert compose.container("trainer")["State"]["ExitCode"] == 137
 
 
 def test_compose_up_trains_survives_a_killed_trainer_and_comes_down_clean(compose: Compose) -> None:
@@ -134,8 +134,10 @@ def test_compose_up_trains_survives_a_killed_trainer_and_comes_down_clean(compos
     compose.run("up", "--detach", "--no-build", timeout=600)  # starts the killed trainer again
     assert compose.exit_code("trainer", timeout=600) == 0, compose.logs("trainer")[-4000:]
     assert compose.exit_code("orchestrator", timeout=120) == 0, compose.logs("orchestrator")[-4000:]
-    checkpoint = killed_at // CHECKPOINT_EVERY * CHECKPOINT_EVERY
-    assert f"resumed from the checkpoint after update {checkpoint}" in compose.logs("trainer")
+    resumed = re.search(r"resumed from the checkpoint after update (\d+)", compose.logs("trainer"))
+    assert resumed, compose.logs("trainer")[-4000:]
+    checkpoint = int(resumed.group(1))
+    assert checkpoint % CHECKPOINT_EVERY == 0 and CHECKPOINT_EVERY <= checkpoint <= killed_at, killed_at
     assert re.search(
         r"went back from version \d+ to \d+|version \d+ was published again", compose.logs("orchestrator")
     )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make a Python 3.11 base image without a container registry: debootstrap a minimal
 # Debian bookworm, give it a virtual environment on PATH (as python:3.11-slim has
-# python and pip on PATH), and `podman import` it. Does nothing if the tag exists.
+# python and pip on PATH) and Python's headers (vLLM's CPU engine compiles against
+# them, as in the official image), and `podman import` it. Does nothing if the tag exists.
 #   deploy/podman/base-image.sh [TAG]        (default localhost/triad-base:bookworm; root)
 # Then: podman build --build-arg BASE=TAG ...   (see deploy/README.md)
 set -euo pipefail
@@ -15,7 +16,7 @@ for tool in debootstrap podman; do
 done
 root="$(mktemp -d /var/tmp/triad-base.XXXXXX)"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
   bookworm "$root" "$mirror" >"$root.log" 2>&1 \
   || { tail -20 "$root.log" >&2; echo "base-image: debootstrap from $mirror failed (log above)" >&2; exit 2; }
 rm -f "$root.log"

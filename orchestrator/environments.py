@@ -27,7 +27,8 @@ environment keeps seeing text. Rewards, responses and tools may be coroutines,
 and may call out (a subprocess, a sandbox); each call is bounded by
 `orchestrator.env_timeout_s`.
 
-`orchestrator.env` names the environment: a built-in (see `BUILTIN`), the name
+`orchestrator.env` names the environment: a built-in (see `BUILTIN`), a library
+adapter's `prefix:name` (see `ADAPTERS`: `reasoning_gym:<task>`), the name
 of an entry point in the group `triad.environments` of an installed package, or
 `module:attribute`. If the object found is a class or function it is called with
 `orchestrator.env_args` as keyword arguments to make the environment.
@@ -120,10 +121,13 @@ def eval_prompts(env: Environment, size: int) -> list[Prompt]:
 
 
 def _find(ref: str) -> Any:
-    from orchestrator.envs import BUILTIN
+    from orchestrator.envs import ADAPTERS, BUILTIN
 
     if ref in BUILTIN:
         return BUILTIN[ref]
+    prefix, sep, name = ref.partition(":")
+    if sep and prefix in ADAPTERS:
+        return ADAPTERS[prefix](name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == ref:
             try:

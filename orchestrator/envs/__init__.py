@@ -1,10 +1,16 @@
-"""Built-in environments, by the name `orchestrator.env` uses."""
+"""Built-in environments, by the name `orchestrator.env` uses, and the library adapters
+that take a `prefix:name` (`reasoning_gym:<task>`, `verifiers:<environment id>`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 from orchestrator.envs.basic import Addition, ReverseText
 from orchestrator.envs.calculator import ChatCalculator, TextCalculator
 from orchestrator.envs.grade_school import GradeSchoolMath
+from orchestrator.envs.reasoning_gym_env import ReasoningGym
 
 BUILTIN = {
     "reverse": ReverseText,
@@ -12,4 +18,9 @@ BUILTIN = {
     "grade_school_math": GradeSchoolMath,
     "calculator": ChatCalculator,
     "calculator_text": TextCalculator,
+    "reasoning_gym": ReasoningGym,
+}
+
+ADAPTERS: dict[str, Callable[[str], Any]] = {
+    "reasoning_gym": lambda task: partial(ReasoningGym, task=task),
 }

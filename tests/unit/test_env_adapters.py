@@ -73,3 +73,92 @@ def test_a_missing_library_names_the_extra_to_install():
         require("triad_no_such_module", "nope", "nope-extra", "the test")
     assert require("math_verify", "math-verify", "math", "the test").verify
     assert GradeSchoolMath().sample(random.Random(0)).answer
+
+
+ARITH = {"min_terms": 2, "max_terms": 2, "max_digits": 2, "operators": ["+", "-"]}
+
+
+def test_reasoning_gym_prompts_are_the_librarys_items_held_out_by_seed():
+    import reasoning_gym as rg
+
+    env = load_environment("reasoning_gym:basic_arithmetic", {"config": ARITH, "size": 1000, "eval_size": 8})
+    train = rg.create_dataset("basic_arithmetic", **ARITH, seed=0, size=1000)
+    held_out = rg.create_dataset("basic_arithmetic", **ARITH, seed=1000, size=8)
+    p = env.sample(random.Random(3))
+    item = train[int(p.meta["index"])]
+    system = rg.utils.SYSTEM_PROMPTS["default"]
+    assert p.messages == [
+        {"role": "system", "content": system},
+        {"role": "user", "content": item["question"]},
+    ]
+    assert p.answer == item["answer"] and p.meta["task"] == "basic_arithmetic"
+    assert [q.messages[1]["content"] for q in env.eval_prompts()] == [
+        held_out[i]["question"] for i in range(8)
+    ]
+    text = load_environment(
+        "reasoning_gym:basic_arithmetic", {"config": ARITH, "chat": False, "system_prompt": "none"}
+    ).sample(random.Random(3))
+    big = rg.create_dataset("basic_arithmetic", **ARITH, seed=0, size=10**6)
+    assert text.text == big[int(text.meta["index"])]["question"] + "\n"
+
+
+def test_reasoning_gym_held_out_questions_are_not_trained_on():
+    env = load_environment("reasoning_gym:leg_counting", {"eval_size": 32})
+    rng = random.Random(0)
+    trained = {env.sample(rng).messages[-1]["content"] for _ in range(3000)}
+    held_out = {p.messages[-1]["content"] for p in env.eval_prompts()}
+    assert len(held_out) == 32 and not held_out & trained
+
+
+@pytest.mark.parametrize(
+    "reply", ["<answer>{a}</answer>", "<answer>{a}0</answer>", "{a}", "<answer>x</answer>", ""]
+)
+def test_reasoning_gym_rewards_are_the_librarys_scores(reply):
+    import reasoning_gym as rg
+
+    env = load_environment("reasoning_gym:basic_arithmetic", {"config": ARITH})
+    dataset = rg.create_dataset("basic_arithmetic", **ARITH, seed=0, size=10**6)
+    for p in (env.sample(random.Random(s)) for s in range(5)):
+        completion = reply.format(a=p.answer)
+        want = dataset.score_answer(rg.utils.extract_answer(completion), dataset[int(p.meta["index"])])
+        conversation = [
+            {"role": "assistant", "content": "thinking"},
+            {"role": "assistant", "content": completion},
+        ]
+        assert env.reward(p, conversation) == want
+    p = env.sample(random.Random(0))
+    assert env.reward(p, [{"role": "assistant", "content": f"<answer>{p.answer}</answer>"}]) == 1.0
+    assert env.reward(
+        p, [{"role": "assistant", "content": f"<answer>{p.answer}0</answer>"}]
+    ) == pytest.approx(len(p.answer) / (len(p.answer) + 1))
+    untagged = load_environment("reasoning_gym:basic_arithmetic", {"config": ARITH, "answer_tag": False})
+    assert untagged.reward(p, f" {p.answer}\n") == 1.0 and untagged.reward(p, "") == 0.0
+
+
+def test_reasoning_gym_composite_mixes_tasks_by_weight():
+    env = load_environment(
+        "reasoning_gym",
+        {"tasks": {"leg_counting": 1, "basic_arithmetic": 3}, "config": {"basic_arithmetic": ARITH}},
+    )
+    rng = random.Random(0)
+    tasks = [env.sample(rng).meta["task"] for _ in range(800)]
+    assert 0.68 < tasks.count("basic_arithmetic") / 800 < 0.82
+    p = next(q for q in env.eval_prompts() if q.meta["task"] == "leg_counting")
+    assert env.reward(p, [{"role": "assistant", "content": f"<answer>{p.answer}</answer>"}]) == 1.0
+    assert env.name == "reasoning_gym"
+
+
+@pytest.mark.parametrize(
+    "ref, args, error",
+    [
+        ("reasoning_gym:chess_puzzles", {}, "unknown task.*'chess_puzzles'.*basic_arithmetic"),
+        ("reasoning_gym:basic_arithmetic", {"config": {"colour": 1}}, "bad config for.*colour"),
+        ("reasoning_gym:basic_arithmetic", {"tasks": {"leg_counting": 1}}, "one task.*not both"),
+        ("reasoning_gym", {}, "one task.*not both"),
+        ("reasoning_gym:leg_counting", {"system_prompt": "pirate"}, "system_prompt 'pirate' is not one of"),
+        ("reasoning_gym", {"tasks": {"leg_counting": 1}, "config": {"basic_arithmetic": {}}}, "not in tasks"),
+    ],
+)
+def test_reasoning_gym_bad_arguments_are_one_line_errors(ref, args, error):
+    with pytest.raises(TriadError, match=error):
+        load_environment(ref, args)

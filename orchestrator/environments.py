@@ -13,6 +13,8 @@ and, optionally,
         # next message after a model turn, appended to the conversation as tokens the
         # model did not sample (loss_mask false); None ends the episode
     tools: list[Callable]                            # plain or async functions the model may call
+    def metrics(self, prompt, episode) -> dict[str, float]   # agent environments: numbers of
+        # an episode besides its reward (a rubric's functions), averaged into `env/<key>`
     def eval_prompts(self) -> list[Prompt]           # a held-out set for evaluation
 
 A text prompt (`Prompt.text`) is sent as is (base models); `completion` is then
@@ -110,6 +112,16 @@ async def respond(
     if reply is not None and not isinstance(reply, str):
         raise TriadError(f"environment {env.name!r}: respond returned {type(reply).__name__}, not str/None")
     return reply
+
+
+def env_metrics(env: Environment, prompt: Prompt, seen: Any) -> dict[str, float]:
+    """The environment's own numbers for one episode; {} if it keeps none."""
+    if not hasattr(env, "metrics"):
+        return {}
+    values = env.metrics(prompt, seen)
+    if not isinstance(values, dict) or not all(isinstance(v, int | float) for v in values.values()):
+        raise TriadError(f"environment {env.name!r}: metrics() must return a dict of numbers, got {values!r}")
+    return {str(k): float(v) for k, v in values.items()}
 
 
 def eval_prompts(env: Environment, size: int) -> list[Prompt]:

@@ -36,6 +36,7 @@ class Sample:
     conversation: list[dict[str, Any]] = field(default_factory=list)  # chat: the messages after the prompt
     tool_calls: int = 0
     tool_errors: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, e.g. per rubric function
 
     def add(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.input_ids += ids

@@ -11,6 +11,7 @@ from orchestrator.envs.basic import Addition, ReverseText
 from orchestrator.envs.calculator import ChatCalculator, TextCalculator
 from orchestrator.envs.grade_school import GradeSchoolMath
 from orchestrator.envs.reasoning_gym_env import ReasoningGym
+from orchestrator.envs.verifiers_env import VerifiersEnv
 
 BUILTIN = {
     "reverse": ReverseText,
@@ -23,4 +24,5 @@ BUILTIN = {
 
 ADAPTERS: dict[str, Callable[[str], Any]] = {
     "reasoning_gym": lambda task: partial(ReasoningGym, task=task),
+    "verifiers": lambda env_id: partial(VerifiersEnv, env_id),
 }

@@ -162,3 +162,55 @@ def test_reasoning_gym_composite_mixes_tasks_by_weight():
 def test_reasoning_gym_bad_arguments_are_one_line_errors(ref, args, error):
     with pytest.raises(TriadError, match=error):
         load_environment(ref, args)
+
+
+@pytest.fixture
+def vf_env_module(tmp_path, monkeypatch):
+    from tests.helpers import write_verifiers_env
+
+    write_verifiers_env(tmp_path, "vf_two_turns_unit")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "vf_two_turns_unit"
+
+
+def test_verifiers_environment_gives_its_dataset_as_prompts(vf_env_module):
+    env = load_environment(f"verifiers:{vf_env_module}", {"num_examples": 6})
+    assert env.name == f"verifiers:{vf_env_module}" and len(env.train) == 6
+    rng = random.Random(0)
+    prompts = [env.sample(rng) for _ in range(40)]
+    assert {p.messages[0]["content"] for p in prompts} == {r["question"] for r in env.train}
+    p = prompts[0]
+    assert p.messages == [{"role": "user", "content": env.train[int(p.meta["index"])]["question"]}]
+    assert p.answer == env.train[int(p.meta["index"])]["answer"]
+    held_out = env.eval_prompts()
+    assert [q.messages[0]["content"] for q in held_out] == [r["question"] for r in env.held_out]
+    assert len(held_out) == 4 and not {q.messages[0]["content"] for q in held_out} & {
+        r["question"] for r in env.train
+    }
+
+
+def test_verifiers_reward_and_metrics_come_from_the_rollout_output(vf_env_module):
+    from orchestrator.agents import AgentEpisode
+    from orchestrator.batch_builder import env_metric_means, sample_metrics
+    from orchestrator.environments import env_metrics
+    from orchestrator.rollout import Sample
+
+    env = load_environment(f"verifiers:{vf_env_module}")
+    p = env.sample(random.Random(0))
+    done = AgentEpisode(result={"reward": 1.25, "metrics": {"contains_answer": 1.0, "brevity": 0.5}})
+    assert env.reward(p, done) == 1.25
+    assert env_metrics(env, p, done) == {"contains_answer": 1.0, "brevity": 0.5}
+    failed = AgentEpisode(result=RuntimeError("agent died"))
+    assert env.reward(p, failed) == 0.0 and env_metrics(env, p, failed) == {}
+    samples = [Sample(metrics={"brevity": 0.5}), Sample(metrics={"brevity": 0.25, "turns": 2}), Sample()]
+    assert env_metric_means(samples) == {"env/brevity": 0.375, "env/turns": 2.0}
+    assert sample_metrics(samples[1])["env/brevity"] == 0.25
+
+
+def test_verifiers_errors_are_one_line(vf_env_module):
+    with pytest.raises(TriadError, match="verifiers:no_such_vf_env: cannot load it.*no_such_vf_env"):
+        load_environment("verifiers:no_such_vf_env")
+    with pytest.raises(TriadError, match=f"verifiers:{vf_env_module}: cannot load it.*colour"):
+        load_environment(f"verifiers:{vf_env_module}", {"colour": "red"})
+    with pytest.raises(TriadError, match="name the environment"):
+        load_environment("verifiers:")

@@ -214,3 +214,21 @@ def test_verifiers_errors_are_one_line(vf_env_module):
         load_environment(f"verifiers:{vf_env_module}", {"colour": "red"})
     with pytest.raises(TriadError, match="name the environment"):
         load_environment("verifiers:")
+
+
+@pytest.mark.parametrize(
+    "module, ref, args, extra",
+    [
+        ("math_verify", "grade_school_math", {}, "math"),
+        ("reasoning_gym", "reasoning_gym:leg_counting", {}, "reasoning-gym"),
+        ("verifiers", "verifiers:anything", {}, "verifiers"),
+    ],
+)
+def test_each_adapter_without_its_library_names_its_extra(monkeypatch, module, ref, args, extra):
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # what an environment without the package sees
+    with pytest.raises(TriadError, match=rf"pip install 'triad\[{extra}\]'") as e:
+        load_environment(ref, args)
+    assert "\n" not in str(e.value)
+    assert load_environment("grade_school_math", {"checker": "numeric"}).checker == "numeric"

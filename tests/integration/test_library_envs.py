@@ -68,7 +68,7 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(tmp
     cfg, flags = config(
         tmp_path / "run", chat_model, server.url, "reasoning_gym:basic_arithmetic",
         f'orchestrator.env_args={{{args_toml},system_prompt="none",answer_tag=false,size=300}}',
-        "orchestrator.max_tokens=24",
+        "orchestrator.max_tokens=24", f"max_steps={STEPS}",
     )  # fmt: skip
     assert cfg.orchestrator.env_args == args
     train(
@@ -104,8 +104,9 @@ def test_a_verifiers_environment_runs_its_own_rollouts_and_rubric(tmp_path, chat
     write_verifiers_env(tmp_path, "vf_two_turns")
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg, flags = config(
-        tmp_path / "run", chat_model, server.url, "verifiers:vf_two_turns", "orchestrator.max_tokens=24"
-    )
+        tmp_path / "run", chat_model, server.url, "verifiers:vf_two_turns", "orchestrator.max_tokens=24",
+        f"max_steps={STEPS}",
+    )  # fmt: skip
     train(cfg, flags, load_environment(cfg.orchestrator.env), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
     rows = rows_of(cfg.run_dir)

@@ -1,10 +1,11 @@
 """Environments from task libraries, trained for a few steps: a real vLLM server, a real torchrun trainer.
 
-One plain vLLM server serves the embedded chat model `builtin:tiny-tools` to both tests (the
-policy stays frozen; the trainer still trains on every batch). Each test recomputes every
-row's reward with the library itself, from the text of the row's own token ids:
+Plain vLLM servers (the policy stays frozen; the trainer still trains on every batch) serve the
+embedded chat model `builtin:tiny-tools` and, for text prompts, the base `builtin:tiny-addition`.
+Each test recomputes every row's reward with the library itself, from the text of the row's own
+token ids:
 
-- reasoning-gym's `basic_arithmetic`, chat prompts: the dataset's `score_answer`;
+- reasoning-gym's `basic_arithmetic`, text and chat prompts: the dataset's `score_answer`;
 - a verifiers environment written by the test (two model turns, a rubric of two functions),
   run by verifiers' own rollout through the agent proxy: the rubric's functions and weights.
 """
@@ -60,15 +61,33 @@ def texts(row: dict, tok) -> tuple[str, list[str]]:
     return prompt, turns
 
 
-def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(tmp_path, chat_model, server):
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory, tiny_model):
+    root = tmp_path_factory.mktemp("library-envs-text-vllm")
+    s = Server(root, tiny_model, root / "vllm.log", plain=True)
+    try:
+        s.wait_healthy()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["text-prompts", "chat-prompts"])
+def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
+    tmp_path, request, chat, chat_model, tiny_model
+):
+    """Text prompts to the embedded base model (its digits often contain the sum: partial credit),
+    chat prompts (the default) to the embedded chat model, rendered with its template."""
     import reasoning_gym as rg
 
-    args = {"config": ARITH, "system_prompt": "none", "answer_tag": False, "size": 300}
-    args_toml = 'config={min_terms=2,max_terms=2,max_digits=1,operators=["+","-"],allow_negation=false}'
+    model, url = (chat_model, request.getfixturevalue("server").url) if chat else (
+        tiny_model, request.getfixturevalue("text_server").url)  # fmt: skip
+    args = {"config": ARITH, "system_prompt": "none", "answer_tag": False, "size": 300, "chat": chat}
+    config_toml = 'config={min_terms=2,max_terms=2,max_digits=1,operators=["+","-"],allow_negation=false}'
     cfg, flags = config(
-        tmp_path / "run", chat_model, server.url, "reasoning_gym:basic_arithmetic",
-        f'orchestrator.env_args={{{args_toml},system_prompt="none",answer_tag=false,size=300}}',
-        "orchestrator.max_tokens=24", f"max_steps={STEPS}",
+        tmp_path / "run", model, url, "reasoning_gym:basic_arithmetic",
+        f'orchestrator.env_args={{{config_toml},system_prompt="none",answer_tag=false,size=300,chat={str(chat).lower()}}}',
+        "orchestrator.max_tokens=6", f"max_steps={STEPS}", "orchestrator.group_size=8",
     )  # fmt: skip
     assert cfg.orchestrator.env_args == args
     train(
@@ -79,23 +98,30 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(tmp
     )
     dataset = rg.create_dataset("basic_arithmetic", **ARITH, seed=0, size=300)
     entries = [dataset[i] for i in range(300)]
-    tok = AutoTokenizer.from_pretrained(chat_model)
+    tok = AutoTokenizer.from_pretrained(model)
     rows = rows_of(cfg.run_dir)
-    assert len(rows) == STEPS * 4 * 4
+    assert len(rows) == STEPS * 4 * 8
     scores = []
     for row in rows:
         prompt, turns = texts(row, tok)
-        matching = {e["answer"] for e in entries if f"user\n{e['question']}\n" in prompt}
-        assert len(matching) == 1, prompt
-        entry = next(e for e in entries if f"user\n{e['question']}\n" in prompt)
-        want = dataset.score_answer(turns[-1], entry)
+        asked = [
+            e
+            for e in entries
+            if (f"user\n{e['question']}\n" in prompt if chat else prompt == f"{e['question']}\n")
+        ]
+        assert asked and len({e["answer"] for e in asked}) == 1, prompt
+        want = dataset.score_answer(turns[-1], asked[0])
         assert row["reward"] == pytest.approx(want) == json.loads(row["metrics"])["env_reward"], (
             turns,
-            entry,
+            asked[0],
         )
         scores.append(want)
-    print(f"reasoning-gym rewards of {len(scores)} samples: mean {sum(scores) / len(scores):.3f}, "
-          f"{sum(s > 0 for s in scores)} above 0")  # fmt: skip
+    print(f"reasoning-gym ({'chat' if chat else 'text'}): {len(scores)} samples, mean reward "
+          f"{sum(scores) / len(scores):.3f}, {sum(s > 0 for s in scores)} above 0")  # fmt: skip
+    if not chat:
+        assert sum(s > 0 for s in scores) > 0, (
+            "no sample scored: the library's partial credit was not exercised"
+        )
     trainer_rows = read_metrics(RunDir(cfg.run_dir).metrics_file("trainer"))
     assert [r["step"] for r in trainer_rows] == list(range(1, STEPS + 1))
 

@@ -193,7 +193,7 @@ def brevity(completion):
 
 class TwoTurns(vf.MultiTurnEnv):
     async def env_response(self, messages, state, **kwargs):
-        return [{"role": "user", "content": "Again, the number only."}]
+        return [vf.UserMessage(content="Again, the number only.")]
 
 
 def load_environment(num_examples=12, max_turns=2):

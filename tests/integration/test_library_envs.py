@@ -87,7 +87,7 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     cfg, flags = config(
         tmp_path / "run", model, url, "reasoning_gym:basic_arithmetic",
         f'orchestrator.env_args={{{config_toml},system_prompt="none",answer_tag=false,size=300,chat={str(chat).lower()}}}',
-        "orchestrator.max_tokens=6", f"max_steps={STEPS}", "orchestrator.group_size=8",
+        "orchestrator.max_tokens=2", f"max_steps={STEPS}", "orchestrator.group_size=8",
     )  # fmt: skip
     assert cfg.orchestrator.env_args == args
     train(
@@ -144,14 +144,17 @@ def test_a_verifiers_environment_runs_its_own_rollouts_and_rubric(tmp_path, chat
     checked = 0
     for row in rows:
         prompt, turns = texts(row, tok)
-        if "\ufffd" in turns[-1]:
+        if any("\ufffd" in t for t in turns):
             continue  # sampled bytes that are not UTF-8: the server's text and this decoding differ
         checked += 1
+        # verifiers ends a rollout at an empty reply (EmptyModelResponseError) and leaves it out
+        kept = turns if turns[-1] else turns[:-1]
+        reply = kept[-1] if kept else ""
         a, b, c = map(int, re.search(r"(\d+)\*(\d+)\+(\d+)=\?", prompt).groups())
-        contains = 1.0 if str(a * b + c) in turns[-1] else 0.0
-        brevity = max(0.0, 1.0 - len(turns[-1]) / 64)
+        contains = 1.0 if str(a * b + c) in reply else 0.0
+        brevity = max(0.0, 1.0 - len(reply) / 64)
         metrics = json.loads(row["metrics"])
-        assert len(turns) == metrics["turns"] == metrics["env/num_turns"] == 2
+        assert len(turns) == metrics["turns"] and metrics["env/num_turns"] == len(kept) and len(turns) <= 2
         assert metrics["env/contains_answer"] == contains and metrics["env/brevity"] == pytest.approx(brevity)
         assert row["reward"] == pytest.approx(contains + 0.5 * brevity) == metrics["env_reward"], turns
     assert checked >= len(rows) // 2, f"only {checked} of {len(rows)} rows were UTF-8"

@@ -85,7 +85,10 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     model, url = (chat_model, request.getfixturevalue("server").url) if chat else (
         tiny_model, request.getfixturevalue("text_server").url)  # fmt: skip
     args = {"config": ARITH, "system_prompt": "none", "answer_tag": False, "size": 300, "chat": chat}
-    config_toml = 'config={min_terms=2,max_terms=2,max_digits=1,operators=["+"],allow_parentheses=false,allow_negation=false}'
+    config_toml = (
+        'config={min_terms=2,max_terms=2,max_digits=1,operators=["+"],'
+        "allow_parentheses=false,allow_negation=false}"
+    )
     cfg, flags = config(
         tmp_path / "run", model, url, "reasoning_gym:basic_arithmetic",
         f'orchestrator.env_args={{{config_toml},system_prompt="none",answer_tag=false,size=300,chat={str(chat).lower()}}}',

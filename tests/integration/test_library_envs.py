@@ -127,10 +127,8 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     assert len(scores) >= len(rows) // 4, f"only {len(scores)} of {len(rows)} rows were UTF-8"
     print(f"reasoning-gym ({'chat' if chat else 'text'}): {len(scores)} samples, mean reward "
           f"{sum(scores) / len(scores):.3f}, {sum(s > 0 for s in scores)} above 0")  # fmt: skip
-    if not chat:
-        assert sum(s > 0 for s in scores) > 0, (
-            "no sample scored: the library's partial credit was not exercised"
-        )
+    # whether any sample scores is chance (a frozen policy on a new prompt format); non-zero
+    # scores against the library's are checked in tests/unit/test_env_adapters.py
     trainer_rows = read_metrics(RunDir(cfg.run_dir).metrics_file("trainer"))
     assert [r["step"] for r in trainer_rows] == list(range(1, STEPS + 1))
 

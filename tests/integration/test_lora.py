@@ -124,3 +124,32 @@ def test_an_adapter_name_another_run_owns_is_refused(server: Server, run_dir: Pa
     assert f"adapter name 'run-a' is owned by run {owner!r}, not 'some-other-run'" in r.text, r.text
     r = load_adapter(server, "run-b", "some-other-run", version, rundir.rollouts.relative(1))
     assert r.status_code in (400, 409) and "run-b" not in str(httpx.get(server.url + "/v1/models").json())
+
+
+def adapter_tensors(run_dir: Path, version: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    from shared.rundir import AdapterFiles
+
+    return load_file(AdapterFiles.file_at(RunDir(run_dir).weights.path(version)))
+
+
+@pytest.mark.slow
+def test_a_resumed_lora_run_equals_a_straight_one_and_checkpoints_only_the_adapter(
+    tiny_model: str, tmp_path: Path
+):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for run_dir in (straight, split):
+        make_batches(run_dir, tiny_model, range(1, 5))
+    sets = [*LORA, "trainer.optim.lr=1e-2", "trainer.checkpoint.every=2", "trainer.batch_timeout_s=20"]
+    train(straight, tiny_model, 2, *sets, "max_steps=4")
+    train(split, tiny_model, 2, *sets, "max_steps=2")
+    for step in (1, 2):  # a trainer that did not resume would wait for these and time out
+        RunDir(split).rollouts.clear(step)
+    train(split, tiny_model, 2, *sets, "max_steps=4")  # resumes from the checkpoint after update 2
+    a, b = adapter_tensors(straight, 4), adapter_tensors(split, 4)
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    state = RunDir(split).trainer_state_dir(2)
+    checkpoint_bytes = sum(f.stat().st_size for f in state.rglob("*") if f.is_file())
+    model_bytes = sum(f.stat().st_size for f in Path(tiny_model).glob("*.safetensors"))
+    assert checkpoint_bytes < model_bytes / 4  # adapter and its Adam moments, not the base model

@@ -38,11 +38,12 @@ def _mean(values: list[float]) -> float:
 
 
 def sample_metrics(sample: Sample) -> dict[str, float]:
-    """The row's `metrics` JSON: the environment's reward and turns, and tool use where there was any."""
+    """The row's `metrics` JSON: the environment's reward and turns, tool use where there was any,
+    and the environment's own metrics (`env/<key>`)."""
     out = {"env_reward": sample.reward, "turns": sample.turns}
     if sample.tool_calls:
         out |= {"tool_calls": sample.tool_calls, "tool_errors": sample.tool_errors}
-    return out
+    return out | {f"env/{key}": value for key, value in sample.metrics.items()}
 
 
 class BatchBuilder:
@@ -110,4 +111,14 @@ class BatchBuilder:
             "tool_errors_mean": _mean([s.tool_errors for s in samples]),
             "samples": len(rows),
             "tokens": sum(len(r["input_ids"]) for r in rows),
+            **env_metric_means(samples),
         }
+
+
+def env_metric_means(samples: list[Sample]) -> dict[str, float]:
+    """`env/<key>`: the mean of each of the environment's own metrics over the samples that have it."""
+    values: dict[str, list[float]] = {}
+    for sample in samples:
+        for key, value in sample.metrics.items():
+            values.setdefault(key, []).append(value)
+    return {f"env/{key}": _mean(v) for key, v in sorted(values.items())}

@@ -54,7 +54,9 @@ def check_messages(messages: Any, where: str) -> list[dict]:
             field = ".".join(str(p) for p in first["loc"]) or "message"
             raise TriadError(f"{where}: message {i} is malformed ({field}: {first['msg']})") from None
         if checked.content is None and not checked.tool_calls:
-            raise TriadError(f"{where}: message {i} ({checked.role}) has neither content nor tool_calls")
+            if checked.role != "assistant":
+                raise TriadError(f"{where}: message {i} ({checked.role}) has neither content nor tool_calls")
+            checked.content = ""  # an empty reply, as OpenAI clients (verifiers') echo one back: null
         out.append(checked.model_dump(exclude_none=True))
     return out
 

@@ -13,6 +13,8 @@ and, optionally,
         # next message after a model turn, appended to the conversation as tokens the
         # model did not sample (loss_mask false); None ends the episode
     tools: list[Callable]                            # plain or async functions the model may call
+    def metrics(self, prompt, episode) -> dict[str, float]   # agent environments: numbers of
+        # an episode besides its reward (a rubric's functions), averaged into `env/<key>`
     def eval_prompts(self) -> list[Prompt]           # a held-out set for evaluation
 
 A text prompt (`Prompt.text`) is sent as is (base models); `completion` is then
@@ -27,7 +29,8 @@ environment keeps seeing text. Rewards, responses and tools may be coroutines,
 and may call out (a subprocess, a sandbox); each call is bounded by
 `orchestrator.env_timeout_s`.
 
-`orchestrator.env` names the environment: a built-in (see `BUILTIN`), the name
+`orchestrator.env` names the environment: a built-in (see `BUILTIN`), a library
+adapter's `prefix:name` (see `ADAPTERS`: `reasoning_gym:<task>`), the name
 of an entry point in the group `triad.environments` of an installed package, or
 `module:attribute`. If the object found is a class or function it is called with
 `orchestrator.env_args` as keyword arguments to make the environment.
@@ -111,6 +114,16 @@ async def respond(
     return reply
 
 
+def env_metrics(env: Environment, prompt: Prompt, seen: Any) -> dict[str, float]:
+    """The environment's own numbers for one episode; {} if it keeps none."""
+    if not hasattr(env, "metrics"):
+        return {}
+    values = env.metrics(prompt, seen)
+    if not isinstance(values, dict) or not all(isinstance(v, int | float) for v in values.values()):
+        raise TriadError(f"environment {env.name!r}: metrics() must return a dict of numbers, got {values!r}")
+    return {str(k): float(v) for k, v in values.items()}
+
+
 def eval_prompts(env: Environment, size: int) -> list[Prompt]:
     """The environment's held-out set, or `size` prompts from a fixed seed."""
     if hasattr(env, "eval_prompts"):
@@ -120,10 +133,13 @@ def eval_prompts(env: Environment, size: int) -> list[Prompt]:
 
 
 def _find(ref: str) -> Any:
-    from orchestrator.envs import BUILTIN
+    from orchestrator.envs import ADAPTERS, BUILTIN
 
     if ref in BUILTIN:
         return BUILTIN[ref]
+    prefix, sep, name = ref.partition(":")
+    if sep and prefix in ADAPTERS:
+        return ADAPTERS[prefix](name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == ref:
             try:

@@ -31,7 +31,7 @@ from starlette.routing import Route
 from orchestrator.agents import AgentEpisode, EpisodeRecorder, check_request, run_agent
 from orchestrator.chat import ChatRenderer
 from orchestrator.chat_rollout import pool_renderer
-from orchestrator.environments import score
+from orchestrator.environments import env_metrics, score
 from orchestrator.pool import RolloutFailed, ServerPool
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
@@ -196,8 +196,9 @@ class AgentRollouts:
         rewards = await asyncio.gather(*(score(self.env, prompt, e, self.oc.env_timeout_s) for e in episodes))
         samples = []
         for episode, reward in zip(episodes, rewards, strict=True):
+            metrics = env_metrics(self.env, prompt, episode)
             for sample in episode.samples:
-                sample.reward = reward
+                sample.reward, sample.metrics = reward, metrics
                 samples.append(sample)
         if not samples:
             raise RolloutFailed(f"environment {self.env.name!r}: no agent episode of a prompt made a call")

@@ -37,6 +37,7 @@ class Sample:
     tool_calls: int = 0
     tool_errors: int = 0
     servers: list[str] = field(default_factory=list)  # the URLs of the servers that sampled it
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, e.g. per rubric function
 
     def add(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.input_ids += ids

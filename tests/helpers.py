@@ -165,3 +165,48 @@ def write_env_plugin(root: Path, package: str, entry_name: str) -> None:
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[triad.environments]\n{entry_name} = {package}:Echo\n")
+
+
+VERIFIERS_ENV = '''
+"""A small verifiers environment: two model turns per rollout, a rubric of two functions."""
+
+import verifiers as vf
+from datasets import Dataset
+
+
+def rows(n):
+    return [{"question": f"{a}*{b}+{c}=?", "answer": str(a * b + c)}
+            for a, b, c in ((2 + i % 7, 3 + i % 5, i % 11) for i in range(n))]
+
+
+def last_reply(completion):
+    replies = [m for m in completion if m["role"] == "assistant"]
+    return (replies[-1]["content"] or "") if replies else ""
+
+
+def contains_answer(completion, answer):
+    return 1.0 if answer in last_reply(completion) else 0.0
+
+
+def brevity(completion):
+    return max(0.0, 1.0 - len(last_reply(completion)) / 64)
+
+
+class TwoTurns(vf.MultiTurnEnv):
+    async def env_response(self, messages, state, **kwargs):
+        return [vf.UserMessage(content="Again, the number only.")]
+
+
+def load_environment(num_examples=12, max_turns=2):
+    rubric = vf.Rubric(funcs=[contains_answer, brevity], weights=[1.0, 0.5])
+    data = Dataset.from_list(rows(num_examples))
+    return TwoTurns(dataset=data, eval_dataset=Dataset.from_list(rows(num_examples + 4)[-4:]),
+                    rubric=rubric, max_turns=max_turns)
+'''
+
+
+def write_verifiers_env(root: Path, module: str) -> Path:
+    """The environment above as the module `module` under `root` (put `root` on the path)."""
+    path = root / f"{module}.py"
+    path.write_text(VERIFIERS_ENV)
+    return path

@@ -111,7 +111,8 @@ def test_a_template_that_hides_assistant_content_is_refused():
         ([{"content": "x"}], "message 0 is malformed (role: Field required)"),
         ([USER, {"role": "robot", "content": "y"}], "message 1 is malformed (role"),
         ([{"role": "user", "content": 3}], "message 0 is malformed (content: Input should be a valid str"),
-        ([{"role": "assistant"}], "message 0 (assistant) has neither content nor tool_calls"),
+        ([{"role": "user"}], "message 0 (user) has neither content nor tool_calls"),
+        ([USER, {"role": "tool", "content": None}], "message 1 (tool) has neither content nor tool_calls"),
         (["user: hi"], "message 0 is malformed"),
     ],
 )  # fmt: skip
@@ -120,6 +121,13 @@ def test_malformed_messages_get_one_line_naming_the_message(messages, message):
         check_messages(messages, "environment 'x': prompt")
     assert message in str(e.value) and "\n" not in str(e.value)
     assert str(e.value).startswith("environment 'x': prompt")
+
+
+def test_an_empty_assistant_reply_echoed_back_as_null_is_an_empty_one():
+    assert check_messages([USER, {"role": "assistant", "content": None}], "w")[1] == {
+        "role": "assistant",
+        "content": "",
+    }
 
 
 def test_good_messages_come_back_as_plain_dicts():

@@ -173,3 +173,50 @@ def test_s3_kubernetes_manifests_have_no_shared_volume():
         container = pod["containers"][0]
         assert {"secretRef": {"name": "triad-s3"}} in container["envFrom"]
         assert {"name": "cache", "mountPath": "/cache"} in container["volumeMounts"]
+
+
+@pytest.mark.parametrize("dockerfile", sorted((REPO / "deploy").glob("Dockerfile*")), ids=lambda p: p.name)
+def test_dockerfiles_take_the_base_image_and_pip_sources_as_build_args(dockerfile):
+    lines = dockerfile.read_text().splitlines()
+    base = next(line for line in lines if line.startswith("ARG BASE="))
+    assert lines.index(base) < lines.index("FROM ${BASE}")  # a default a user can pull
+    for pip_var in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT"):
+        assert any(line.split("=")[0] == f"ARG {pip_var}" for line in lines), pip_var
+    dependencies = next(i for i, line in enumerate(lines) if 'pip install ".[' in line)
+    copied_before = [line for line in lines[:dependencies] if line.startswith("COPY")]
+    assert copied_before == ["COPY pyproject.toml ./"]  # a code or docs change keeps the cached layer
+
+
+def test_local_pip_sources_become_build_args_and_read_only_mounts():
+    from tests.containers import PIP_CERT_IN_BUILD, build_args_for_local_pip
+
+    flags = build_args_for_local_pip(
+        {
+            "find-links": "/opt/wheels",
+            "extra-index-url": "file:///opt/pypi/simple https://mirror.example/simple",
+            "cert": "/etc/ssl/ca.pem",
+        }
+    )
+    assert flags == [
+        "--build-arg=PIP_FIND_LINKS=/opt/wheels",
+        "--build-arg=PIP_EXTRA_INDEX_URL=file:///opt/pypi/simple https://mirror.example/simple",
+        f"--build-arg=PIP_CERT={PIP_CERT_IN_BUILD}",
+        f"--volume=/etc/ssl/ca.pem:{PIP_CERT_IN_BUILD}:ro",
+        "--volume=/opt/pypi:/opt/pypi:ro",  # the index's root, which its file:// links point into
+        "--volume=/opt/wheels:/opt/wheels:ro",
+    ]
+    assert build_args_for_local_pip({}) == []  # out there: the Dockerfile's defaults
+
+
+def test_container_ulimits_stay_within_this_process_hard_limits(tmp_path):
+    import resource
+    import tomllib
+
+    from tests.containers import write_containers_conf
+
+    conf = tomllib.loads(write_containers_conf(tmp_path / "containers.conf").read_text())
+    limits = dict(item.split("=") for item in conf["containers"]["default_ulimits"])
+    for name, kind in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        soft, hard = (int(x) for x in limits[name].split(":"))
+        host = resource.getrlimit(kind)[1]
+        assert soft == hard > 0 and (host == resource.RLIM_INFINITY or hard <= host), (name, hard, host)

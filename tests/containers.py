@@ -1,0 +1,234 @@
+"""Podman, its Docker-compatible API socket and docker-compose, for tests that run triad's images.
+
+The same commands as deploy/README.md: `deploy/podman/base-image.sh`, `podman build` of
+`deploy/Dockerfile.cpu`, `podman system service`, and `docker-compose` with DOCKER_HOST at
+that socket. Reused by every compose project (one volume, or an object store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from shared.errors import WaitTimeout
+from shared.waiting import wait_for
+from tests.helpers import REPO
+
+BASE_IMAGE = "localhost/triad-base:bookworm"
+CPU_IMAGE = "localhost/triad:cpu"
+PIP_CERT_IN_BUILD = "/run/triad-pip-cert.pem"
+
+
+def missing_tools() -> str | None:
+    """Why the container tests cannot run here, or None."""
+    for tool in ("podman", "docker-compose", "debootstrap"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (.ci/run installs it with apt-get as root)"
+    if os.geteuid() != 0:
+        return "the container tests run podman as root (rootless podman needs subuid ranges)"
+    return None
+
+
+def write_containers_conf(path: Path) -> Path:
+    """A containers.conf whose default ulimits stay within this process's hard limits: podman's
+    defaults (1048576 open files) exceed them on some hosts and runc then cannot start."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nofile = 65536 if nofile == resource.RLIM_INFINITY else min(nofile, 65536)
+    nproc = 4096 if nproc == resource.RLIM_INFINITY else min(nproc, 4096)
+    path.write_text(
+        f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+    )
+    return path
+
+
+def pip_settings() -> dict[str, str]:
+    """This machine's pip find-links, extra-index-url and cert (environment over config files)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        found[key.rsplit(".", 1)[-1]] = value.strip("'\"")
+    for key in ("find-links", "extra-index-url", "cert"):
+        env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
+        if env:
+            found[key] = env
+    return {k: found[k] for k in ("find-links", "extra-index-url", "cert") if found.get(k)}
+
+
+def build_args_for_local_pip(settings: dict[str, str]) -> list[str]:
+    """`podman build` flags that hand this machine's pip sources to the image build: local
+    directories are mounted at the same path, the cert at PIP_CERT_IN_BUILD."""
+    flags, mounts = [], set()
+    for key in ("find-links", "extra-index-url"):
+        if key in settings:
+            flags.append(f"--build-arg=PIP_{key.upper().replace('-', '_')}={settings[key]}")
+            for item in settings[key].split():
+                local = item.removeprefix("file://")
+                if local.startswith("/"):
+                    mounts.add(str(Path(local).parent if local.endswith("/simple") else Path(local)))
+    if "cert" in settings:
+        flags += [
+            f"--build-arg=PIP_CERT={PIP_CERT_IN_BUILD}",
+            f"--volume={settings['cert']}:{PIP_CERT_IN_BUILD}:ro",
+        ]
+    return flags + [f"--volume={m}:{m}:ro" for m in sorted(mounts)]
+
+
+def build_cpu_image(env: dict[str, str], log: Path) -> float:
+    """Make the base image if missing, build CPU_IMAGE (cached layers are reused); seconds taken."""
+    start = time.monotonic()
+    build = [
+        "podman",
+        "build",
+        "--file=deploy/Dockerfile.cpu",
+        f"--tag={CPU_IMAGE}",
+        f"--build-arg=BASE={BASE_IMAGE}",
+    ]
+    with log.open("ab") as out:
+        for cmd in (
+            [str(REPO / "deploy" / "podman" / "base-image.sh"), BASE_IMAGE],
+            [*build, *build_args_for_local_pip(pip_settings()), "."],
+        ):
+            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=3600)
+            if code.returncode != 0:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                raise RuntimeError(f"{cmd[0]} {cmd[1]} failed ({code.returncode}), end of {log}:\n{tail}")
+    return time.monotonic() - start
+
+
+class PodmanService:
+    """`podman system service` on a private socket: the Docker API that docker-compose talks to."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.socket = root / "podman.sock"
+        self.docker_host = f"unix://{self.socket}"
+        self.log = (root / "podman-service.log").open("ab")
+        self.proc = subprocess.Popen(
+            ["podman", "system", "service", "--time=0", self.docker_host],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            wait_for(self._answers, f"podman's API socket {self.socket}", timeout=30, poll=0.2)
+        except WaitTimeout:
+            self.stop()
+            raise
+
+    def _answers(self) -> bool | None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"podman system service exited ({self.proc.returncode}), log: {self.log.name}")
+        if not self.socket.exists():
+            return None
+        try:
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), timeout=5) as client:
+                return client.get("http://podman/_ping").status_code == 200 or None
+        except httpx.HTTPError:
+            return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class HealthChecks:
+    """deploy/podman/healthchecks.sh for one project: podman runs health checks from systemd
+    timers, and without systemd as init compose would wait on them forever."""
+
+    def __init__(self, project: str, env: dict[str, str], log: Path, interval: float = 2) -> None:
+        script = REPO / "deploy" / "podman" / "healthchecks.sh"
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [str(script), project, str(interval)], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=15)
+        self.log.close()
+
+
+class Compose:
+    """docker-compose for one project name against a podman socket."""
+
+    def __init__(self, project: str, files: list[Path], env: dict[str, str], log: Path) -> None:
+        self.project, self.files, self.env, self.log = project, files, env, log
+
+    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        cmd = ["docker-compose", "-p", self.project, *[f"--file={f}" for f in self.files], *args]
+        with self.log.open("a") as out:
+            out.write(f"$ {' '.join(cmd)}\n")
+        r = subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        with self.log.open("a") as out:
+            out.write(r.stdout + r.stderr)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def podman(self, *args: str, timeout: float = 60) -> str:
+        r = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+        return r.stdout
+
+    def container(self, service: str) -> dict:
+        """podman's inspection of the service's (one) container."""
+        label = f"label=com.docker.compose.project={self.project}"
+        ids = self.podman("ps", "-a", "-q", "--filter", label,
+                          "--filter", f"label=com.docker.compose.service={service}").split()  # fmt: skip
+        assert len(ids) == 1, f"{service}: containers {ids}"
+        return json.loads(self.podman("inspect", ids[0]))[0]
+
+    def logs(self, service: str) -> str:
+        return self.run("logs", "--no-color", service, check=False).stdout
+
+    def volume_path(self, name: str) -> Path:
+        return Path(
+            self.podman("volume", "inspect", f"{self.project}_{name}", "--format", "{{.Mountpoint}}").strip()
+        )
+
+    def exit_code(self, service: str, timeout: float) -> int:
+        """Wait for the service's container to exit; its exit code."""
+
+        def exited() -> int | None:
+            state = self.container(service)["State"]
+            return None if state["Running"] else state["ExitCode"]
+
+        try:
+            return wait_for(exited, f"the {service} container to exit", timeout, poll=1, log_every=60)
+        except WaitTimeout as e:
+            raise AssertionError(f"{e}:\n{self.logs(service)[-4000:]}") from None
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Containers, networks and volumes podman still holds for this project."""
+        label = f"label=com.docker.compose.project={self.project}"
+        return {
+            "containers": self.podman("ps", "-a", "--filter", label, "--format", "{{.Names}}").split(),
+            "networks": [
+                n
+                for n in self.podman("network", "ls", "--format", "{{.Name}}").split()
+                if n.startswith(f"{self.project}_")
+            ],
+            "volumes": [
+                v
+                for v in self.podman("volume", "ls", "--format", "{{.Name}}").split()
+                if v.startswith(f"{self.project}_")
+            ],
+        }

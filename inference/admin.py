@@ -15,15 +15,19 @@ from pydantic import BaseModel, ValidationError
 from safetensors import safe_open
 
 from shared.admin_api import (
+    ADAPTERS_ROUTE,
     ADMIN_PREFIX,
     BROADCAST_INIT_ROUTE,
     BROADCAST_RECEIVE_ROUTE,
     PAUSE_ROUTE,
     RESUME_ROUTE,
     WEIGHTS_ROUTE,
+    AdapterInfo,
+    AdaptersInfo,
     BroadcastInit,
     BroadcastReceive,
     BroadcastState,
+    LoadAdapterRequest,
     LoadWeightsRequest,
     PauseState,
     WeightsInfo,
@@ -260,8 +264,10 @@ async def answer(call: Awaitable[T]) -> T:
         raise HTTPException(status_code=e.status, detail=e.detail) from None
 
 
-def add_admin_routes(app: FastAPI, manager: WeightManager, token: str | None) -> None:
+def add_admin_routes(app: FastAPI, manager: WeightManager, token: str | None, adapters=None) -> None:
     router = APIRouter(prefix=ADMIN_PREFIX, dependencies=[Depends(bearer_guard(token))])
+    if adapters is not None:
+        add_adapter_routes(router, adapters)
 
     @router.get(WEIGHTS_ROUTE)
     async def get_weights() -> WeightsInfo:
@@ -299,3 +305,15 @@ def add_admin_routes(app: FastAPI, manager: WeightManager, token: str | None) ->
         return await manager.resume()
 
     app.include_router(router)
+
+
+def add_adapter_routes(router: APIRouter, adapters) -> None:
+    """`GET /admin/adapters` lists the loaded LoRA adapters; `POST` loads a run's new version."""
+
+    @router.get(ADAPTERS_ROUTE)
+    async def get_adapters() -> AdaptersInfo:
+        return adapters.info()
+
+    @router.post(ADAPTERS_ROUTE)
+    async def post_adapter(request: Request) -> AdapterInfo:
+        return await answer(adapters.load(parse_body(await request.body(), LoadAdapterRequest)))

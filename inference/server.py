@@ -111,6 +111,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
 
+    from inference.adapters import AdapterManager
     from inference.admin import WeightManager, add_admin_routes
     from inference.vllm_api import check_engine
 
@@ -123,8 +124,11 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics)
-        add_admin_routes(app, manager, token)
+        adapters = AdapterManager(engine, RunDir.of(cfg), metrics)
+        add_admin_routes(app, manager, token, adapters)
         await init_app_state(engine, app.state, args, tasks)
+        adapters.models = app.state.openai_serving_models
+        sweeper = asyncio.create_task(adapters.sweep_forever(cfg.inference.adapter_idle_s))
         metrics.log(0, version=0, path=args.model)
         async with joined(cfg, join_as):  # serve_http returns once the server has stopped
             shutdown = await serve_http(
@@ -134,6 +138,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     try:
         await shutdown
     finally:
+        sweeper.cancel()
         sock.close()
 
 

@@ -60,3 +60,39 @@ class BroadcastReceive(BaseModel):
         min_length=1,
         description="the weights step directory of the version, holding the send-ready handshake",
     )
+
+
+ADAPTERS_ROUTE = "/adapters"
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+def served_adapter_name(name: str, version: int) -> str:
+    """The model name requests use for version `version` of adapter `name`."""
+    return f"{name}@v{version}"
+
+
+class LoadAdapterRequest(BaseModel):
+    """Serve version `version` of run `run_id`'s LoRA adapter `name` (its weights directory `path`)
+    as model `<name>@v<version>`; the run's older version is unloaded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=ADAPTER_NAME_PATTERN)
+    run_id: str = Field(min_length=1)
+    version: int = Field(ge=1)
+    path: str = Field(min_length=1)
+
+
+class AdapterInfo(BaseModel):
+    name: str
+    run_id: str
+    version: int
+    served_as: str
+    path: str
+    digest: str | None = None
+    loaded_at: float
+
+
+class AdaptersInfo(BaseModel):
+    lora: bool = Field(description="whether the server was started with LoRA support")
+    adapters: list[AdapterInfo]

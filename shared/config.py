@@ -53,6 +53,9 @@ class InferenceConfig(Table):
     heartbeat_interval_s: float = Field(
         2, gt=0, description="`--join`: how often the registry record is renewed"
     )
+    adapter_idle_s: float = Field(
+        1800, gt=0, description="LoRA: a run's adapter with no new version for this long is unloaded"
+    )
 
     def token(self) -> str | None:
         """The admin token, from `admin_token` or `admin_token_file`."""
@@ -180,6 +183,23 @@ class CheckpointConfig(Table):
     keep: int = Field(2, ge=1, description="checkpoints kept on disk")
 
 
+class LoraConfig(Table):
+    """`[trainer.lora]`: train a LoRA adapter (peft) instead of every weight; publish only it."""
+
+    rank: int = Field(0, ge=0, description="0: full fine-tuning; else the adapter's rank")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / rank)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="names of the linear layers that get an adapter",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class TrainerConfig(Table):
     nproc: int = Field(2, ge=1, description="ranks `triad up` starts under torchrun")
     devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for the trainer under `triad up`")
@@ -202,6 +222,7 @@ class TrainerConfig(Table):
     loss: LossConfig = Field(default_factory=LossConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class BroadcastConfig(Table):

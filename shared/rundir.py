@@ -36,6 +36,8 @@ _BATCH_FILE = "batch.parquet"
 _WEIGHTS_FILE = "model.safetensors"
 _WEIGHTS_INDEX = "model.safetensors.index.json"
 _WEIGHTS_SUFFIX = ".safetensors"
+_ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's layout, which vLLM loads as a LoRA adapter
+_ADAPTER_CONFIG = "adapter_config.json"
 _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
@@ -211,6 +213,32 @@ class MetricsFiles:
         return len(rows) - len(kept)
 
 
+class AdapterFiles:
+    """A LoRA version's files in its weights step directory, in PEFT's layout."""
+
+    def __init__(self, weights: Steps) -> None:
+        self.weights = weights
+
+    @contextmanager
+    def writing(self, version: int) -> Iterator[Path]:
+        """A local path for the adapter's tensors (published atomically)."""
+        with self.weights.store.writing(self.weights.key(version, _ADAPTER_FILE)) as tmp:
+            yield tmp
+
+    def write_config(self, version: int, config: dict[str, Any]) -> None:
+        body = json.dumps(config, indent=1).encode()
+        self.weights.store.write_bytes(self.weights.key(version, _ADAPTER_CONFIG), body)
+
+    @staticmethod
+    def file_at(step_dir: Path) -> Path:
+        return step_dir / _ADAPTER_FILE
+
+    @staticmethod
+    def is_adapter_at(step_dir: Path) -> bool:
+        """Whether a weights directory holds a LoRA adapter (not full weights)."""
+        return (step_dir / _ADAPTER_CONFIG).is_file() and (step_dir / _ADAPTER_FILE).is_file()
+
+
 class FleetRegistry:
     """`fleet/`: one record per inference server that joined the run (`shared/fleet.py`)."""
 
@@ -251,6 +279,7 @@ class RunDir:
         self.root = self.store.local_path("")
         self.rollouts, self.weights = Steps(self.store, _ROLLOUTS), Steps(self.store, _WEIGHTS)
         self.checkpoints = Steps(self.store, _CHECKPOINTS)
+        self.adapters = AdapterFiles(self.weights)
         self.fleet = FleetRegistry(self.store)
         self.metrics = MetricsFiles(self.store)
 

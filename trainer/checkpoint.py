@@ -14,7 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from shared.rundir import RunDir
 
@@ -26,12 +26,14 @@ def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     keep_last: int,
+    trained_only: bool = False,
 ) -> None:
-    """Collective: every rank writes its shards; rank 0 vouches with `DONE`."""
+    """Collective: every rank writes its shards; rank 0 vouches with `DONE`. With
+    `trained_only` (LoRA) frozen parameters are left out: the base model is not saved again."""
     if dist.get_rank() == 0:
         rundir.checkpoints.clear(step)
     dist.barrier()
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options(trained_only))
     with rundir.store.writing_dir(rundir.trainer_state_key(step)) as directory:
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory)
     dist.barrier()
@@ -41,14 +43,22 @@ def save_checkpoint(
     dist.barrier()
 
 
+def options(trained_only: bool) -> StateDictOptions:
+    return StateDictOptions(ignore_frozen_params=trained_only, strict=not trained_only)
+
+
 def load_checkpoint(
-    rundir: RunDir, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    rundir: RunDir,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trained_only: bool = False,
 ) -> None:
     """Collective: load the state after update `step` into the (sharded) model and optimizer.
 
     `get_state_dict` creates the optimizer's lazily-made state first, so there is
     something to load into."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options(trained_only))
     state = {"model": model_state, "optim": optim_state}
     leader = int(os.environ.get("LOCAL_RANK", "0")) == 0  # one copy per machine
     if leader:
@@ -58,4 +68,7 @@ def load_checkpoint(
     dist.barrier()
     if leader:
         rundir.store.drop_local(rundir.trainer_state_key(step))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+        options=options(trained_only),
+    )  # fmt: skip

@@ -99,6 +99,10 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         torch.manual_seed(cfg.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        if self.tc.lora.enabled:  # before sharding: FSDP2 then shards the adapters with their blocks
+            from trainer.lora import wrap_lora
+
+            self.model = wrap_lora(self.model, self.tc.lora)
         if self.parallel.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.parallel.compile:
@@ -112,7 +116,9 @@ class Trainer:
             self.reference.requires_grad_(False).eval()
             apply_fsdp(self.reference, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.optim.lr, weight_decay=self.optim.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.optim.lr,
+            weight_decay=self.optim.weight_decay,
         )
         self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -212,7 +218,7 @@ class Trainer:
         start = found[0]
         if start:
             with collective_phase(RESUME, self.tc.collective_timeout_s):
-                load_checkpoint(self.rundir, start, self.model, self.optimizer)
+                load_checkpoint(self.rundir, start, self.model, self.optimizer, self.tc.lora.enabled)
             log.info("resumed from the checkpoint after update %d", start)
         if self.rank == 0:
             discard_after_checkpoint(self.rundir, run_id, start)
@@ -254,7 +260,13 @@ class Trainer:
             if self.should_checkpoint(step):
                 with collective_phase(CHECKPOINT, self.tc.collective_timeout_s):
                     save_checkpoint(
-                        self.rundir, run_id, step, self.model, self.optimizer, self.tc.checkpoint.keep
+                        self.rundir,
+                        run_id,
+                        step,
+                        self.model,
+                        self.optimizer,
+                        self.tc.checkpoint.keep,
+                        trained_only=self.tc.lora.enabled,
                     )
 
 

@@ -53,7 +53,9 @@ def full_tensor(param: torch.Tensor) -> torch.Tensor:
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks of a Hugging Face causal LM."""
+    """The repeated transformer blocks of a Hugging Face causal LM (or of the one peft wraps)."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:

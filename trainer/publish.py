@@ -114,9 +114,12 @@ class Publisher:
         self.digest_s = 0.0  # of the last publish, on this rank
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.sender = None
+        self.lora = cfg.trainer.lora.enabled
 
     def start_broadcasting(self, run_id: str, device: torch.device) -> None:
-        if self.wc.transport == "broadcast":
+        if self.wc.transport == "broadcast" and self.lora:
+            log.warning("weights.transport = 'broadcast': a LoRA adapter is published as files instead")
+        elif self.wc.transport == "broadcast":
             from trainer.broadcast import WeightSender
 
             self.sender = WeightSender(self.wc.broadcast, self.rundir, run_id, device)
@@ -146,7 +149,11 @@ class Publisher:
 
     def publish_files(self, version: int, run_id: str) -> None:
         """Safetensors in the Hugging Face layout: one file gathered on rank 0, or with
-        `weights.sharded` one shard per rank (each the parameters it owns) plus an index."""
+        `weights.sharded` one shard per rank (each the parameters it owns) plus an index;
+        with LoRA only the adapter."""
+        if self.lora:
+            self.publish_adapter(version, run_id)
+            return
         if self.wc.sharded:
             self.publish_shards(version, run_id)
             return
@@ -192,3 +199,40 @@ class Publisher:
                 merged = {name: d for part in digests for name, d in part.items()}
                 finish_shards(self.rundir, run_id, version, names, self.world, self.wc.keep, protect, merged)
             dist.barrier()
+
+    def publish_adapter(self, version: int, run_id: str) -> None:
+        """The LoRA adapter alone in PEFT's layout (gathered on rank 0), then `DONE` with its digests."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from trainer.lora import adapter_config, adapter_state
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        with collective_phase(GATHER_FOR_PUBLISH, self.timeout_s):
+            state = get_model_state_dict(self.model, options=options)
+        if self.rank == 0:
+            exported = export_state_dict(adapter_state(self.model, state), False, self.dtype)
+            protect = checkpointed_steps(self.rundir, run_id)
+            self.digest_s += write_adapter(
+                self.rundir, run_id, version, exported, adapter_config(self.model), self.wc.keep, protect
+            )
+        with collective_phase(PUBLISH_BARRIER, self.timeout_s):
+            dist.barrier()
+
+
+def write_adapter(
+    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor], config: dict,
+    keep_last: int, protect: frozenset[int] = frozenset(),
+) -> float:  # fmt: skip
+    """Write `weights/step_V/` as a PEFT adapter, then its `DONE` (`adapter: true`) with the
+    tensors' digests; returns the seconds the digests took."""
+    rundir.weights.clear(version)
+    rundir.adapters.write_config(version, config)
+    with rundir.adapters.writing(version) as tmp:
+        save_file(state, tmp, metadata={"format": "pt"})
+    size = rundir.weights.size(version)
+    digests, seconds = timed_digests(state)
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=size, files=True, adapter=True, **digest_fields(digests)
+    )
+    rundir.weights.prune(keep_last, done_upto=version, protect=protect)
+    return seconds

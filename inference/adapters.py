@@ -1,0 +1,113 @@
+"""LoRA adapters of several runs on one server: each run's newest version is served as
+`<name>@v<V>`, loaded through vLLM's model registry (no pause: other runs keep generating),
+and its previous version unloaded. A name belongs to the run that first loaded it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from safetensors.torch import load_file
+
+from inference.admin import AdminError, check_marker_version, check_size, resolve_inside
+from shared.admin_api import AdapterInfo, AdaptersInfo, LoadAdapterRequest, served_adapter_name
+from shared.digest import tensor_digest, version_digest
+from shared.metrics import MetricsWriter
+from shared.rundir import AdapterFiles, RunDir
+
+log = logging.getLogger("triad.inference")
+
+
+def file_digest(path) -> str:
+    """The `shared/digest.py` digest of the adapter's tensors as the server read them."""
+    tensors = load_file(path)
+    return version_digest({name: tensor_digest(t) for name, t in tensors.items()})
+
+
+class AdapterManager:
+    """The loaded adapters by name; `models` is vLLM's `OpenAIServingModels` (set once the app
+    state exists)."""
+
+    def __init__(self, engine, rundir: RunDir, metrics: MetricsWriter) -> None:
+        self.engine, self.rundir, self.metrics = engine, rundir, metrics
+        self.models = None
+        self.loaded: dict[str, AdapterInfo] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def lora(self) -> bool:
+        return getattr(getattr(self.engine, "vllm_config", None), "lora_config", None) is not None
+
+    def info(self) -> AdaptersInfo:
+        return AdaptersInfo(lora=self.lora, adapters=list(self.loaded.values()))
+
+    def check_owner(self, request: LoadAdapterRequest) -> None:
+        held = self.loaded.get(request.name)
+        if held is not None and held.run_id != request.run_id:
+            raise AdminError(
+                409, f"adapter name {request.name!r} is owned by run {held.run_id!r}, not {request.run_id!r}"
+            )
+
+    async def load(self, request: LoadAdapterRequest) -> AdapterInfo:
+        if not self.lora:
+            raise AdminError(
+                409, "this server has no LoRA support: start it with inference.vllm_args = ['--enable-lora']"
+            )
+        async with self._lock:
+            self.check_owner(request)
+            served, path = await asyncio.to_thread(resolve_inside, self.rundir, request.path)
+            if not RunDir.has_marker_at(path) or not AdapterFiles.is_adapter_at(path):
+                raise AdminError(409, f"path {request.path!r} holds no published LoRA adapter")
+            check_marker_version(path, request.version)
+            check_size(path)
+            digest = await asyncio.to_thread(file_digest, AdapterFiles.file_at(path))
+            started = time.monotonic()
+            new = served_adapter_name(request.name, request.version)
+            await self.call("load_lora_adapter", new, str(path))
+            previous = self.loaded.get(request.name)
+            self.loaded[request.name] = AdapterInfo(
+                name=request.name, run_id=request.run_id, version=request.version, served_as=new,
+                path=served, digest=digest, loaded_at=time.time(),
+            )  # fmt: skip
+            if previous is not None and previous.served_as != new:
+                await self.call("unload_lora_adapter", previous.served_as)
+        load_s = time.monotonic() - started
+        log.info("serving adapter %s of run %s from %s", new, request.run_id, served)
+        self.metrics.log(request.version, version=request.version, path=served, adapter=new, load_s=load_s)
+        return self.loaded[request.name]
+
+    async def call(self, method: str, name: str, path: str | None = None) -> None:
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+
+        if method == "load_lora_adapter":
+            answer = await self.models.load_lora_adapter(
+                LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
+            )
+        else:
+            answer = await self.models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
+        if not isinstance(answer, str):  # vLLM's ErrorResponse
+            raise AdminError(400, f"vLLM refused adapter {name!r}: {answer.error.message}")
+
+    async def unload_run(self, name: str) -> None:
+        async with self._lock:
+            held = self.loaded.pop(name, None)
+            if held is not None:
+                await self.call("unload_lora_adapter", held.served_as)
+                log.info("unloaded adapter %s of run %s", held.served_as, held.run_id)
+
+    async def sweep(self, idle_s: float) -> list[str]:
+        """Unload the adapters of runs that loaded no new version for `idle_s` (a run that died)."""
+        now = time.time()
+        idle = [name for name, held in self.loaded.items() if now - held.loaded_at > idle_s]
+        for name in idle:
+            await self.unload_run(name)
+        return idle
+
+    async def sweep_forever(self, idle_s: float) -> None:
+        while True:
+            await asyncio.sleep(min(idle_s / 4, 30.0))
+            try:
+                await self.sweep(idle_s)
+            except AdminError as e:
+                log.warning("unloading idle adapters: %s", e.detail)

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from bench.orchestrator_overhead import PORT, measure, wait_healthy
-from bench.weight_transport import REPO, SIZES, STEPS, build_model, post
+from bench.weight_transport import REPO, SIZES, STEPS, build_model, post, start_trainer
 from shared.admin_api import WEIGHTS_ROUTE
 from shared.rundir import TRAINER, RunDir
 
@@ -49,18 +49,14 @@ def hand_off(workdir: Path, run_dir: str, model: str, name: str) -> list[float]:
         f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint.every=0",
         "weights.keep=3", f"store.cache_dir={workdir / f'{name}-cache-trainer'}",
     ]  # fmt: skip
-    log = open(workdir / f"{name}-trainer.log", "wb")  # noqa: SIM115
-    trainer = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-         "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    trainer = start_trainer(sets, workdir / f"{name}-trainer.log")
     rundir, served = RunDir(run_dir), {}
     try:
         for v in range(1, STEPS + 1):
+            deadline = time.monotonic() + 600
             while not rundir.weights.has_marker(v):
-                if trainer.poll() is not None:
-                    raise RuntimeError(f"trainer failed: see {workdir}/{name}-trainer.log")
+                if trainer.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"no weights v{v} from the trainer: see {workdir}/{name}-trainer.log")
                 time.sleep(0.01)
             post(server.url, WEIGHTS_ROUTE, {"version": v, "path": rundir.weights.relative(v)})
             served[v] = time.time()

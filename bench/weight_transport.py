@@ -95,6 +95,16 @@ def inference_digest_s(weights_dir: Path, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
+def start_trainer(sets: list[str], log: Path) -> subprocess.Popen:
+    """A 1-rank torchrun trainer with these `--set`s, its output to `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+             "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
 def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], list[float]]:
     """Hand-off seconds and the trainer's digest seconds, for versions 2.."""
     from tests.helpers import Server, free_port
@@ -110,12 +120,7 @@ def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], lis
         f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", f'weights.transport="{transport}"',
         f"weights.broadcast.port={port}", "trainer.checkpoint.every=0", "weights.keep=3",
     ]  # fmt: skip
-    log = open(workdir / f"{transport}-trainer.log", "wb")  # noqa: SIM115
-    trainer = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-         "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    trainer = start_trainer(sets, workdir / f"{transport}-trainer.log")
     rundir, served = RunDir(run_dir), {}
     try:
         if transport == "broadcast":

@@ -19,3 +19,11 @@ def tiny_model(triad_cache) -> str:
     from services.models import resolve_model
 
     return resolve_model("builtin:tiny-addition")
+
+
+@pytest.fixture(scope="session")
+def chat_model(triad_cache) -> str:
+    """The embedded ChatML chat model with tool calls (`builtin:tiny-tools`)."""
+    from services.models import resolve_model
+
+    return resolve_model("builtin:tiny-tools")

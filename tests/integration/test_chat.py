@@ -38,13 +38,6 @@ STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def chat_model(triad_cache) -> str:
-    from services.models import resolve_model
-
-    return resolve_model("builtin:tiny-tools")
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory, chat_model):
     root = tmp_path_factory.mktemp("chat-vllm")
     s = Server(root, chat_model, root / "vllm.log", plain=True, max_model_len=512)

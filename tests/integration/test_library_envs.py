@@ -23,31 +23,15 @@ from shared.batch import read_batch
 from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import Server, write_verifiers_env
+from tests.integration import test_chat
 from tests.integration.test_chat import config, runs, train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+server = test_chat.server  # the chat model's plain vLLM server, one per module
 STEPS = 3
 # the learning config's task (configs/tiny-reasoning-gym.toml): sums the base model scores on
 ARITH = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"], "allow_parentheses": False,
          "allow_negation": False}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def chat_model(triad_cache) -> str:
-    from services.models import resolve_model
-
-    return resolve_model("builtin:tiny-tools")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, chat_model):
-    root = tmp_path_factory.mktemp("library-envs-vllm")
-    s = Server(root, chat_model, root / "vllm.log", plain=True, max_model_len=512)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
 
 
 def rows_of(run_dir) -> list[dict]:

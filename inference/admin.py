@@ -37,7 +37,7 @@ from shared.digest import agreed, version_digest
 from shared.errors import TriadError
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
-from shared.rundir import INFERENCE, Handshake, RunDir, pull_step_dir
+from shared.rundir import INFERENCE, AdapterFiles, Handshake, RunDir, pull_step_dir
 
 log = logging.getLogger("triad.inference")
 T = TypeVar("T")
@@ -215,6 +215,10 @@ class WeightManager:
 
     def _check_pulled(self, served: str, path: Path, version: int) -> None:
         try:
+            if AdapterFiles.is_adapter_at(path):
+                raise AdminError(
+                    400, f"{served} holds a LoRA adapter, not weights: load it with POST /admin/adapters"
+                )
             check_marker_version(path, version)
             check_safetensors(path)
             check_size(path)

@@ -89,6 +89,13 @@ class Fleet:
         except asyncio.CancelledError:
             await client.close()
             raise
+        except Exception as e:  # a malformed answer: refused, said, not retried at every poll
+            log.warning(
+                "not admitting inference server %s (until it restarts): %s: %s", url, type(e).__name__, e
+            )
+            self.refused.add(server_id)
+            await client.close()
+            return
         finally:
             self.admitting.pop(url, None)
         self.pool.add(server)

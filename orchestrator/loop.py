@@ -297,6 +297,12 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
+    if cfg.trainer.lora.rank:
+        raise TriadError(
+            f"trainer.lora.rank = {cfg.trainer.lora.rank}: the orchestrator does not load LoRA adapters yet "
+            "(it would send the adapter's files where full weights go); train LoRA with the trainer and "
+            "load its versions with POST /admin/adapters"
+        )
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
     token = cfg.inference.token()

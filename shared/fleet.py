@@ -21,6 +21,7 @@ import uuid
 
 from pydantic import BaseModel, ValidationError
 
+from shared.errors import TriadError
 from shared.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Registration:
     def leave(self) -> None:
         try:
             self.rundir.fleet.remove(self.record.server_id)
-        except OSError as e:  # the orchestrator drops it once its heartbeat times out
+        except (OSError, TriadError) as e:  # the orchestrator drops it once its heartbeat times out
             log.warning("cannot remove the fleet record from %s: %s", self.rundir.fleet.describe(), e)
             return
         log.info("left the fleet of %s (%s)", self.rundir.fleet.describe(), self.record.url)
@@ -73,7 +74,7 @@ class Registration:
         while True:
             try:
                 await asyncio.to_thread(self.beat)
-            except OSError as e:
+            except (OSError, TriadError) as e:  # an object store that gave up: tried again next beat
                 if not self.failing:
                     log.warning("cannot renew the fleet record in %s: %s", self.rundir.fleet.describe(), e)
                 self.failing = True

@@ -276,11 +276,15 @@ class ObjectStore:
         is read first and written last, so a copy that has it is whole and matches it."""
         target = self.local_path(key)
         marker = self.read_bytes(f"{key}/{last}") if last else None
+        if marker is not None and (target / last).is_file() and (target / last).read_bytes() == marker:
+            return target  # whole already (its marker came last): another process on this machine fetched it
         files = [i for i in self._infos(key, recursive=True) if i.type == pafs.FileType.File]
         staging = target.parent / f".tmp-fetch-{uuid.uuid4().hex}"
         try:
             for info in files:
                 relative = info.path.removeprefix(self.path(key) + "/")
+                if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
+                    raise TriadError(f"object store {self.url}: refusing key {info.path!r} (it leaves {key})")
                 if relative == last or PurePosixPath(relative).name.startswith(".tmp-"):
                     continue
                 (staging / relative).parent.mkdir(parents=True, exist_ok=True)

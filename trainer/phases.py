@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
 from shared.errors import TriadError
@@ -21,6 +22,16 @@ CHECKPOINT = "checkpoint save and barrier"
 RESUME = "checkpoint load at resume"
 
 
+COLLECTIVE_WORDS = ("gloo", "nccl", "timed out", "timeout", "connection", "store", "peer")
+
+
+def is_collective_failure(error: RuntimeError) -> bool:
+    """torch.distributed's own errors, or a RuntimeError Gloo/NCCL raised without that type."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    return isinstance(error, dist.DistError) or any(w in str(error).lower() for w in COLLECTIVE_WORDS)
+
+
 @contextmanager
 def collective_phase(name: str, timeout_s: float) -> Iterator[None]:
     started = time.monotonic()
@@ -28,7 +39,9 @@ def collective_phase(name: str, timeout_s: float) -> Iterator[None]:
         yield
     except TriadError:
         raise
-    except RuntimeError as e:  # Gloo/NCCL timeouts and lost peers (dist.DistError is one)
+    except RuntimeError as e:
+        if not is_collective_failure(e):
+            raise  # an out-of-memory, a shape mismatch: not a collective's failure
         rank = dist.get_rank() if dist.is_initialized() else 0
         waited = time.monotonic() - started
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -67,6 +67,28 @@ def test_keep_alive_survives_a_failing_store_and_says_so(tmp_path, caplog):
     assert me.record.beat > 3 and len(warnings) == 1, warnings
 
 
+def test_keep_alive_survives_a_store_that_gives_up_and_leave_does_not_raise(tmp_path, caplog):
+    """An object store raises TriadError (its retries spent), not OSError."""
+    me = Registration(RunDir(tmp_path), "http://a:1")
+
+    def unreachable(*_args):
+        raise TriadError("gave up after 300 s waiting for object store s3://b/run (writing fleet/x)")
+
+    me.rundir.fleet.write = me.rundir.fleet.remove = unreachable
+
+    async def beat_a_while():
+        task = asyncio.create_task(me.keep_alive(0.01))
+        await asyncio.sleep(0.1)
+        assert not task.done()
+        await stop(task)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(beat_a_while())
+        me.leave()
+    assert "cannot renew the fleet record" in caplog.text and "s3://b/run" in caplog.text
+    assert "cannot remove the fleet record" in caplog.text
+
+
 def test_a_malformed_record_is_reported_and_left_out(tmp_path, caplog):
     rundir = RunDir(tmp_path)
     Registration(rundir, "http://a:1").beat()

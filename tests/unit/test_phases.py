@@ -1,6 +1,7 @@
 """A collective that fails or times out is reported with the phase the trainer was in."""
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from shared.errors import TriadError
@@ -26,3 +27,12 @@ def test_other_errors_and_success_pass_through():
         raise ValueError("not a collective")
     with pytest.raises(TriadError, match="^own$"), collective_phase(CHECKPOINT, 5):
         raise TriadError("own")
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes"), collective_phase(CHECKPOINT, 5):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)")
+    with pytest.raises(torch.OutOfMemoryError), collective_phase(CHECKPOINT, 5):
+        raise torch.OutOfMemoryError("out of memory while the store was busy")
+    with (
+        pytest.raises(TriadError, match="phase 'checkpoint save and barrier'"),
+        collective_phase(CHECKPOINT, 5),
+    ):
+        raise RuntimeError("[gloo] Connection closed by peer")

@@ -71,6 +71,7 @@ class TriadWorkerExtension:
             received = receive_buckets(group, spec, device)
             self.model_runner.reload_weights(weights_iterator=digesting(received, digests))
         except Exception:
+            self._triad_receiver.close_dialer()
             self._triad_receiver = BroadcastReceiver()  # a broken group is never reused
             raise
         self._refresh_cpu_lm_head()

@@ -32,6 +32,7 @@ from shared.admin_api import (
     PauseState,
     WeightsInfo,
 )
+from shared.authstore import store_secret
 from shared.broadcast import SendReady
 from shared.digest import agreed, version_digest
 from shared.errors import TriadError
@@ -129,8 +130,11 @@ def check_size(path: Path) -> None:
 class WeightManager:
     """Knows which weights are served and swaps them in place, one load at a time."""
 
-    def __init__(self, engine, rundir: RunDir, base_path: str, metrics: MetricsWriter) -> None:
+    def __init__(
+        self, engine, rundir: RunDir, base_path: str, metrics: MetricsWriter, token: str | None = None
+    ) -> None:
         self.engine = engine
+        self.token = token
         self.rundir = rundir
         self.base_path = base_path
         self.info = WeightsInfo(version=0, path=base_path, base_path=base_path)
@@ -164,6 +168,7 @@ class WeightManager:
             finally:
                 self.rundir.store.drop_local(served)
             spec = {**self.group.model_dump(), **ready.model_dump(include={"tensors", "bucket_bytes"})}
+            spec["secret"] = self.token and store_secret(self.token, ready.run_id).hex()
             started = time.monotonic()
             loaded = await self._swap("triad_broadcast_receive", spec)
             load_s = time.monotonic() - started

@@ -123,7 +123,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         await engine.collective_rpc("triad_check_worker")
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
-        manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics)
+        manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics, token)
         adapters = AdapterManager(engine, RunDir.of(cfg), metrics)
         add_admin_routes(app, manager, token, adapters)
         await init_app_state(engine, app.state, args, tasks)

@@ -71,6 +71,7 @@ class TriadWorkerExtension:
             received = receive_buckets(group, spec, device)
             self.model_runner.reload_weights(weights_iterator=digesting(received, digests))
         except Exception:
+            self._triad_receiver.close_dialer()
             self._triad_receiver = BroadcastReceiver()  # a broken group is never reused
             raise
         self._refresh_cpu_lm_head()
@@ -98,6 +99,12 @@ class BroadcastReceiver:
     def __init__(self) -> None:
         self.generation: int | None = None
         self.group = None
+        self.dialer = None
+
+    def close_dialer(self) -> None:
+        if self.dialer is not None:
+            self.dialer.close()
+            self.dialer = None
 
     def join(self, spec: dict, local_rank: int, device: torch.device):
         if self.generation == spec["generation"]:
@@ -106,11 +113,17 @@ class BroadcastReceiver:
 
         from torch.distributed import TCPStore
 
+        from shared.authstore import Dialer
         from shared.process_group import generation_store, make_group
 
         self.group, self.generation = None, None
         timeout = timedelta(seconds=spec["timeout_s"])
-        store = TCPStore(spec["host"], spec["port"], is_master=False, timeout=timeout)
+        host, port = spec["host"], spec["port"]
+        if spec.get("secret"):
+            self.close_dialer()
+            self.dialer = Dialer(host, port, bytes.fromhex(spec["secret"]))
+            host, port = "127.0.0.1", self.dialer.port
+        store = TCPStore(host, port, is_master=False, timeout=timeout)
         store = generation_store(store, spec["generation"])
         rank, size = spec["rank_offset"] + local_rank, spec["world_size"]
         self.group = make_group(store, rank, size, timeout, cuda=device.type == "cuda")

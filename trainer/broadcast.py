@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shared.authstore import Gate, store_secret
 from shared.broadcast import (
     Fallback,
     Receiving,
@@ -58,16 +59,35 @@ def bound_store(host: str, port: int, timeout: timedelta):
                     master_listen_fd=sock.detach())  # fmt: skip
 
 
+def hosted_store(bc: BroadcastConfig, token: str | None, run_id: str, timeout: timedelta):
+    """The group's store and its gate: behind an authenticating gate on the configured address
+    when the run has an admin token, else bound there directly (loopback-only runs)."""
+    if token is None:
+        log.warning("broadcast store on %s:%d is unauthenticated: no admin token", bc.host, bc.port)
+        return bound_store(bc.host, bc.port, timeout), None
+    store = bound_store("127.0.0.1", 0, timeout)
+    try:
+        gate = Gate(bc.host, bc.port, store.port, store_secret(token, run_id))
+    except OSError as e:
+        raise TriadError(f"weights.broadcast.host:port: {e}") from None
+    log.info("broadcast store on %s:%d admits only peers holding the run's admin token", bc.host, bc.port)
+    return store, gate
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
 class WeightSender:
-    def __init__(self, bc: BroadcastConfig, rundir: RunDir, run_id: str, device: torch.device) -> None:
+    def __init__(
+        self, bc: BroadcastConfig, rundir: RunDir, run_id: str, device: torch.device, token: str | None = None
+    ) -> None:
         self.bc, self.rundir, self.run_id, self.device = bc, rundir, run_id, device
         self.rank = dist.get_rank()
         self.timeout = timedelta(seconds=bc.timeout_s)
-        self.store = bound_store(bc.host, bc.port, self.timeout) if self.rank == 0 else None
+        self.store, self.gate = (
+            hosted_store(bc, token, run_id, self.timeout) if self.rank == 0 else (None, None)
+        )
         self.generation: int | None = None
         self.group = None
         self.digest_s = 0.0  # of the last send

@@ -111,6 +111,7 @@ class Publisher:
         self.wc, self.rundir, self.model, self.tokenizer = cfg.weights, rundir, model, tokenizer
         self.tied, self.dtype = tied, dtype
         self.timeout_s = cfg.trainer.collective_timeout_s
+        self.token = cfg.inference.token()
         self.digest_s = 0.0  # of the last publish, on this rank
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.sender = None
@@ -122,7 +123,7 @@ class Publisher:
         elif self.wc.transport == "broadcast":
             from trainer.broadcast import WeightSender
 
-            self.sender = WeightSender(self.wc.broadcast, self.rundir, run_id, device)
+            self.sender = WeightSender(self.wc.broadcast, self.rundir, run_id, device, self.token)
 
     def publish(self, version: int, run_id: str, files: bool = False) -> None:
         """By broadcast if configured (and it works), else, or when `files`, as safetensors;

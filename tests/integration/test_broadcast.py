@@ -38,6 +38,7 @@ from tests.integration.test_trainer import make_batches, sequence_logprobs, vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 4
+TOKEN = "broadcast-test-token"
 SEQUENCES = [[5, 17, 3, 99, 42, 7, 7, 120], [200, 1, 64, 64, 31], [9, 250, 13, 77, 2, 18, 40]]
 
 
@@ -55,8 +56,9 @@ def files_logprobs(weights_dir: Path | str) -> list[list[float]]:
     )
 
 
-def admin_post(server: Server, route: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + ADMIN_PREFIX + route, json=body, timeout=120)
+def admin_post(server: Server, route: str, body: dict, token: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(server.url + ADMIN_PREFIX + route, json=body, headers=headers, timeout=120)
 
 
 def gap(a: list[list[float]], b: list[list[float]]) -> float:
@@ -77,8 +79,8 @@ def wait_while_running(
     wait_for(check, what, timeout, poll=0.05)
 
 
-def start_servers(run_dir: Path, model: str, names: list[str]) -> list[Server]:
-    servers = [Server(run_dir, model, run_dir.parent / f"{n}.log") for n in names]
+def start_servers(run_dir: Path, model: str, names: list[str], extra: tuple[str, ...] = ()) -> list[Server]:
+    servers = [Server(run_dir, model, run_dir.parent / f"{n}.log", *extra) for n in names]
     for s in servers:
         s.wait_healthy()
     return servers
@@ -97,7 +99,7 @@ def check_corrupted_broadcast(run_dir: Path, run_id: str, receivers: list[Server
 
     async def run() -> None:
         cfg = load_config(None, [f"run_dir={run_dir}"])
-        clients = [InferenceClient(s.url, None, 120) for s in receivers]
+        clients = [InferenceClient(s.url, TOKEN, 120) for s in receivers]
         pool = ServerPool(
             [PoolServer(c, TriadAdmin(c, 120), version=version) for c in clients], cfg.orchestrator
         )
@@ -123,9 +125,10 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
     run_id = rundir.ensure_run({}).run_id
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
     port = free_port()
-    receivers = start_servers(run_dir, tiny_model, ["a", "b"])
+    token = (f'inference.admin_token="{TOKEN}"',)  # the store admits only peers holding it
+    receivers = start_servers(run_dir, tiny_model, ["a", "b"], token)
     sets = [
-        f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-3",
+        *token, f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-3",
         'weights.transport="broadcast"', f"weights.broadcast.port={port}", "weights.broadcast.timeout_s=60",
         "trainer.checkpoint.every=1", "weights.keep=10", "weights.broadcast.bucket_mb=0.5",
     ]  # fmt: skip
@@ -141,7 +144,7 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
             init = dict(
                 host="127.0.0.1", port=port, generation=7, world_size=3, rank_offset=1 + i, timeout_s=60
             )
-            r = admin_post(s, BROADCAST_INIT_ROUTE, init)
+            r = admin_post(s, BROADCAST_INIT_ROUTE, init, TOKEN)
             assert r.status_code == 200 and r.json()["workers"] == 1, r.text
         before = files_logprobs(tiny_model)
         for version in range(1, STEPS + 1):
@@ -156,7 +159,7 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
             body = {"version": version, "path": rundir.weights.relative(version)}
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 answers = list(
-                    pool.map(lambda s, b=body: admin_post(s, BROADCAST_RECEIVE_ROUTE, b), receivers)
+                    pool.map(lambda s, b=body: admin_post(s, BROADCAST_RECEIVE_ROUTE, b, TOKEN), receivers)
                 )
             assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
             wait_while_running(
@@ -181,6 +184,7 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
             for s in receivers if version < STEPS else receivers[:1]:
                 assert gap(served_logprobs(s.url), expected) < 1e-3, (version, s.url)
         assert trainer.wait(timeout=120) == 0
+        assert "admits only peers holding the run's admin token" in (tmp_path / "trainer.log").read_text()
         assert gap(before, expected) > 1e-2  # training moved the weights: the comparison can fail
         sent = [
             r for r in read_metrics(rundir.metrics_file("inference")) if r.get("transport") == "broadcast"

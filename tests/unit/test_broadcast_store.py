@@ -36,3 +36,35 @@ def test_the_store_answers_on_its_host_and_nowhere_else():
 def test_an_address_that_is_not_ours_is_named():
     with pytest.raises(TriadError, match=r"cannot listen on weights.broadcast.host:port = 192.0.2.1:\d+"):
         bound_store("192.0.2.1", free_port(), timedelta(seconds=5))
+
+
+def test_with_an_admin_token_the_configured_port_admits_only_peers_holding_it():
+    from torch.distributed import TCPStore
+
+    from shared.authstore import Dialer, store_secret
+    from shared.config import BroadcastConfig
+    from trainer.broadcast import hosted_store
+
+    bc = BroadcastConfig(host="127.0.0.1", port=free_port())
+    store, gate = hosted_store(bc, "tok", "run-1", timedelta(seconds=5))
+    with pytest.raises(RuntimeError):
+        TCPStore("127.0.0.1", bc.port, is_master=False, timeout=timedelta(seconds=1))
+    dialer = Dialer("127.0.0.1", bc.port, store_secret("tok", "run-1"))
+    TCPStore("127.0.0.1", dialer.port, is_master=False, timeout=timedelta(seconds=5)).set("k", "v")
+    assert store.get("k") == b"v"
+    assert not connects("127.0.0.2", bc.port) and not connects("127.0.0.2", store.port)
+    dialer.close()
+    gate.close()
+
+
+def test_without_a_token_the_store_is_unauthenticated_and_says_so(caplog):
+    from torch.distributed import TCPStore
+
+    from shared.config import BroadcastConfig
+    from trainer.broadcast import hosted_store
+
+    bc = BroadcastConfig(host="127.0.0.1", port=free_port())
+    store, gate = hosted_store(bc, None, "run-1", timedelta(seconds=5))
+    assert gate is None and "unauthenticated" in caplog.text
+    TCPStore("127.0.0.1", bc.port, is_master=False, timeout=timedelta(seconds=5)).set("k", "v")
+    assert store.get("k") == b"v"

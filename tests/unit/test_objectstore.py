@@ -28,9 +28,15 @@ def moto(tmp_path_factory):
 
 
 @pytest.fixture
-def store(moto, monkeypatch, tmp_path, request):
+def moto_env(moto, monkeypatch):
+    """The AWS variables that point the SDK at the moto server."""
     for key, value in moto.env().items():
         monkeypatch.setenv(key, value)
+    return moto
+
+
+@pytest.fixture
+def store(moto_env, tmp_path, request):
     return ObjectStore(f"s3://{BUCKET}/{request.node.name}", tmp_path / "cache", timeout_s=20)
 
 
@@ -119,9 +125,8 @@ def test_metrics_live_in_the_store(store):
     assert json.loads(store.read_bytes(rundir.metrics.key("trainer")).splitlines()[0])["step"] == 1
 
 
-def test_an_outage_is_waited_out_with_a_log_naming_the_url(moto, monkeypatch, tmp_path, caplog):
-    for key, value in moto.env().items():
-        monkeypatch.setenv(key, value)
+def test_an_outage_is_waited_out_with_a_log_naming_the_url(moto_env, tmp_path, caplog):
+    moto = moto_env
     store = ObjectStore(f"s3://{BUCKET}/outage", tmp_path, timeout_s=20, stall_s=1)
     store.write_bytes("o.txt", b"before")
     caplog.set_level(logging.WARNING, logger="triad.store")
@@ -133,9 +138,8 @@ def test_an_outage_is_waited_out_with_a_log_naming_the_url(moto, monkeypatch, tm
     assert f"waiting for object store {store.url} (reading o.txt" in caplog.text
 
 
-def test_an_outage_longer_than_the_timeout_is_an_error_naming_the_url(moto, monkeypatch, tmp_path):
-    for key, value in moto.env().items():
-        monkeypatch.setenv(key, value)
+def test_an_outage_longer_than_the_timeout_is_an_error_naming_the_url(moto_env, tmp_path):
+    moto = moto_env
     store = ObjectStore(f"s3://{BUCKET}/short", tmp_path, timeout_s=2, stall_s=1)
     with moto.stopped(), pytest.raises(WaitTimeout, match=rf"waiting for object store s3://{BUCKET}/short"):
         store.write_bytes("x", b"1")
@@ -199,10 +203,9 @@ def test_triad_up_progress_follows_metrics_in_the_store(store):
     assert tail.read() == []
 
 
-def test_a_request_that_hangs_is_named_while_it_hangs(moto, monkeypatch, tmp_path, caplog):
+def test_a_request_that_hangs_is_named_while_it_hangs(moto_env, tmp_path, caplog):
     """A stopped store may hold a request open without failing it: the wait is logged anyway."""
-    for key, value in moto.env().items():
-        monkeypatch.setenv(key, value)
+    moto = moto_env
     store = ObjectStore(f"s3://{BUCKET}/hang", tmp_path, timeout_s=60, stall_s=60)
     store.write_bytes("h.txt", b"held")
     caplog.set_level(logging.WARNING, logger="triad.store")

@@ -15,6 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,6 +28,7 @@ from tests.helpers import REPO
 
 BASE_IMAGE = "localhost/triad-base:bookworm"
 CPU_IMAGE = "localhost/triad:cpu"
+MOTO_DOCKERFILE = REPO / "deploy" / "podman" / "moto.Dockerfile"
 PIP_CERT_IN_BUILD = "/run/triad-pip-cert.pem"
 
 
@@ -86,6 +90,25 @@ def build_args_for_local_pip(settings: dict[str, str]) -> list[str]:
     return flags + [f"--volume={m}:{m}:ro" for m in sorted(mounts)]
 
 
+def moto_version() -> str:
+    """The `moto[server]` pin of pyproject.toml's dev extra (the tests' S3 server)."""
+    dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    return next(r.split("==")[1] for r in dev if r.startswith("moto[server]=="))
+
+
+def moto_image() -> str:
+    return f"localhost/triad-moto:{moto_version()}"
+
+
+def _run_logged(commands: list[list[str]], env: dict[str, str], log: Path) -> None:
+    with log.open("ab") as out:
+        for cmd in commands:
+            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=3600)
+            if code.returncode != 0:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                raise RuntimeError(f"{cmd[0]} {cmd[1]} failed ({code.returncode}), end of {log}:\n{tail}")
+
+
 def build_cpu_image(env: dict[str, str], log: Path) -> float:
     """Make the base image if missing, build CPU_IMAGE (cached layers are reused); seconds taken."""
     start = time.monotonic()
@@ -95,16 +118,27 @@ def build_cpu_image(env: dict[str, str], log: Path) -> float:
         "--file=deploy/Dockerfile.cpu",
         f"--tag={CPU_IMAGE}",
         f"--build-arg=BASE={BASE_IMAGE}",
+        *build_args_for_local_pip(pip_settings()),
+        ".",
     ]
-    with log.open("ab") as out:
-        for cmd in (
-            [str(REPO / "deploy" / "podman" / "base-image.sh"), BASE_IMAGE],
-            [*build, *build_args_for_local_pip(pip_settings()), "."],
-        ):
-            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=3600)
-            if code.returncode != 0:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-                raise RuntimeError(f"{cmd[0]} {cmd[1]} failed ({code.returncode}), end of {log}:\n{tail}")
+    _run_logged([[str(REPO / "deploy" / "podman" / "base-image.sh"), BASE_IMAGE], build], env, log)
+    return time.monotonic() - start
+
+
+def build_moto_image(env: dict[str, str], log: Path) -> float:
+    """moto_image() from MOTO_DOCKERFILE on top of CPU_IMAGE (which must exist); seconds taken."""
+    start = time.monotonic()
+    build = [
+        "podman",
+        "build",
+        f"--file={MOTO_DOCKERFILE}",
+        f"--tag={moto_image()}",
+        f"--build-arg=BASE={CPU_IMAGE}",
+        f"--build-arg=MOTO_VERSION={moto_version()}",
+        *build_args_for_local_pip(pip_settings()),
+        str(MOTO_DOCKERFILE.parent),
+    ]
+    _run_logged([build], env, log)
     return time.monotonic() - start
 
 
@@ -232,3 +266,16 @@ class Compose:
                 if v.startswith(f"{self.project}_")
             ],
         }
+
+
+@contextmanager
+def compose_project(project: str, files: list[Path], env: dict[str, str], root: Path) -> Iterator[Compose]:
+    """A compose project with its health checks run (HealthChecks); brought down with its
+    volumes on the way out, whatever happened."""
+    compose = Compose(project, files, env, root / f"{project}.log")
+    health = HealthChecks(project, env, root / f"{project}-healthchecks.log")
+    try:
+        yield compose
+    finally:
+        compose.run("down", "--volumes", "--timeout=5", check=False)
+        health.stop()

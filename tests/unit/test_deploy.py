@@ -150,6 +150,22 @@ def test_s3_compose_shares_no_volume_and_points_every_service_at_the_bucket():
         assert command[0] == name and name in COMMANDS
     assert services["orchestrator"]["depends_on"]["inference"] == {"condition": "service_healthy"}
     assert services["trainer"]["depends_on"]["bucket"] == {"condition": "service_completed_successfully"}
+    assert services["bucket"]["depends_on"] == {"s3": {"condition": "service_healthy"}}
+    assert services["s3"]["healthcheck"]["test"][0] == "CMD-SHELL"  # podman 4.3 splits CMD at spaces
+
+
+def test_s3_server_image_defaults_to_the_pinned_moto_and_builds_from_the_triad_image():
+    from tests.containers import MOTO_DOCKERFILE, moto_version
+
+    version = moto_version()
+    s3 = yaml.safe_load((REPO / "deploy" / "compose" / "compose.s3.yaml").read_text())["services"]["s3"]
+    assert s3["image"] == f"${{TRIAD_S3_IMAGE:-motoserver/moto:{version}}}"  # what a user pulls
+    lines = MOTO_DOCKERFILE.read_text().splitlines()
+    assert lines.index("ARG BASE=triad:cpu") < lines.index("FROM ${BASE}")
+    assert f"ARG MOTO_VERSION={version}" in lines
+    for pip_var in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT"):
+        assert f"ARG {pip_var}" in lines, pip_var
+    assert 'ENTRYPOINT ["moto_server", "-H", "0.0.0.0"]' in lines  # as motoserver/moto's image
 
 
 def test_s3_kubernetes_manifests_have_no_shared_volume():

@@ -17,6 +17,8 @@ import json
 import os
 import re
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,10 +198,15 @@ def test_compose_s3_trains_with_no_shared_volume_audited_from_the_bucket_alone(
     print(f"compose.s3.yaml run of {S3_STEPS} steps: {time.monotonic() - start:.0f} s")
 
     store = yaml.safe_load(S3_COMPOSE.read_text())["x-store"]  # the services' bucket, keys and run_dir
-    for key, value in {**store, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
+    host = {**store, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "TRIAD_CACHE": str(tmp_path / "cache")}
+    for key, value in host.items():
         monkeypatch.setenv(key, value)
     url = store["TRIAD_RUN_DIR"]
     check_run(RunDir(url, open_store(url, tmp_path / "audit-cache", timeout_s=60)), S3_STEPS)
+    status = subprocess.run(
+        [sys.executable, "-m", "services.cli", "status", url], capture_output=True, text=True, timeout=120
+    )
+    assert re.search(rf"trainer\s+step\s+{S3_STEPS}\b", status.stdout), status.stdout + status.stderr
     assert compose.container("inference")["State"]["Running"]
 
     compose.run("down", "--volumes", "--timeout=5")

@@ -115,9 +115,12 @@ def merge_lora(rundir: RunDir, base: str, out: Path, version: int | None = None)
         model = merged_model(base, local)
         out.parent.mkdir(parents=True, exist_ok=True)
         save_merged(model, base, tmp)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        tmp.rename(out)
+        try:
+            if out.exists():
+                out.rmdir()  # empty when checked; a file written there since makes this fail
+            tmp.rename(out)
+        except OSError as e:
+            raise TriadError(f"cannot put the merged model at {out}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         rundir.store.drop_local(name)

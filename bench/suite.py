@@ -14,7 +14,9 @@
    against a zero-latency fake OpenAI server (`bench/orchestrator_overhead.py`).
 5. weight transport: hand-off by broadcast against by files for models of about
    5M, 50M and 200M parameters (`bench/weight_transport.py`).
-6. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
+6. adapter hand-off: a LoRA adapter against full weights for the 5M and 50M models
+   (`bench/adapter_handoff.py`).
+7. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
    virtual environment (`bench/trl_compare.py`).
 Median over steps after a warm-up; spread as the interquartile range.
 """
@@ -247,6 +249,7 @@ def markdown(results: dict) -> str:
                 f"weight digests (trainer + inference) in the hand-off, {size}",
                 f"files {files:.1f}%, broadcast {broadcast:.1f}%", "of the hand-off time", "goal < 5%",
             ))  # fmt: skip
+    rows += adapter_rows(results)
     rows += floor_rows(results)
     if "startup_s" in a:
         s = a["startup_s"]
@@ -262,6 +265,16 @@ def markdown(results: dict) -> str:
         f"; {name} figures re-measured {date}" for name, date in results.get("remeasured", {}).items()
     )
     return f"Benchmarks ({results['machine']}, {results['date']}{again})\n\n" + "\n".join(lines) + "\n"
+
+
+def adapter_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """A LoRA adapter's hand-off against full weights (`bench/adapter_handoff.py`)."""
+    return [(
+        f"hand-off of a LoRA adapter ({r['lora']}) vs full weights, {size}",
+        f"{r['adapter_s'] * 1000:.0f} ms ({r['adapter_bytes'] / 1e3:.0f} kB)",
+        f"full {r['full_s'] * 1000:.0f} ms ({r['full_bytes'] / 1e6:.0f} MB)",
+        f"{r['speedup']:.2f}x faster",
+    ) for size, r in results.get("adapter_handoff", {}).items()]  # fmt: skip
 
 
 def floor_rows(results: dict) -> list[tuple[str, str, str, str]]:
@@ -308,6 +321,7 @@ SEPARATE = {  # figures that can be re-measured alone (--only), each from its ow
     "trl": lambda workdir: run_module("bench.trl_compare", str(workdir / "peer")),
     "floor": lambda workdir: run_module("bench.floor"),
     "object_store": lambda workdir: run_module("bench.object_store", str(workdir / "store")),
+    "adapter_handoff": lambda workdir: run_module("bench.adapter_handoff", str(workdir / "adapter")),
 }
 
 
@@ -330,6 +344,7 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
     if not args.skip_transport:
         results["weight_transport"] = SEPARATE["weight_transport"](workdir)
         results["object_store"] = SEPARATE["object_store"](workdir)
+        results["adapter_handoff"] = SEPARATE["adapter_handoff"](workdir)
     if not args.skip_peer:
         results["trl"] = SEPARATE["trl"](workdir)
     return results

@@ -89,25 +89,28 @@ class AdapterManager:
         if not isinstance(answer, str):  # vLLM's ErrorResponse
             raise AdminError(400, f"vLLM refused adapter {name!r}: {answer.error.message}")
 
-    async def unload_run(self, name: str) -> None:
-        async with self._lock:
-            held = self.loaded.pop(name, None)
-            if held is not None:
-                await self.call("unload_lora_adapter", held.served_as)
-                log.info("unloaded adapter %s of run %s", held.served_as, held.run_id)
-
     async def sweep(self, idle_s: float) -> list[str]:
-        """Unload the adapters of runs that loaded no new version for `idle_s` (a run that died)."""
-        now = time.time()
-        idle = [name for name, held in self.loaded.items() if now - held.loaded_at > idle_s]
-        for name in idle:
-            await self.unload_run(name)
-        return idle
+        """Unload the adapters of runs that loaded no new version for `idle_s` (a run that died).
+        Idleness is judged under the load lock, so a version loading meanwhile is kept; an adapter
+        vLLM fails to unload stays listed."""
+        unloaded = []
+        async with self._lock:
+            now = time.time()
+            for name, held in list(self.loaded.items()):
+                if now - held.loaded_at <= idle_s:
+                    continue
+                try:
+                    await self.call("unload_lora_adapter", held.served_as)
+                except AdminError as e:
+                    log.warning("unloading idle adapter %s: %s", held.served_as, e.detail)
+                    continue
+                del self.loaded[name]
+                unloaded.append(name)
+                log.info("unloaded adapter %s of run %s: no new version for %.0f s", held.served_as,
+                         held.run_id, now - held.loaded_at)  # fmt: skip
+        return unloaded
 
     async def sweep_forever(self, idle_s: float) -> None:
         while True:
             await asyncio.sleep(min(idle_s / 4, 30.0))
-            try:
-                await self.sweep(idle_s)
-            except AdminError as e:
-                log.warning("unloading idle adapters: %s", e.detail)
+            await self.sweep(idle_s)

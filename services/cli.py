@@ -7,6 +7,8 @@
     triad status RUN_DIR [--last N]                   where each service is, where the time went
     triad plot RUN_DIR [--window A:B]                 reward, lag, throughput -> RUN_DIR/plot.png,
                                                       a timeline of steps A..B -> RUN_DIR/timeline.png
+    triad merge-lora RUN_DIR [--version V] OUT_DIR    the run's LoRA adapter merged into its base model,
+                                                      as a Hugging Face directory
 
 Config is parsed before anything heavy is imported, so a bad key fails in
 a fraction of a second with one line that names it.
@@ -84,7 +86,32 @@ def run_plot(args: argparse.Namespace) -> None:
     print(plot_timeline(rundir, *step_window(rundir, args.window)))
 
 
-RUN_DIR_COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {"status": run_status, "plot": run_plot}
+def base_model(rundir: RunDir, given: str | None) -> str:
+    """The model the run trained (its run record's `model`), or `given`, resolved to a loadable one."""
+    from services.models import resolve_model
+
+    spec = given or rundir.read_run().config.get("model")
+    if spec is None:
+        raise TriadError(f"the run record of {rundir.name} names no model: pass --base MODEL")
+    try:
+        return resolve_model(spec)
+    except TriadError as e:
+        raise TriadError(f"base model of {rundir.name}: {e} (pass --base MODEL)") from None
+
+
+def run_merge_lora(args: argparse.Namespace) -> None:
+    from trainer.merge import merge_lora
+
+    rundir = RunDir(args.run_dir)
+    version = merge_lora(rundir, base_model(rundir, args.base), args.out_dir, args.version)
+    print(f"merged adapter version {version} of {rundir.name} into {args.out_dir}")
+
+
+RUN_DIR_COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "status": run_status,
+    "plot": run_plot,
+    "merge-lora": run_merge_lora,
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -94,6 +121,10 @@ def parser() -> argparse.ArgumentParser:
         sub.add_parser(name).add_argument("run_dir", type=str)
     sub.choices["status"].add_argument("--last", type=int, default=20, help="steps the time breakdown covers")
     sub.choices["plot"].add_argument("--window", help="FIRST:LAST steps of the timeline (default: last 10)")
+    merge = sub.choices["merge-lora"]
+    merge.add_argument("out_dir", type=Path, help="a new (or empty) directory for the merged model")
+    merge.add_argument("--version", type=int, help="the adapter version (default: the newest published)")
+    merge.add_argument("--base", help="the base model, if not the one the run records")
     for name in COMMANDS:
         s = sub.add_parser(name)
         s.add_argument("-c", "--config", type=Path, help="TOML config file")

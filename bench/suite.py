@@ -41,6 +41,8 @@ from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 WARMUP_STEPS = 5
+
+
 def quartiles(values: list[float]) -> dict[str, float]:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "n": len(values)}

@@ -22,7 +22,7 @@ from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.resume import newest_checkpoint
 from shared.rundir import RunDir
-from shared.waiting import Backoff, async_wait_for
+from shared.waiting import Backoff, async_wait_for, poll_cap
 
 log = logging.getLogger("triad.orchestrator")
 POLL_S = 0.1
@@ -148,9 +148,10 @@ class WeightFollower:
 
     async def follow(self) -> None:
         """Forever: take each newly published version to the servers, then prune consumed batches.
-        Looks for a new version from the store's `poll_floor_s` up to `POLL_S` (`Backoff`): the
-        next version usually comes one training step after the last."""
-        intervals = Backoff(self.rundir.store.poll_floor_s, max(POLL_S, self.rundir.store.poll_floor_s))
+        Looks for a new version from the store's `poll_floor_s` up to `poll_cap` of it (`Backoff`):
+        the next version usually comes one training step after the last."""
+        floor = self.rundir.store.poll_floor_s
+        intervals = Backoff(floor, poll_cap(floor))
         while True:
             self.published.check_lineage(self.trainer_version, self.trainer_version_created)
             if self.broadcast is not None:

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from shared.errors import TriadError
 from shared.faults import ORCHESTRATOR_BEFORE_MARKER, audit_read, failpoint
 from shared.rundir import Marker, RunDir
-from shared.waiting import wait_for
+from shared.waiting import poll_cap, wait_for
 
 BATCH_SCHEMA = pa.schema(
     [
@@ -85,16 +85,13 @@ def publish_batch(
     return tokens
 
 
-POLL_CAP_S = 0.1  # the longest interval between looks at the next batch's marker
-
-
 def wait_for_batch_marker(rundir: RunDir, step: int, run_id: str, timeout: float) -> Marker:
     """Block until batch `step` of this run is published (polls from the store's floor up)."""
     return wait_for(
         lambda: rundir.rollouts.marker(step, run_id),
         f"{rundir.rollouts.describe_marker(step)} from the orchestrator",
         timeout,
-        poll=max(POLL_CAP_S, rundir.store.poll_floor_s),
+        poll=poll_cap(rundir.store.poll_floor_s),
         floor=rundir.store.poll_floor_s,
     )
 

@@ -15,6 +15,16 @@ log = logging.getLogger(__name__)
 BACKOFF = 1.5  # each empty poll waits this much longer, from the floor up to `poll`
 
 
+MARKER_POLL_CAP_S = 0.1  # the longest interval between looks at a marker on the critical path
+
+
+def poll_cap(floor: float) -> float:
+    """The longest interval of a marker wait whose polls start at `floor`: ten times the floor
+    (a look costs about a floor: at most ~10% of a core spent looking), at most 0.1 s, at
+    least the floor. Locally 20 ms; in an object store 0.1 s."""
+    return max(floor, min(MARKER_POLL_CAP_S, 10 * floor))
+
+
 class Backoff:
     """Poll intervals that start at `floor` and grow by `BACKOFF` up to `cap`: an event that
     comes soon after the wait starts is seen within milliseconds, a long wait costs few polls.

@@ -154,7 +154,7 @@ def test_an_orchestrator_following_a_rewind_leaves_the_resumed_trainers_weights(
 
 
 def test_polls_start_at_the_floor_back_off_to_the_cap_and_reset():
-    from shared.waiting import Backoff
+    from shared.waiting import Backoff, poll_cap
 
     b = Backoff(0.002, 0.1)
     got = [b.next() for _ in range(12)]
@@ -162,6 +162,7 @@ def test_polls_start_at_the_floor_back_off_to_the_cap_and_reset():
     b.reset()
     assert b.next() == 0.002
     assert Backoff(0.5, 0.1).next() == 0.1  # a floor above the cap is the cap
+    assert (poll_cap(0.002), poll_cap(0.1), poll_cap(2.0)) == (0.02, 0.1, 2.0)  # local, object store, slow
     values = iter([None, None, None, 7])
     assert wait_for(lambda: next(values), "seven", timeout=5, poll=0.1, floor=0.001) == 7
 

@@ -140,11 +140,15 @@ def run_handoff(run_dir: Path) -> dict:
         "raw_write_read_s": raw,
         "bytes": weights.stat().st_size,
         "ratio_to_raw_plus_100ms": handoff["median"] / (1.5 * raw + 0.1),
-        "ratio_to_goal": handoff["median"] / (3 * raw + 0.01),
         "goal": "hand-off <= 3 x raw + 10 ms (issue 23; ratio_to_goal <= 1)",
         "note": "publish is timed from the trainer's metrics row "
         f"(written right after {RunDir.marker_name()})",
     }
+
+
+def handoff_goal(h: dict) -> float:
+    """The hand-off as a fraction of issue 23's goal, 3x the raw write and read + 10 ms."""
+    return h["handoff_s"]["median"] / (3 * h["raw_write_read_s"] + 0.01)
 
 
 def raw_io_seconds(data: bytes, repeats: int = 5) -> float:
@@ -192,8 +196,8 @@ def markdown(results: dict) -> str:
             "weight hand-off (median)",
             f"{h['handoff_s']['median'] * 1000:.0f} ms",
             f"raw {h['raw_write_read_s'] * 1000:.1f} ms",
-            f"{h['handoff_s']['median'] / h['raw_write_read_s']:.0f}x raw; "
-            f"{h['handoff_s']['median'] / (3 * h['raw_write_read_s'] + 0.01):.2f} of 3x raw + 10 ms (goal <= 1)",
+            f"{h['handoff_s']['median'] / h['raw_write_read_s']:.0f}x raw; {handoff_goal(h):.2f} of "
+            "3x raw + 10 ms (goal <= 1)",
         ),
         (
             "trainer tokens/s, 1 rank / plain loop, tiny (0.5M)",

@@ -62,11 +62,10 @@ def run_trl(python: Path, model: str, steps: int, max_tokens: int, out: Path) ->
 
 
 def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
-    from bench.suite import PINNING
-
+    # the embedded default's placement: a 1-rank trainer, inference and trainer on their own cores
     sets = [f"run_dir={run_dir}", f"model={model}", f"max_steps={steps}", "orchestrator.eval_every=0",
-            f"orchestrator.max_tokens={max_tokens}", "trainer.checkpoint.every=0", "inference.port=8421",
-            *PINNING]  # fmt: skip
+            f"orchestrator.max_tokens={max_tokens}", "trainer.checkpoint.every=0",
+            "inference.port=8421"]  # fmt: skip
     launched = time.time()
     subprocess.run([sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]], cwd=REPO,
                    check=True, capture_output=True)  # fmt: skip

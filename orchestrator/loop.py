@@ -188,13 +188,19 @@ class Orchestrator:
         self.dropped_total += dropped
         return batch, dropped, filtered
 
-    def finish_step(self, step: int, batch: list[Group], dropped: int, filtered: int, elapsed: float) -> None:
-        """Publish batch `step` and log its metrics row."""
+    def finish_step(
+        self, step: int, batch: list[Group], dropped: int, filtered: int, last: float, generated: float
+    ) -> None:
+        """Publish batch `step`; its metrics row has the phases since batch `step - 1` was written
+        (`last`): generating until `generated`, assembling rows, writing Parquet and `DONE`."""
         rows = self.builder.rows(step, batch)
+        assembled = time.monotonic()
         publish_batch(self.rundir, self.run_id, step, rows, self.oc.temperature)
+        written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
         row = self.metrics.log(
-            step, **stats, **rates(elapsed, len(rows), stats["tokens"]),
+            step, **stats, **rates(written - last, len(rows), stats["tokens"]),
+            generate_s=generated - last, assemble_s=assembled - generated, write_batch_s=written - assembled,
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.loop_lag.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
@@ -213,21 +219,12 @@ class Orchestrator:
         held_out = eval_prompts(self.env, self.oc.eval_size) if self.oc.eval_every else []
         for step in range(self.first_step, self.cfg.max_steps + 1):
             batch, dropped, filtered = await self.assemble(step)
-            now = time.monotonic()
-            self.finish_step(step, batch, dropped, filtered, now - last)
-            last = now
+            self.finish_step(step, batch, dropped, filtered, last, time.monotonic())
+            last = time.monotonic()
             if held_out and (step % self.oc.eval_every == 0 or step == self.cfg.max_steps):
                 oc = self.oc
-                evaluation = evaluate_and_log(
-                    step,
-                    self.env,
-                    held_out,
-                    self.pool,
-                    oc.eval_k,
-                    oc.env_timeout_s,
-                    self.eval_metrics,
-                    self.episodes,
-                )
+                evaluation = evaluate_and_log(step, self.env, held_out, self.pool, oc.eval_k,
+                                              oc.env_timeout_s, self.eval_metrics, self.episodes)  # fmt: skip
                 evals.create_task(evaluation)
 
     # -- the whole run ------------------------------------------------------

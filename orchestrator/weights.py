@@ -22,7 +22,7 @@ from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.resume import newest_checkpoint
 from shared.rundir import RunDir
-from shared.waiting import async_wait_for
+from shared.waiting import Backoff, async_wait_for, poll_cap
 
 log = logging.getLogger("triad.orchestrator")
 POLL_S = 0.1
@@ -147,17 +147,23 @@ class WeightFollower:
             )
 
     async def follow(self) -> None:
-        """Forever: take each newly published version to the servers, then prune consumed batches."""
+        """Forever: take each newly published version to the servers, then prune consumed batches.
+        Looks for a new version from the store's `poll_floor_s` up to `poll_cap` of it (`Backoff`):
+        the next version usually comes one training step after the last."""
+        floor = self.rundir.store.poll_floor_s
+        intervals = Backoff(floor, poll_cap(floor))
         while True:
             self.published.check_lineage(self.trainer_version, self.trainer_version_created)
             if self.broadcast is not None:
                 ready = self.broadcast.ready_to_send(after=self.trainer_version)
                 if ready is not None:
                     await self.broadcast.deliver(ready)
+                    intervals.reset()  # its DONE comes once the trainer has sent it
             version = self.published.newest(after=self.trainer_version)
             if version is None:
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(intervals.next())
                 continue
+            intervals.reset()
             marker = self.rundir.weights.marker(version, self.run_id)
             if marker is None:  # pruned or discarded between the two reads
                 continue

@@ -12,8 +12,13 @@ from shared.fleet import parse_records
 from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
-PHASE_COLOURS = {"generate": "tab:green", "wait": "lightgrey", "train": "tab:blue", "publish": "tab:orange",
-                 "load": "tab:red"}  # fmt: skip
+PHASE_COLOURS = {
+    "generate": "tab:green", "assemble": "yellowgreen", "write_batch": "darkgreen",
+    "wait": "lightgrey", "read": "tab:gray", "train": "tab:blue", "forward_backward": "tab:blue",
+    "optimizer": "tab:cyan", "publish": "tab:orange", "gather": "tab:orange", "write": "tab:brown",
+    "mark": "tab:pink", "load": "tab:red",
+}  # fmt: skip
+LABELLED = ("generate", "train", "forward_backward", "load")  # bars that carry their step number
 
 
 def rolling_mean(values: list[float], window: int = 10) -> list[float]:
@@ -114,13 +119,14 @@ def plot_timeline(rundir: RunDir, first: int, last: int) -> Path:
         width = max(s.end - s.start, 0.002)  # a load without a duration still shows as a tick
         ax.broken_barh([(s.start - origin, width)], (lanes[s.service] - 0.35, 0.7),
                        facecolors=PHASE_COLOURS[s.phase], edgecolor="black", linewidth=0.3)  # fmt: skip
-        if s.phase in ("generate", "train", "load"):
+        if s.phase in LABELLED:
             ax.text(s.start - origin + width / 2, lanes[s.service], str(s.step), ha="center", va="center",
                     fontsize=6)  # fmt: skip
     ax.set_yticks(list(lanes.values()), list(lanes))
     ax.set_xlabel("seconds")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLOURS.values()]
-    ax.legend(handles, list(PHASE_COLOURS), loc="upper center", ncol=len(PHASE_COLOURS),
+    shown = [p for p in PHASE_COLOURS if any(s.phase == p for s in chosen)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLOURS[p]) for p in shown]
+    ax.legend(handles, shown, loc="upper center", ncol=min(len(shown), 7),
               bbox_to_anchor=(0.5, -0.25), fontsize=8)  # fmt: skip
     ax.set_title(f"triad run {rundir.read_run().run_id}: steps {first}..{last} (numbers: step or version)")
     fig.tight_layout()

@@ -1,9 +1,11 @@
 """Where a run's time went, per step and service, from its metrics alone.
 
 Every metrics row carries the wall time it was written at; the trainer's row
-also carries how long the step's phases took (`wait_s`, `train_s`, `publish_s`,
-written after publishing), the orchestrator's how long the batch took from its
-previous one (`step_time_s`, written after the batch), and inference writes one
+also carries how long the step's phases took (`wait_s`, `read_s`,
+`forward_backward_s`, `optimizer_s`, `gather_s`, `write_s`, `mark_s`; coarser:
+`train_s`, `publish_s`; written after publishing), the orchestrator's how long
+the batch took from its previous one (`step_time_s` = `generate_s` +
+`assemble_s` + `write_batch_s`, written after the batch), and inference writes one
 row per weight load (with `load_s`, the time the load held the server, where the
 server reports it). Phases end where the row was written and are laid back to
 back before it, so a timeline is exact at each row's end and as exact as the
@@ -18,6 +20,9 @@ from statistics import mean
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 TRAINER_PHASES = ("wait_s", "train_s", "publish_s")
+# the same, finer (rows since issue 23): train = forward_backward + optimizer, publish = gather + write + mark
+TRAINER_FINE = ("wait_s", "read_s", "forward_backward_s", "optimizer_s", "gather_s", "write_s", "mark_s")
+ORCHESTRATOR_FINE = ("generate_s", "assemble_s", "write_batch_s")
 
 
 @dataclass(frozen=True)
@@ -29,23 +34,33 @@ class Span:
     end: float
 
 
-def trainer_spans(rows: list[dict]) -> list[Span]:
-    spans = []
-    for row in rows:
-        end = row["time"]
-        for phase in reversed(TRAINER_PHASES):
-            start = end - row.get(phase, 0.0)
-            spans.append(Span(TRAINER, phase.removesuffix("_s"), row["step"], start, end))
-            end = start
+def phases_of(row: dict, fine: tuple[str, ...], coarse: tuple[str, ...]) -> tuple[str, ...]:
+    """The row's phase columns: the finer ones where it has them all."""
+    return fine if all(p in row for p in fine) else coarse
+
+
+def back_to_back(service: str, row: dict, phases: tuple[str, ...]) -> list[Span]:
+    """The row's phases, the last ending at the row's time, each starting where the previous ended."""
+    spans, end = [], row["time"]
+    for phase in reversed(phases):
+        start = end - row.get(phase, 0.0)
+        spans.append(Span(service, phase.removesuffix("_s"), row["step"], start, end))
+        end = start
     return spans
 
 
+def trainer_spans(rows: list[dict]) -> list[Span]:
+    return [s for r in rows for s in back_to_back(TRAINER, r, phases_of(r, TRAINER_FINE, TRAINER_PHASES))]
+
+
 def orchestrator_spans(rows: list[dict]) -> list[Span]:
-    return [
-        Span(ORCHESTRATOR, "generate", r["step"], r["time"] - r["step_time_s"], r["time"])
-        for r in rows
-        if "step_time_s" in r
-    ]
+    out = []
+    for r in rows:
+        if all(p in r for p in ORCHESTRATOR_FINE):
+            out += back_to_back(ORCHESTRATOR, r, ORCHESTRATOR_FINE)
+        elif "step_time_s" in r:
+            out.append(Span(ORCHESTRATOR, "generate", r["step"], r["time"] - r["step_time_s"], r["time"]))
+    return out
 
 
 def inference_spans(rows: list[dict]) -> list[Span]:
@@ -64,8 +79,16 @@ def spans(rundir: RunDir, first: int, last: int) -> list[Span]:
     return [s for s in out if first <= s.step <= last]
 
 
+def shares(rows: list[dict], phases: tuple[str, ...]) -> tuple[float, str]:
+    """The mean seconds per step over `rows`, and each phase's mean and share of it."""
+    parts = {p.removesuffix("_s"): mean(r.get(p, 0.0) for r in rows) for p in phases}
+    step = sum(parts.values())
+    return step, ", ".join(f"{name} {s:.3f} s ({s / max(step, 1e-9):.0%})" for name, s in parts.items())
+
+
 def breakdown(rundir: RunDir, last_n: int) -> list[str]:
-    """Mean seconds per step of each service's phases over its last `last_n` rows."""
+    """Mean seconds per step of each service's phases over its last `last_n` rows (the finer
+    phases where every one of those rows has them)."""
 
     def last(service: str, key: str) -> list[dict]:
         return [r for r in rundir.metrics.rows(service) if key in r][-last_n:]
@@ -73,15 +96,16 @@ def breakdown(rundir: RunDir, last_n: int) -> list[str]:
     trainer, orchestrator = last(TRAINER, "train_s"), last(ORCHESTRATOR, "step_time_s")
     lines = []
     if trainer:
-        parts = {p.removesuffix("_s"): mean(r.get(p, 0.0) for r in trainer) for p in TRAINER_PHASES}
-        step = sum(parts.values())
-        shares = ", ".join(f"{name} {s:.3f} s ({s / max(step, 1e-9):.0%})" for name, s in parts.items())
-        lines.append(f"  trainer      last {len(trainer)} steps: {step:.3f} s/step = {shares}")
+        fine = all(phases_of(r, TRAINER_FINE, ()) for r in trainer)
+        step, parts = shares(trainer, TRAINER_FINE if fine else TRAINER_PHASES)
+        lines.append(f"  trainer      last {len(trainer)} steps: {step:.3f} s/step = {parts}")
     if orchestrator:
         cycle = mean(r["step_time_s"] for r in orchestrator)
         rate = mean(r["samples_per_s"] for r in orchestrator)
-        count = len(orchestrator)
-        lines.append(f"  orchestrator last {count} steps: {cycle:.3f} s/step, {rate:.0f} samples/s")
+        line = f"  orchestrator last {len(orchestrator)} steps: {cycle:.3f} s/step, {rate:.0f} samples/s"
+        if all(phases_of(r, ORCHESTRATOR_FINE, ()) for r in orchestrator):
+            line += " = " + shares(orchestrator, ORCHESTRATOR_FINE)[1]
+        lines.append(line)
     loads = last(INFERENCE, "load_s")
     if loads:
         lines.append(f"  inference    last {len(loads)} loads: {mean(r['load_s'] for r in loads):.3f} s each")

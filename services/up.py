@@ -57,16 +57,50 @@ def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[s
     }
 
 
-def child_env(cfg: TriadConfig, name: str) -> dict[str, str]:
-    """The child's environment: ours, plus its GPUs and CPU threads when the config pins them."""
+def has_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU (its control device), without importing torch."""
+    return Path("/dev/nvidiactl").exists()
+
+
+def format_cpus(cores: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5', as taskset and VLLM_CPU_OMP_THREADS_BIND read it."""
+    runs: list[list[int]] = []
+    for core in sorted(cores):
+        if runs and core == runs[-1][1] + 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def placement(cfg: TriadConfig, cores: list[int] | None = None, gpu: bool | None = None) -> dict:
+    """The CPU cores of inference and the trainer (None: not pinned). `inference.cpus = "auto"`
+    on a machine without a GPU: inference the first half of the cores this process may use, the
+    trainer the rest (unless `trainer.cpus` is set): vLLM's CPU worker binds its OpenMP threads
+    to cores itself (by default from core 0), and a trainer thread on the same core halves both."""
+    inference, trainer = cfg.inference.cpus, cfg.trainer.cpus
+    if inference == "auto":
+        cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+        if (has_gpu() if gpu is None else gpu) or len(cores) < 2:
+            inference = None
+        else:
+            half = len(cores) // 2
+            inference, trainer = format_cpus(cores[:half]), trainer or format_cpus(cores[half:])
+    return {INFERENCE: inference, TRAINER: trainer}
+
+
+def child_env(cfg: TriadConfig, name: str, cpus: dict | None = None) -> dict[str, str]:
+    """The child's environment: ours, plus its GPUs and CPU threads when the config pins them
+    (`cpus`: `placement(cfg)`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cpus = placement(cfg) if cpus is None else cpus
     devices = {INFERENCE: cfg.inference.devices, TRAINER: cfg.trainer.devices}.get(name)
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = devices
-    if name == INFERENCE and cfg.inference.cpus:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.inference.cpus  # vLLM binds its threads itself
-    if name == TRAINER and cfg.trainer.cpus:
-        per_rank = max(1, len(parse_cpus(cfg.trainer.cpus)) // cfg.trainer.nproc)
+    if name == INFERENCE and cpus[INFERENCE]:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus[INFERENCE]  # vLLM binds its threads itself
+    if name == TRAINER and cpus[TRAINER]:
+        per_rank = max(1, len(parse_cpus(cpus[TRAINER])) // cfg.trainer.nproc)
         env["OMP_NUM_THREADS"] = str(per_rank)
     return env
 
@@ -153,9 +187,11 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         print(f"triad up: resuming after update {resume_from} (the newest checkpoint)")
         discard_after_checkpoint(rundir, run.run_id, resume_from)
     commands = child_commands(cfg, config_path, overrides, model)
-    cpus = {INFERENCE: cfg.inference.cpus, TRAINER: cfg.trainer.cpus}
+    cpus = placement(cfg)
+    if cfg.inference.cpus == "auto" and cpus[INFERENCE]:
+        print(f"triad up: inference on cores {cpus[INFERENCE]}, the trainer on {cpus[TRAINER]} (cpus auto)")
     children = {
-        name: start(name, pinned(cmd, cpus.get(name)), rundir, child_env(cfg, name))
+        name: start(name, pinned(cmd, cpus.get(name)), rundir, child_env(cfg, name, cpus))
         for name, cmd in commands.items()
     }
     progress = ProgressPrinter(

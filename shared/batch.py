@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from shared.errors import TriadError
 from shared.faults import ORCHESTRATOR_BEFORE_MARKER, audit_read, failpoint
 from shared.rundir import Marker, RunDir
-from shared.waiting import wait_for
+from shared.waiting import poll_cap, wait_for
 
 BATCH_SCHEMA = pa.schema(
     [
@@ -85,17 +85,29 @@ def publish_batch(
     return tokens
 
 
+def wait_for_batch_marker(rundir: RunDir, step: int, run_id: str, timeout: float) -> Marker:
+    """Block until batch `step` of this run is published (polls from the store's floor up)."""
+    return wait_for(
+        lambda: rundir.rollouts.marker(step, run_id),
+        f"{rundir.rollouts.describe_marker(step)} from the orchestrator",
+        timeout,
+        poll=poll_cap(rundir.store.poll_floor_s),
+        floor=rundir.store.poll_floor_s,
+    )
+
+
+def read_batch_rows(rundir: RunDir, step: int, reader: str) -> list[dict[str, Any]]:
+    """The rows of batch `step`, whose marker the caller has seen."""
+    audit_read(rundir.rollouts.path(step), rundir.rollouts.has_marker(step), reader)
+    return load_batch(rundir, step).to_pylist()
+
+
 def wait_for_batch(
     rundir: RunDir, step: int, run_id: str, timeout: float, reader: str
 ) -> tuple[Marker, list[dict[str, Any]]]:
     """Block until batch `step` of this run is published, then read it."""
-    marker = wait_for(
-        lambda: rundir.rollouts.marker(step, run_id),
-        f"{rundir.rollouts.describe_marker(step)} from the orchestrator",
-        timeout,
-    )
-    audit_read(rundir.rollouts.path(step), rundir.rollouts.has_marker(step), reader)
-    return marker, load_batch(rundir, step).to_pylist()
+    marker = wait_for_batch_marker(rundir, step, run_id, timeout)
+    return marker, read_batch_rows(rundir, step, reader)
 
 
 def load_batch(rundir: RunDir, step: int) -> pa.Table:

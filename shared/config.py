@@ -27,6 +27,7 @@ from shared.errors import TriadError
 BUILTIN_MODEL_PREFIX = "builtin:"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 CPUS_PATTERN = r"^\d+(-\d+)?(,\d+(-\d+)?)*$"
+AUTO_OR_CPUS_PATTERN = r"^(auto|\d+(-\d+)?(,\d+(-\d+)?)*)$"
 
 
 class Table(BaseModel):
@@ -44,7 +45,10 @@ class InferenceConfig(Table):
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for inference under `triad up`")
     cpus: str | None = Field(
-        None, pattern=CPUS_PATTERN, description="CPU cores for inference under `triad up`"
+        None,
+        pattern=AUTO_OR_CPUS_PATTERN,
+        description="CPU cores for inference under `triad up`; `auto`: without a GPU, the first half "
+        "of this machine's cores (and the rest for the trainer, unless `trainer.cpus` says otherwise)",
     )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
     advertise_url: str | None = Field(

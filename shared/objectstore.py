@@ -149,6 +149,8 @@ def parse_url(url: str) -> tuple[str, str]:
 class ObjectStore:
     """A run directory under `s3://bucket/prefix`; see the module docstring."""
 
+    poll_floor_s = 0.1  # each look at a marker is an HTTP round trip
+
     def __init__(
         self, url: str, cache_dir: Path, timeout_s: float = 300.0, stall_s: float = STALL_TIMEOUT_S
     ) -> None:
@@ -194,6 +196,14 @@ class ObjectStore:
                 f.write(data)
 
         self.call(f"writing {key}", write)
+
+    def copy(self, source: str, key: str) -> bool:
+        """Copy object `source` to `key` inside the store (a server-side copy); False if
+        `source` does not exist."""
+        if not self.exists(source):
+            return False
+        self.call(f"copying {source} to {key}", lambda: self.fs.copy_file(self.path(source), self.path(key)))
+        return True
 
     def append(self, key: str, data: bytes) -> None:
         """Append by rewriting the whole object: for small, single-writer objects (metrics)."""

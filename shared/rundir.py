@@ -183,6 +183,18 @@ class Steps:
             self.clear(step)
         return doomed
 
+    def copy_files(self, source: int, step: int, names: list[str]) -> bool:
+        """Files `names` of step `source` into step `step` (hard links on a local store); False,
+        with none of them left in `step`, if any is missing in `source`."""
+        done = []
+        for name in names:
+            if not self.store.copy(self.key(source, name), self.key(step, name)):
+                for copied in done:  # never leave a link that a later write could truncate in place
+                    self.store.remove(self.key(step, copied))
+                return False
+            done.append(name)
+        return True
+
     def size(self, step: int) -> int:
         return self.store.size(self.key(step))
 

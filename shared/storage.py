@@ -30,7 +30,10 @@ FILE_MODE = 0o644  # mkstemp's 0600 would hide published files from services run
 
 
 class Storage(Protocol):
-    """What the run directory needs from where its files live."""
+    """What the run directory needs from where its files live. `poll_floor_s`: the first
+    interval of a wait on a marker (`shared/waiting.py` `Backoff`), what one look costs here."""
+
+    poll_floor_s: float
 
     def read_bytes(self, key: str) -> bytes | None: ...
 
@@ -59,6 +62,8 @@ class Storage(Protocol):
     def describe(self, key: str) -> str: ...
 
     def append(self, key: str, data: bytes) -> None: ...
+
+    def copy(self, source: str, key: str) -> bool: ...
 
     def fetch(self, key: str, last: str | None = None) -> Path: ...
 
@@ -98,6 +103,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 class LocalStore:
     """A run directory on a local or mounted POSIX filesystem."""
 
+    poll_floor_s = 0.002  # a look at a marker is a stat or a small read: ~0.1 ms
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
@@ -116,6 +123,24 @@ class LocalStore:
 
     def drop_local(self, key: str) -> None:
         """Nothing to drop: `fetch` made no copy."""
+
+    def copy(self, source: str, key: str) -> bool:
+        """`key` becomes a hard link to `source` (files are only ever replaced whole, never
+        changed in place, so sharing the inode is safe); a copy where the filesystem has no
+        hard links. False if `source` does not exist."""
+        src, dst = self.local_path(source), self.local_path(key)
+        if not src.is_file():
+            return False
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.unlink(missing_ok=True)
+        try:
+            os.link(src, dst)
+        except FileNotFoundError:
+            return False  # removed meanwhile (pruned)
+        except OSError:  # EPERM, EXDEV, ENOTSUP: a filesystem without hard links here
+            with atomic_path(dst) as tmp:
+                shutil.copyfile(src, tmp)
+        return True
 
     def append(self, key: str, data: bytes) -> None:
         """Append in place; a row torn by a writer killed mid-write is ended with a newline

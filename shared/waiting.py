@@ -12,6 +12,36 @@ from shared.errors import WaitTimeout
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+BACKOFF = 1.5  # each empty poll waits this much longer, from the floor up to `poll`
+
+
+MARKER_POLL_CAP_S = 0.1  # the longest interval between looks at a marker on the critical path
+
+
+def poll_cap(floor: float) -> float:
+    """The longest interval of a marker wait whose polls start at `floor`: ten times the floor
+    (a look costs about a floor: at most ~10% of a core spent looking), at most 0.1 s, at
+    least the floor. Locally 20 ms; in an object store 0.1 s."""
+    return max(floor, min(MARKER_POLL_CAP_S, 10 * floor))
+
+
+class Backoff:
+    """Poll intervals that start at `floor` and grow by `BACKOFF` up to `cap`: an event that
+    comes soon after the wait starts is seen within milliseconds, a long wait costs few polls.
+    `reset()` after each event."""
+
+    def __init__(self, floor: float, cap: float) -> None:
+        self.floor, self.cap = min(floor, cap), cap
+        self.interval = self.floor
+
+    def next(self) -> float:
+        """The interval to sleep now; the next one is longer, up to the cap."""
+        interval = self.interval
+        self.interval = min(self.interval * BACKOFF, self.cap)
+        return interval
+
+    def reset(self) -> None:
+        self.interval = self.floor
 
 
 class _Progress:
@@ -35,12 +65,15 @@ def wait_for(
     timeout: float,
     poll: float = 0.1,
     log_every: float = 15.0,
+    floor: float | None = None,
 ) -> T:
-    """Call `check` until it returns something other than None, or time out."""
+    """Call `check` until it returns something other than None, or time out. Every `poll`
+    seconds, or with `floor` at intervals growing from `floor` to `poll` (`Backoff`)."""
     progress = _Progress(what, timeout, log_every)
+    intervals = Backoff(poll if floor is None else floor, poll)
     while (result := check()) is None:
         progress.tick()
-        time.sleep(poll)
+        time.sleep(intervals.next())
     return result
 
 
@@ -50,9 +83,11 @@ async def async_wait_for(
     timeout: float,
     poll: float = 0.1,
     log_every: float = 15.0,
+    floor: float | None = None,
 ) -> T:
     progress = _Progress(what, timeout, log_every)
+    intervals = Backoff(poll if floor is None else floor, poll)
     while (result := await check()) is None:
         progress.tick()
-        await asyncio.sleep(poll)
+        await asyncio.sleep(intervals.next())
     return result

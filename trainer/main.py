@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from shared.batch import wait_for_batch
+from shared.batch import read_batch_rows, wait_for_batch_marker
 from shared.config import TriadConfig
 from shared.faults import TRAINER_MID_STEP, failpoint
 from shared.resume import discard_after_checkpoint, newest_checkpoint
@@ -80,6 +80,22 @@ def step_metrics(sums: dict[str, float], rows: list[dict], grad_norms: list[floa
     )
 
 
+def step_phases(
+    t0: float, t_read: float, t1: float, t2: float, t3: float, optimizer_s: float, publish: dict[str, float]
+) -> dict[str, float]:
+    """An update's phase times (seconds) from its clock readings: waiting for the batch's
+    marker (t0..t_read), reading it (..t1), training (..t2: forward/backward, then clipping and
+    optimizer steps), publishing (..t3: gathering, writing, then `DONE`, pruning and the
+    barrier as `mark_s`). `train_s` and `publish_s` are the sums of their parts."""
+    train_s, publish_s = t2 - t1, t3 - t2
+    mark_s = max(publish_s - publish["gather_s"] - publish["write_s"], 0.0)
+    return dict(
+        wait_s=t_read - t0, read_s=t1 - t_read, train_s=train_s, publish_s=publish_s,
+        forward_backward_s=max(train_s - optimizer_s, 0.0), optimizer_s=optimizer_s,
+        gather_s=publish["gather_s"], write_s=publish["write_s"], mark_s=mark_s,
+    )  # fmt: skip
+
+
 def config_dtype(config) -> torch.dtype:
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -121,6 +137,7 @@ class Trainer:
             weight_decay=self.optim.weight_decay,
         )
         self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
+        self.optimizer_s = 0.0  # of the current update: clipping and optimizer steps
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, config_dtype(hf_config))
 
@@ -181,14 +198,18 @@ class Trainer:
             self.forward_backward(rows, temperature, part.totals, prox)
             for rows, prox in zip(part.micro_batches, proximal, strict=True)
         )
+        started = time.monotonic()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm)
         failpoint(TRAINER_MID_STEP, step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return sums, float(full_tensor(grad_norm))
+        grad_norm = float(full_tensor(grad_norm))
+        self.optimizer_s += time.monotonic() - started
+        return sums, grad_norm
 
     def train_step(self, step: int, rows: list[dict], temperature: float) -> dict[str, float]:
         o = self.optim
+        self.optimizer_s = 0.0  # clipping and optimizer steps of this update
         lr = lr_at(step, o.lr, o.warmup_steps, self.cfg.max_steps, o.lr_schedule, o.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -241,7 +262,9 @@ class Trainer:
         alarm = DriftAlarm(self.tc.max_mismatch_kl, self.tc.mismatch_kl_steps, speak=self.rank == 0)
         for step in range(first, self.cfg.max_steps + 1):
             t0 = time.monotonic()
-            marker, rows = wait_for_batch(self.rundir, step, run_id, self.tc.batch_timeout_s, TRAINER)
+            marker = wait_for_batch_marker(self.rundir, step, run_id, self.tc.batch_timeout_s)
+            t_read = time.monotonic()
+            rows = read_batch_rows(self.rundir, step, TRAINER)
             t1 = time.monotonic()
             stats = self.train_step(step, rows, float(getattr(marker, "temperature", 1.0)))
             t2 = time.monotonic()
@@ -251,8 +274,8 @@ class Trainer:
             t3 = time.monotonic()
             # the row before the checkpoint: a resume starts after the checkpoint and keeps its rows
             if self.metrics is not None:
-                self.metrics.log(step, **stats, wait_s=t1 - t0, train_s=t2 - t1, publish_s=t3 - t2,
-                                 digest_s=self.publisher.digest_s)  # fmt: skip
+                phases = step_phases(t0, t_read, t1, t2, t3, self.optimizer_s, self.publisher.phase_s)
+                self.metrics.log(step, **stats, **phases, digest_s=self.publisher.digest_s)
                 log.info(
                     "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
                     step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,

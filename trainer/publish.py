@@ -53,24 +53,46 @@ def digest_fields(digests: dict[str, str]) -> dict:
     return {"digest": version_digest(digests), "tensor_digests": digests}
 
 
+class Metadata:
+    """A version's metadata files (config, tokenizer, generation config): rendered with
+    `save_pretrained` for the first version this process publishes, then linked (copied in an
+    object store) from the previous version it published; rendered again if that is gone."""
+
+    def __init__(self, rundir: RunDir, save: Callable[[Path], None]) -> None:
+        self.rundir, self.save = rundir, save
+        self.names: list[str] = []  # the files `save` writes
+        self.last: int | None = None  # the newest version holding them, written by this process
+
+    def put(self, version: int) -> None:
+        """The metadata files into `weights/step_V/` (cleared by the caller)."""
+        if self.last is not None and self.rundir.weights.copy_files(self.last, version, self.names):
+            self.last = version
+            return
+        with self.rundir.writing_weights_dir(version) as directory:
+            self.save(directory)
+            self.names = sorted(p.name for p in directory.iterdir() if p.is_file())
+        self.last = version
+
+
 def write_weights(
     rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor],
-    save_metadata: Callable[[Path], None], keep_last: int, protect: frozenset[int] = frozenset(),
-) -> float:  # fmt: skip
+    metadata: Metadata, keep_last: int, protect: frozenset[int] = frozenset(),
+) -> tuple[float, float]:  # fmt: skip
     """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE` with the
-    tensors' digests; returns the seconds the digests took."""
+    tensors' digests; returns the seconds the writing (digests included) and the digests took."""
+    started = time.monotonic()
     rundir.weights.clear(version)
-    with rundir.writing_weights_dir(version) as directory:
-        save_metadata(directory)
+    metadata.put(version)
     with rundir.writing_tensors(version) as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     size = rundir.weights.size(version)
     digests, seconds = timed_digests(state)
+    written = time.monotonic() - started
     rundir.weights.write_marker(
         version, run_id, version=version, bytes=size, files=True, **digest_fields(digests)
     )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
-    return seconds
+    return written, seconds
 
 
 def mark_broadcast(
@@ -116,6 +138,8 @@ class Publisher:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.sender = None
         self.lora = cfg.trainer.lora.enabled
+        self.metadata = Metadata(rundir, self.save_metadata)
+        self.phase_s = {"gather_s": 0.0, "write_s": 0.0}  # of the last publish, on this rank
 
     def start_broadcasting(self, run_id: str, device: torch.device) -> None:
         if self.wc.transport == "broadcast" and self.lora:
@@ -129,10 +153,13 @@ class Publisher:
         """By broadcast if configured (and it works), else, or when `files`, as safetensors;
         then `DONE`."""
         sent, self.digest_s = None, 0.0
+        self.phase_s = {"gather_s": 0.0, "write_s": 0.0}
         if self.sender is not None:
+            started = time.monotonic()
             with collective_phase(BROADCAST, self.timeout_s):
                 sent = self.sender.send(version, self.model, self.tied, self.dtype)
             self.digest_s = self.sender.digest_s
+            self.phase_s["gather_s"] = time.monotonic() - started  # gathered and sent, part by part
         if sent is not None and not files:
             if self.rank == 0:
                 protect = checkpointed_steps(self.rundir, run_id)
@@ -161,31 +188,35 @@ class Publisher:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        started = time.monotonic()
         with collective_phase(GATHER_FOR_PUBLISH, self.timeout_s):
             state = get_model_state_dict(self.model, options=options)  # collective: every rank
         if self.rank == 0:
             exported = export_state_dict(state, self.tied, self.dtype)
+            self.phase_s["gather_s"] += time.monotonic() - started
             protect = checkpointed_steps(self.rundir, run_id)
-            self.digest_s += write_weights(
-                self.rundir, run_id, version, exported, self.save_metadata, self.wc.keep, protect
+            written, digest_s = write_weights(
+                self.rundir, run_id, version, exported, self.metadata, self.wc.keep, protect
             )
+            self.phase_s["write_s"] += written
+            self.digest_s += digest_s
         with collective_phase(PUBLISH_BARRIER, self.timeout_s):
             dist.barrier()
 
     def publish_shards(self, version: int, run_id: str) -> None:
         """Parameter i is gathered (one at a time) and kept by rank i mod world only."""
         names = [n for n, _ in published_parameters(self.model, self.tied)]
-        mine = {}
+        mine, started = {}, time.monotonic()
         with collective_phase(GATHER_FOR_PUBLISH, self.timeout_s):
             for i, (name, param) in enumerate(published_parameters(self.model, self.tied)):
                 full = full_tensor(param)  # collective
                 if i % self.world == self.rank:
                     mine[name] = full.detach().to("cpu", self.dtype).contiguous()
                 del full
+        self.phase_s["gather_s"] += time.monotonic() - started
         if self.rank == 0:
             self.rundir.weights.clear(version)
-            with self.rundir.writing_weights_dir(version) as directory:
-                self.save_metadata(directory)
+            self.metadata.put(version)
         mine_digests, seconds = timed_digests(mine)
         self.digest_s += seconds
         digests: list[dict[str, str]] | None = [{} for _ in range(self.world)] if self.rank == 0 else None

@@ -21,7 +21,7 @@ def perturbed_weights(model_dir: str, rundir: RunDir, version: int, seed: int) -
     """Publish the tiny model with noise added (tied embeddings included) as `version`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.publish import export_state_dict, write_weights
+    from trainer.publish import Metadata, export_state_dict, write_weights
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
@@ -35,7 +35,7 @@ def perturbed_weights(model_dir: str, rundir: RunDir, version: int, seed: int) -
         model.config.save_pretrained(d)
         tokenizer.save_pretrained(d)
 
-    write_weights(rundir, "test-run", version, state, metadata, keep_last=10)
+    write_weights(rundir, "test-run", version, state, Metadata(rundir, metadata), keep_last=10)
     return rundir.weights.path(version)
 
 

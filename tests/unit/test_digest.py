@@ -78,3 +78,15 @@ def test_digesting_passes_tensors_through_and_records_them():
     seen: dict[str, str] = {}
     assert [n for n, _ in digesting(iter(tensors), seen)] == ["x", "y"]
     assert seen == {n: tensor_digest(t) for n, t in tensors}
+
+
+def test_the_gpu_path_torch_agrees_with_the_cpu_path_numpy():
+    """CPU tensors are summed with numpy (one thread); a GPU's with torch: same digests."""
+    from shared.digest import _numpy_sums, _torch_sums, _words
+
+    gen = torch.Generator().manual_seed(2)
+    cases = [torch.randn(130, 7, generator=gen).to(torch.bfloat16), torch.zeros(0), torch.full((9,), 1.0),
+             torch.full((1000,), -3.0e38), torch.randint(-(2**62), 2**62, (4099,), generator=gen),
+    ]  # fmt: skip
+    for t in cases:
+        assert _numpy_sums(_words(t)) == _torch_sums(_words(t)), t.shape

@@ -151,3 +151,52 @@ def test_an_orchestrator_following_a_rewind_leaves_the_resumed_trainers_weights(
     follow_rewound_trainer(rundir, "r")
     assert rundir.rollouts.steps() == [4, 5]
     assert rundir.weights.steps() == [3, 4]
+
+
+def test_polls_start_at_the_floor_back_off_to_the_cap_and_reset():
+    from shared.waiting import Backoff, poll_cap
+
+    b = Backoff(0.002, 0.1)
+    got = [b.next() for _ in range(12)]
+    assert got[:3] == pytest.approx([0.002, 0.003, 0.0045]) and got[-1] == 0.1 and got == sorted(got)
+    b.reset()
+    assert b.next() == 0.002
+    assert Backoff(0.5, 0.1).next() == 0.1  # a floor above the cap is the cap
+    assert (poll_cap(0.002), poll_cap(0.1), poll_cap(2.0)) == (0.02, 0.1, 2.0)  # local, object store, slow
+    values = iter([None, None, None, 7])
+    assert wait_for(lambda: next(values), "seven", timeout=5, poll=0.1, floor=0.001) == 7
+
+
+def test_metadata_files_are_linked_from_the_previous_version(tmp_path):
+    from trainer.publish import Metadata
+
+    rundir = RunDir(tmp_path)
+    calls = []
+
+    def save(directory):
+        calls.append(directory)
+        (directory / "config.json").write_text('{"a": 1}')
+        (directory / "tokenizer.json").write_text("{}")
+
+    metadata = Metadata(rundir, save)
+    for version in (1, 2, 3):
+        metadata.put(version)
+    assert len(calls) == 1  # rendered once, then linked
+    first, third = rundir.weights.path(1) / "config.json", rundir.weights.path(3) / "config.json"
+    assert third.read_text() == '{"a": 1}' and third.stat().st_ino == first.stat().st_ino
+    rundir.weights.clear(3)  # gone: the next version renders them again
+    rundir.weights.clear(2)
+    assert rundir.weights.copy_files(3, 4, ["config.json"]) is False
+    metadata.put(4)
+    assert len(calls) == 2 and (rundir.weights.path(4) / "tokenizer.json").is_file()
+    assert first.read_text() == '{"a": 1}'  # version 1's files untouched throughout
+
+
+def test_a_failed_copy_of_several_files_leaves_none_behind(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.weights.path(1).mkdir(parents=True)
+    (rundir.weights.path(1) / "a.json").write_text("a")
+    assert rundir.weights.copy_files(1, 2, ["a.json", "missing.json"]) is False
+    assert not (rundir.weights.path(2) / "a.json").exists()
+    assert rundir.weights.copy_files(1, 2, ["a.json"]) is True
+    assert (rundir.weights.path(2) / "a.json").read_text() == "a"

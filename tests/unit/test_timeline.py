@@ -65,3 +65,28 @@ def test_timeline_window_and_figure(run):
         plot_timeline(run, 7, 9)
     out = plot_timeline(run, 1, 3)
     assert out == run.plot_file(timeline=True) and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_finer_phases_are_drawn_and_broken_down_where_rows_have_them(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.ensure_run({"max_steps": 2})
+    fine = {"wait_s": 0.01, "read_s": 0.02, "forward_backward_s": 0.05, "optimizer_s": 0.03,
+            "gather_s": 0.01, "write_s": 0.02, "mark_s": 0.01}  # fmt: skip
+    write_rows(rundir.metrics_file("trainer"), [
+        {"step": s, "time": 10.0 * s, "train_s": 0.08, "publish_s": 0.04, "loss": 0.0, "grad_norm": 1, **fine}
+        for s in (1, 2)
+    ])  # fmt: skip
+    write_rows(rundir.metrics_file("orchestrator"), [
+        {"step": s, "time": 10.0 * s - 1, "step_time_s": 0.2, "generate_s": 0.15, "assemble_s": 0.02,
+         "write_batch_s": 0.03, "samples_per_s": 640.0, "reward_mean": 0.5, "lag_mean": 1.0, "lag_max": 1}
+        for s in (1, 2)
+    ])  # fmt: skip
+    got = {(s.service, s.phase): (round(s.start, 6), round(s.end, 6)) for s in spans(rundir, 2, 2)}
+    assert got[("trainer", "mark")] == (19.99, 20.0) and got[("trainer", "wait")] == (19.85, 19.86)
+    assert got[("orchestrator", "write_batch")] == (18.97, 19.0)
+    assert got[("orchestrator", "generate")] == (18.8, 18.95)
+    lines = breakdown(rundir, last_n=2)
+    assert lines[0].startswith("  trainer      last 2 steps: 0.150 s/step = wait 0.010 s (7%), read 0.020 s")
+    assert "mark 0.010 s (7%)" in lines[0]
+    assert lines[1].endswith("= generate 0.150 s (75%), assemble 0.020 s (10%), write_batch 0.030 s (15%)")
+    assert plot_timeline(rundir, 1, 2).is_file()

@@ -36,3 +36,27 @@ def test_a_pinned_child_runs_only_on_its_cores():
 def test_bad_cpu_lists_are_refused():
     with pytest.raises(TriadError, match="inference.cpus"):
         load_config(None, ['inference.cpus="all"'])
+
+
+def test_auto_cpus_split_the_cores_between_inference_and_the_trainer():
+    from services.up import format_cpus, placement
+
+    auto = load_config(None, ['inference.cpus="auto"', "trainer.nproc=1"])
+    assert placement(auto, cores=[0, 1], gpu=False) == {INFERENCE: "0", TRAINER: "1"}
+    assert placement(auto, cores=[0, 1, 2, 3, 4, 5], gpu=False) == {INFERENCE: "0-2", TRAINER: "3-5"}
+    assert placement(auto, cores=[0, 1], gpu=True) == {INFERENCE: None, TRAINER: None}  # GPUs: no pinning
+    assert placement(auto, cores=[3], gpu=False) == {INFERENCE: None, TRAINER: None}  # one core
+    given = load_config(None, ['inference.cpus="auto"', 'trainer.cpus="3"'])
+    assert placement(given, cores=[0, 1, 2, 3], gpu=False) == {INFERENCE: "0-1", TRAINER: "3"}
+    env = child_env(auto, INFERENCE, placement(auto, cores=[0, 1], gpu=False))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert child_env(auto, TRAINER, placement(auto, cores=[0, 1], gpu=False))["OMP_NUM_THREADS"] == "1"
+    assert format_cpus([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+
+
+def test_the_embedded_default_runs_one_rank_with_cores_placed_automatically():
+    from services.cli import EMBEDDED_DEFAULT
+
+    cfg = load_config(EMBEDDED_DEFAULT, [])
+    assert cfg.trainer.nproc == 1 and cfg.inference.cpus == "auto"
+    assert load_config(EMBEDDED_DEFAULT, ["inference.cpus=0"]).inference.cpus == "0"  # a bare number

@@ -6,15 +6,19 @@ byte count, `R = sum_r (2r + 1) * rowsum_r` and `C = sum_c (2c + 1) * colsum_c`,
 sums mod 2^64 (two's-complement wrap-around, so the order of summation does not matter and
 CPU and GPU agree). The weights are odd, hence invertible mod 2^64: a change to any one
 word always changes both R and C; words moved between rows change R, within a row C.
-It costs two memory-bound reductions, computed with torch where the tensors already
-are (the trainer's gathered tensors, the inference worker's loaded ones; `bench/`
-measures it against the hand-off). It guards against corruption (a flipped byte in a
+It costs two memory-bound reductions where the tensors already are (the trainer's gathered
+tensors, the inference worker's loaded ones; `bench/` measures it against the hand-off):
+on a GPU with torch, on the CPU with numpy on the same memory (no copy). numpy reduces on
+the calling thread alone: torch's CPU reductions split each sum over its OpenMP threads,
+and next to a busy inference process one of those threads waits for a core, so each of
+the hundreds of small reductions of a publish waited a scheduler slice (about 10x slower
+than one thread; bench/README.md). It guards against corruption (a flipped byte in a
 file or a bucket), not against an attacker, who could forge it.
 
 A version's digest is a BLAKE2b of its tensors' names and digests in name order.
 
-torch is imported inside the function that takes tensors: the rest of `shared/` stays
-free of it.
+torch and numpy are imported inside the functions that take tensors: the rest of `shared/`
+stays free of them.
 """
 
 from __future__ import annotations
@@ -27,28 +31,50 @@ WIDTH = 64  # words per row
 MOD = 1 << 64
 
 
-def _words(tensor: Any) -> Any:
-    """The tensor's bytes as int64 words, the last zero-padded."""
+def _bytes(tensor: Any) -> Any:
+    """The tensor's raw bytes, a flat uint8 view (a copy only if it was not contiguous)."""
     import torch
 
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _cpu_sums(raw: Any) -> tuple[int, int]:
+    """R and C of a CPU tensor's bytes, reduced by numpy on this thread, without a copy."""
+    import numpy as np
+
+    data = raw.numpy()
+    if data.ctypes.data % 8:  # a view into a bucket: int64 words need aligned memory
+        data = data.copy()
+    whole = data.size // 8 * 8
+    words = data[:whole].view(np.int64)
+    tail = np.zeros(8, dtype=np.uint8)
+    tail[: data.size - whole] = data[whole:]
+    rows = words.size // WIDTH
+    grid = words[: rows * WIDTH].reshape(rows, WIDTH)
+    rest = words[rows * WIDTH :]  # a last, partial row; with the padded word if one is left
+    if whole < data.size:
+        rest = np.concatenate([rest, tail.view(np.int64)])
+    # int64 sums and dot products wrap around mod 2^64 in numpy, as the definition wants
+    r = int(grid.sum(1) @ np.arange(1, 2 * rows + 1, 2, dtype=np.int64))
+    r += (2 * rows + 1) * int(rest.sum())
+    col_sums = grid.sum(0)
+    col_sums[: rest.size] += rest
+    c = int(col_sums @ np.arange(1, 2 * WIDTH + 1, 2, dtype=np.int64))
+    return r % MOD, c % MOD
+
+
+def _device_sums(raw: Any) -> tuple[int, int]:
+    """R and C of a device (GPU) tensor's bytes, reduced by torch where they are."""
+    import torch
+
     if raw.storage_offset() % 8:  # a view into a bucket: int64 views need aligned storage
         raw = raw.clone()
     whole = raw.numel() // 8 * 8
     words = raw[:whole].view(torch.int64)
-    if whole == raw.numel():
-        return words
-    tail = torch.zeros(8, dtype=torch.uint8, device=raw.device)
-    tail[: raw.numel() - whole] = raw[whole:]
-    return torch.cat([words, tail.view(torch.int64)])
-
-
-def tensor_digest(tensor: Any) -> str:
-    """The digest of a torch tensor's raw bytes (any dtype, any device)."""
-    import torch
-
-    nbytes = tensor.numel() * tensor.element_size()
-    words = _words(tensor)
+    if whole < raw.numel():
+        tail = torch.zeros(8, dtype=torch.uint8, device=raw.device)
+        tail[: raw.numel() - whole] = raw[whole:]
+        words = torch.cat([words, tail.view(torch.int64)])
     rows = words.numel() // WIDTH
     grid, rest = words[: rows * WIDTH].view(rows, WIDTH), words[rows * WIDTH :]
     row_sums = torch.cat([grid.sum(1), rest.sum().reshape(1)])
@@ -58,7 +84,15 @@ def tensor_digest(tensor: Any) -> str:
     r = (row_sums * torch.arange(1, 2 * rows + 3, 2, dtype=torch.int64, device=device)).sum()
     c = (col_sums * torch.arange(1, 2 * WIDTH + 1, 2, dtype=torch.int64, device=device)).sum()
     r_c = torch.stack([r, c]).tolist()
-    return f"{nbytes:x}-{r_c[0] % MOD:016x}{r_c[1] % MOD:016x}"
+    return r_c[0] % MOD, r_c[1] % MOD
+
+
+def tensor_digest(tensor: Any) -> str:
+    """The digest of a torch tensor's raw bytes (any dtype, any device)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    raw = _bytes(tensor)
+    r, c = _cpu_sums(raw) if raw.device.type == "cpu" else _device_sums(raw)
+    return f"{nbytes:x}-{r:016x}{c:016x}"
 
 
 def version_digest(tensors: Mapping[str, str]) -> str:

@@ -6,23 +6,26 @@ byte count, `R = sum_r (2r + 1) * rowsum_r` and `C = sum_c (2c + 1) * colsum_c`,
 sums mod 2^64 (two's-complement wrap-around, so the order of summation does not matter and
 CPU and GPU agree). The weights are odd, hence invertible mod 2^64: a change to any one
 word always changes both R and C; words moved between rows change R, within a row C.
-It costs two memory-bound reductions where the tensors already are (the trainer's gathered
+It costs one pass over the bytes where the tensors already are (the trainer's gathered
 tensors, the inference worker's loaded ones; `bench/` measures it against the hand-off):
-on a GPU with torch, on the CPU with numpy on the same memory (no copy). numpy reduces on
-the calling thread alone: torch's CPU reductions split each sum over its OpenMP threads,
-and next to a busy inference process one of those threads waits for a core, so each of
-the hundreds of small reductions of a publish waited a scheduler slice (about 10x slower
-than one thread; bench/README.md). It guards against corruption (a flipped byte in a
-file or a bucket), not against an attacker, who could forge it.
+on a GPU two torch reductions; on the CPU a numba kernel that reads each word once and
+adds it to its row's and its column's sum, on the calling thread, over the tensor's own
+memory. Not torch there: its CPU reductions split each sum over its OpenMP threads, and
+next to a busy inference process one of them waits for a core, so each of the hundreds
+of reductions of a publish waited a scheduler slice; not numpy's two reductions, which
+read the bytes twice (bench/README.md has the figures). The kernel is compiled on first
+use and cached beside this file. It guards against corruption (a flipped byte in a file
+or a bucket), not against an attacker, who could forge it.
 
 A version's digest is a BLAKE2b of its tensors' names and digests in name order.
 
-torch and numpy are imported inside the functions that take tensors: the rest of `shared/`
-stays free of them.
+torch, numpy and numba are imported inside the functions that take tensors: the rest of
+`shared/` stays free of them.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -38,8 +41,34 @@ def _bytes(tensor: Any) -> Any:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
+@functools.cache
+def _row_col_kernel() -> Any:
+    """`(R, C)` of a 1-D int64 array in one pass (wrapping int64, so mod 2^64), compiled
+    once per machine by numba and cached beside this file."""
+    import numba
+    import numpy as np
+
+    @numba.njit(cache=True, nogil=True)
+    def row_col_sums(words):  # row i holds words[i * WIDTH : (i + 1) * WIDTH], the last maybe short
+        col_sums = np.zeros(WIDTH, np.int64)
+        r = np.int64(0)
+        for i in range(words.size // WIDTH + 1):
+            row_sum = np.int64(0)
+            for c in range(min(WIDTH, words.size - i * WIDTH)):
+                word = words[i * WIDTH + c]
+                row_sum += word
+                col_sums[c] += word
+            r += (2 * i + 1) * row_sum
+        c_total = np.int64(0)
+        for c in range(WIDTH):
+            c_total += (2 * c + 1) * col_sums[c]
+        return r, c_total
+
+    return row_col_sums
+
+
 def _cpu_sums(raw: Any) -> tuple[int, int]:
-    """R and C of a CPU tensor's bytes, reduced by numpy on this thread, without a copy."""
+    """R and C of a CPU tensor's bytes, on this thread, without a copy."""
     import numpy as np
 
     data = raw.numpy()
@@ -47,19 +76,12 @@ def _cpu_sums(raw: Any) -> tuple[int, int]:
         data = data.copy()
     whole = data.size // 8 * 8
     words = data[:whole].view(np.int64)
-    tail = np.zeros(8, dtype=np.uint8)
-    tail[: data.size - whole] = data[whole:]
-    rows = words.size // WIDTH
-    grid = words[: rows * WIDTH].reshape(rows, WIDTH)
-    rest = words[rows * WIDTH :]  # a last, partial row; with the padded word if one is left
-    if whole < data.size:
-        rest = np.concatenate([rest, tail.view(np.int64)])
-    # int64 sums and dot products wrap around mod 2^64 in numpy, as the definition wants
-    r = int(grid.sum(1) @ np.arange(1, 2 * rows + 1, 2, dtype=np.int64))
-    r += (2 * rows + 1) * int(rest.sum())
-    col_sums = grid.sum(0)
-    col_sums[: rest.size] += rest
-    c = int(col_sums @ np.arange(1, 2 * WIDTH + 1, 2, dtype=np.int64))
+    r, c = (int(x) for x in _row_col_kernel()(words))
+    if whole < data.size:  # the last word, zero-padded, adds its own terms to R and C
+        tail = np.zeros(8, dtype=np.uint8)
+        tail[: data.size - whole] = data[whole:]
+        word, (row, col) = int(tail.view(np.int64)[0]), divmod(words.size, WIDTH)
+        r, c = r + (2 * row + 1) * word, c + (2 * col + 1) * word
     return r % MOD, c % MOD
 
 

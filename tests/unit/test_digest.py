@@ -84,9 +84,9 @@ def test_digesting_passes_tensors_through_and_records_them():
     assert seen == {n: tensor_digest(t) for n, t in tensors}
 
 
-def test_numpy_and_torch_reductions_agree_on_every_layout():
-    """CPU tensors are reduced by numpy, device tensors by torch: one checksum either way
-    (the torch path run here on the CPU; the CUDA test below runs it on a GPU)."""
+def test_cpu_kernel_and_torch_reductions_agree_on_every_layout():
+    """CPU tensors are reduced by the numba kernel, device tensors by torch: one checksum
+    either way (the torch path run here on the CPU; the CUDA test below runs it on a GPU)."""
     gen = torch.Generator().manual_seed(2)
     bucket = torch.randn(5000, generator=gen).to(torch.bfloat16)
     cases = [

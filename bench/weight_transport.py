@@ -15,6 +15,7 @@ Digest cost (`shared/digest.py`, on the hand-off's path on both sides): the
 trainer's `digest_s` metric for each version, plus the same digest computed in
 this process over the tensors of a published file (what inference computes of
 what it loads, same bytes, same machine), as a fraction of the hand-off time.
+`digest_figures` keeps just these for 5M and 50M (`bench/run --only digest`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ SIZES = {  # name: (hidden, layers, intermediate, heads) -> about 5M, 50M, 200M 
     "200M": (1024, 12, 4096, 16),
 }
 STEPS = 5
+TRANSPORTS = ("filesystem", "broadcast")
+DIGEST_SIZES = ("5M", "50M")  # the digest's share of the hand-off (200M adds minutes, not insight)
+DIGEST_GOAL = "digests (trainer + inference) < 5% of the hand-off"
 
 
 def build_model(dest: Path, hidden: int, layers: int, intermediate: int, heads: int) -> int:
@@ -148,6 +152,16 @@ def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], lis
     return handoff, [rows[v]["digest_s"] for v in range(2, STEPS + 1)]
 
 
+def digest_figures(transport: dict) -> dict:
+    """The digest's share of the hand-off, per size of `DIGEST_SIZES`, from `main`'s result."""
+    keys = ["bytes", "inference_digest_s"] + [
+        f"{t}_{what}" for t in TRANSPORTS
+        for what in ("s", "trainer_digest_s", "trainer_digest_max_s", "digest_frac")
+    ]  # fmt: skip
+    sizes = {size: {k: w[k] for k in keys} for size, w in transport.items() if size in DIGEST_SIZES}
+    return {**sizes, "goal": DIGEST_GOAL}
+
+
 def main() -> None:
     workdir = Path(sys.argv[1])
     chosen = sys.argv[2:] or list(SIZES)
@@ -158,10 +172,11 @@ def main() -> None:
         tensor_bytes = sum(f.stat().st_size for f in RunDir.tensor_files_at(model_dir))
         figure: dict = {"parameters": params, "bytes": tensor_bytes}
         figure["inference_digest_s"] = inference_digest_s(model_dir)
-        for transport in ("filesystem", "broadcast"):
+        for transport in TRANSPORTS:
             handoff, digest = one_run(workdir / name, str(model_dir), transport)
             figure[f"{transport}_s"] = statistics.median(handoff)
             figure[f"{transport}_trainer_digest_s"] = statistics.median(digest)
+            figure[f"{transport}_trainer_digest_max_s"] = max(digest)
             digest_total = figure[f"{transport}_trainer_digest_s"] + figure["inference_digest_s"]
             figure[f"{transport}_digest_frac"] = digest_total / figure[f"{transport}_s"]
         figure["speedup"] = figure["filesystem_s"] / figure["broadcast_s"]

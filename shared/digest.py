@@ -6,20 +6,26 @@ byte count, `R = sum_r (2r + 1) * rowsum_r` and `C = sum_c (2c + 1) * colsum_c`,
 sums mod 2^64 (two's-complement wrap-around, so the order of summation does not matter and
 CPU and GPU agree). The weights are odd, hence invertible mod 2^64: a change to any one
 word always changes both R and C; words moved between rows change R, within a row C.
-It costs two memory-bound reductions, computed where the tensors already
-are (the trainer's gathered tensors, the inference worker's loaded ones): with
-numpy on the CPU, single-threaded, with torch on a GPU; `bench/` measures it
-against the hand-off. It guards against corruption (a flipped byte in a
-file or a bucket), not against an attacker, who could forge it.
+It costs one pass over the bytes where the tensors already are (the trainer's gathered
+tensors, the inference worker's loaded ones; `bench/` measures it against the hand-off):
+on a GPU two torch reductions; on the CPU a numba kernel that reads each word once and
+adds it to its row's and its column's sum, on the calling thread, over the tensor's own
+memory. Not torch there: its CPU reductions split each sum over its OpenMP threads, and
+next to a busy inference process one of them waits for a core, so each of the hundreds
+of reductions of a publish waited a scheduler slice; not numpy's two reductions, which
+read the bytes twice (bench/README.md has the figures). The kernel is compiled on first
+use and cached beside this file. It guards against corruption (a flipped byte in a file
+or a bucket), not against an attacker, who could forge it.
 
 A version's digest is a BLAKE2b of its tensors' names and digests in name order.
 
-torch is imported inside the function that takes tensors: the rest of `shared/` stays
-free of it.
+torch, numpy and numba are imported inside the functions that take tensors: the rest of
+`shared/` stays free of them.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -28,52 +34,69 @@ WIDTH = 64  # words per row
 MOD = 1 << 64
 
 
-def _words(tensor: Any) -> Any:
-    """The tensor's bytes as int64 words, the last zero-padded."""
+def _bytes(tensor: Any) -> Any:
+    """The tensor's raw bytes, a flat uint8 view (a copy only if it was not contiguous)."""
     import torch
 
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+@functools.cache
+def _row_col_kernel() -> Any:
+    """`(R, C)` of a 1-D int64 array in one pass (wrapping int64, so mod 2^64), compiled
+    once per machine by numba and cached beside this file."""
+    import numba
+    import numpy as np
+
+    @numba.njit(cache=True, nogil=True)
+    def row_col_sums(words):  # row i holds words[i * WIDTH : (i + 1) * WIDTH], the last maybe short
+        col_sums = np.zeros(WIDTH, np.int64)
+        r = np.int64(0)
+        for i in range(words.size // WIDTH + 1):
+            row_sum = np.int64(0)
+            for c in range(min(WIDTH, words.size - i * WIDTH)):
+                word = words[i * WIDTH + c]
+                row_sum += word
+                col_sums[c] += word
+            r += (2 * i + 1) * row_sum
+        c_total = np.int64(0)
+        for c in range(WIDTH):
+            c_total += (2 * c + 1) * col_sums[c]
+        return r, c_total
+
+    return row_col_sums
+
+
+def _cpu_sums(raw: Any) -> tuple[int, int]:
+    """R and C of a CPU tensor's bytes, on this thread, without a copy."""
+    import numpy as np
+
+    data = raw.numpy()
+    if data.ctypes.data % 8:  # a view into a bucket: int64 words need aligned memory
+        data = data.copy()
+    whole = data.size // 8 * 8
+    words = data[:whole].view(np.int64)
+    r, c = (int(x) for x in _row_col_kernel()(words))
+    if whole < data.size:  # the last word, zero-padded, adds its own terms to R and C
+        tail = np.zeros(8, dtype=np.uint8)
+        tail[: data.size - whole] = data[whole:]
+        word, (row, col) = int(tail.view(np.int64)[0]), divmod(words.size, WIDTH)
+        r, c = r + (2 * row + 1) * word, c + (2 * col + 1) * word
+    return r % MOD, c % MOD
+
+
+def _device_sums(raw: Any) -> tuple[int, int]:
+    """R and C of a device (GPU) tensor's bytes, reduced by torch where they are."""
+    import torch
+
     if raw.storage_offset() % 8:  # a view into a bucket: int64 views need aligned storage
         raw = raw.clone()
     whole = raw.numel() // 8 * 8
     words = raw[:whole].view(torch.int64)
-    if whole == raw.numel():
-        return words
-    tail = torch.zeros(8, dtype=torch.uint8, device=raw.device)
-    tail[: raw.numel() - whole] = raw[whole:]
-    return torch.cat([words, tail.view(torch.int64)])
-
-
-def _numpy_sums(words: Any) -> tuple[int, int]:
-    """R and C (mod 2^64) of int64 words on the CPU, with numpy: one thread, never an OpenMP team
-    (torch's reductions start one, which waits for cores that inference holds: 1.9 ms against
-    45 ms for the embedded model's tensors on a busy 2-core machine)."""
-    import numpy as np
-
-    w = words.numpy()
-    rows = w.size // WIDTH
-    grid, rest = w[: rows * WIDTH].reshape(rows, WIDTH), w[rows * WIDTH :]
-    with np.errstate(over="ignore"):  # int64 arithmetic wraps around: the sums are mod 2^64
-        row_sums = np.concatenate([grid.sum(1), rest.sum(keepdims=True)])
-        col_sums = grid.sum(0)
-        col_sums[: rest.size] += rest
-        r = (row_sums * np.arange(1, 2 * rows + 3, 2, dtype=np.int64)).sum()
-        c = (col_sums * np.arange(1, 2 * WIDTH + 1, 2, dtype=np.int64)).sum()
-    return int(r), int(c)
-
-
-def tensor_digest(tensor: Any) -> str:
-    """The digest of a torch tensor's raw bytes (any dtype, any device)."""
-    nbytes = tensor.numel() * tensor.element_size()
-    words = _words(tensor)
-    r, c = _numpy_sums(words) if words.device.type == "cpu" else _torch_sums(words)
-    return f"{nbytes:x}-{r % MOD:016x}{c % MOD:016x}"
-
-
-def _torch_sums(words: Any) -> tuple[int, int]:
-    """R and C (mod 2^64) of int64 words with torch, on the words' device (a GPU)."""
-    import torch
-
+    if whole < raw.numel():
+        tail = torch.zeros(8, dtype=torch.uint8, device=raw.device)
+        tail[: raw.numel() - whole] = raw[whole:]
+        words = torch.cat([words, tail.view(torch.int64)])
     rows = words.numel() // WIDTH
     grid, rest = words[: rows * WIDTH].view(rows, WIDTH), words[rows * WIDTH :]
     row_sums = torch.cat([grid.sum(1), rest.sum().reshape(1)])
@@ -83,7 +106,15 @@ def _torch_sums(words: Any) -> tuple[int, int]:
     r = (row_sums * torch.arange(1, 2 * rows + 3, 2, dtype=torch.int64, device=device)).sum()
     c = (col_sums * torch.arange(1, 2 * WIDTH + 1, 2, dtype=torch.int64, device=device)).sum()
     r_c = torch.stack([r, c]).tolist()
-    return r_c[0], r_c[1]
+    return r_c[0] % MOD, r_c[1] % MOD
+
+
+def tensor_digest(tensor: Any) -> str:
+    """The digest of a torch tensor's raw bytes (any dtype, any device)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    raw = _bytes(tensor)
+    r, c = _cpu_sums(raw) if raw.device.type == "cpu" else _device_sums(raw)
+    return f"{nbytes:x}-{r:016x}{c:016x}"
 
 
 def version_digest(tensors: Mapping[str, str]) -> str:

@@ -1,8 +1,12 @@
 """Weight digests: exact, sensitive to any changed or moved word, equal across layouts."""
 
+import pytest
 import torch
 
 from shared.digest import (
+    _bytes,
+    _cpu_sums,
+    _device_sums,
     agreed,
     digesting,
     first_difference,
@@ -80,13 +84,30 @@ def test_digesting_passes_tensors_through_and_records_them():
     assert seen == {n: tensor_digest(t) for n, t in tensors}
 
 
-def test_the_gpu_path_torch_agrees_with_the_cpu_path_numpy():
-    """CPU tensors are summed with numpy (one thread); a GPU's with torch: same digests."""
-    from shared.digest import _numpy_sums, _torch_sums, _words
-
+def test_cpu_kernel_and_torch_reductions_agree_on_every_layout():
+    """CPU tensors are reduced by the numba kernel, device tensors by torch: one checksum
+    either way (the torch path run here on the CPU; the CUDA test below runs it on a GPU)."""
     gen = torch.Generator().manual_seed(2)
-    cases = [torch.randn(130, 7, generator=gen).to(torch.bfloat16), torch.zeros(0), torch.full((9,), 1.0),
-             torch.full((1000,), -3.0e38), torch.randint(-(2**62), 2**62, (4099,), generator=gen),
+    bucket = torch.randn(5000, generator=gen).to(torch.bfloat16)
+    cases = [
+        torch.randn(300, 64, generator=gen) * 1e30,  # whole rows, large words
+        torch.randn(2049, generator=gen).to(torch.bfloat16),  # partial row and padded word
+        torch.randn(64 * 8 + 1, generator=gen).to(torch.float16),  # last row one padded word
+        torch.full((4 * 64 - 1,), 7, dtype=torch.float16),  # tail fills the partial row
+        bucket[3:2003],  # misaligned view
+        torch.randn(3, 130, generator=gen).T,  # not contiguous
+        torch.zeros(0),
     ]  # fmt: skip
     for t in cases:
-        assert _numpy_sums(_words(t)) == _torch_sums(_words(t)), t.shape
+        raw = _bytes(t)
+        assert _cpu_sums(raw) == _device_sums(raw), (t.shape, t.dtype)
+        assert tensor_digest(t) == reference_digest(t.contiguous()), (t.shape, t.dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_and_cpu_digests_agree():
+    gen = torch.Generator().manual_seed(3)
+    for t in (torch.randn(1000, 64, generator=gen), torch.randn(999, generator=gen).to(torch.bfloat16)):
+        assert tensor_digest(t.cuda()) == tensor_digest(t)
+    bucket = torch.randn(5000, generator=gen).to(torch.bfloat16).cuda()
+    assert tensor_digest(bucket[3:2003]) == tensor_digest(bucket[3:2003].cpu())

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
 from shared.fleet import Registration, default_url
+from shared.logs import restore_root_levels, root_levels
 from shared.rundir import INFERENCE, RunDir
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
@@ -106,6 +107,7 @@ async def joined(cfg: TriadConfig, url: str | None) -> AsyncIterator[None]:
 
 
 async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -> None:
+    saved_levels = root_levels()  # a library vLLM imports while it builds its app sets them to ERROR
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -123,6 +125,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         await engine.collective_rpc("triad_check_worker")
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
+        restore_root_levels(saved_levels)
         manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics, token)
         adapters = AdapterManager(engine, RunDir.of(cfg), metrics)
         add_admin_routes(app, manager, token, adapters)

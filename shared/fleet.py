@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from shared.errors import TriadError
 from shared.rundir import RunDir
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("triad.fleet")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 

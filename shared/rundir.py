@@ -28,7 +28,7 @@ from shared.errors import TriadError
 from shared.metrics import MetricsWriter, parse_metrics
 from shared.storage import LocalStore, Storage, open_store
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("triad.rundir")
 
 _DONE = "DONE"
 _RUN_FILE = "run.json"

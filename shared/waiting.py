@@ -11,7 +11,7 @@ from typing import TypeVar
 from shared.errors import WaitTimeout
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+log = logging.getLogger("triad.waiting")
 
 
 class _Progress:

@@ -35,7 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared.metrics import read_metrics
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,7 +78,7 @@ def startup(run_dir: Path, launched: float) -> dict[str, float]:
     rundir = RunDir(run_dir)
 
     def first(service: str) -> float:
-        return read_metrics(rundir.metrics_file(service))[0]["time"] - launched
+        return rundir.metrics.rows(service)[0]["time"] - launched
 
     return {
         "server_ready_s": first(INFERENCE),
@@ -98,12 +97,12 @@ def run_asynchrony(workdir: Path, steps: int) -> tuple[dict, dict[int, Path]]:
         run_dir = workdir / f"eta{eta}"
         starts.append(startup(run_dir, triad_up(run_dir, eta, steps)))
         runs[eta] = run_dir
-        rows = read_metrics(RunDir(run_dir).metrics_file(ORCHESTRATOR))
+        rows = RunDir(run_dir).metrics.rows(ORCHESTRATOR)
         span = rows[-1]["time"] - rows[WARMUP_STEPS]["time"]
         rates[eta] = sum(r["samples"] for r in rows[WARMUP_STEPS + 1 :]) / span
-    trainer = read_metrics(RunDir(runs[0]).metrics_file(TRAINER))
+    trainer = RunDir(runs[0]).metrics.rows(TRAINER)
     t_train = statistics.median(steady(trainer, "train_s")) + statistics.median(steady(trainer, "publish_s"))
-    cycle = statistics.median(steady(read_metrics(RunDir(runs[0]).metrics_file(ORCHESTRATOR)), "step_time_s"))
+    cycle = statistics.median(steady(RunDir(runs[0]).metrics.rows(ORCHESTRATOR), "step_time_s"))
     t_gen = max(cycle - t_train, 1e-9)
     bound = (t_gen + t_train) / max(t_gen, t_train)
     figure = {
@@ -121,8 +120,8 @@ def run_asynchrony(workdir: Path, steps: int) -> tuple[dict, dict[int, Path]]:
 
 def run_handoff(run_dir: Path) -> dict:
     rundir = RunDir(run_dir)
-    published = {r["step"]: r["time"] for r in read_metrics(rundir.metrics_file(TRAINER))}
-    served = {r["version"]: r["time"] for r in read_metrics(rundir.metrics_file(INFERENCE))}
+    published = {r["step"]: r["time"] for r in rundir.metrics.rows(TRAINER)}
+    served = {r["version"]: r["time"] for r in rundir.metrics.rows(INFERENCE)}
     latencies = [served[v] - published[v] for v in sorted(published) if v in served and v > WARMUP_STEPS]
     weights = next(f for f in map(rundir.weights_file, rundir.weights.steps()) if f.is_file())
     raw = raw_io_seconds(weights.read_bytes())

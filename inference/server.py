@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -91,13 +92,13 @@ def advertised_url(cfg: TriadConfig, args: Namespace) -> str:
 
 
 @asynccontextmanager
-async def joined(cfg: TriadConfig, url: str | None) -> AsyncIterator[None]:
+async def joined(cfg: TriadConfig, url: str | None, server_id: str) -> AsyncIterator[None]:
     """With a `url`, keep this server's record in the run's fleet registry while the body runs,
     and remove it on the way out."""
     if url is None:
         yield
         return
-    registration = Registration(RunDir.of(cfg), url)
+    registration = Registration(RunDir.of(cfg), url, server_id)
     heartbeat = asyncio.create_task(registration.keep_alive(cfg.inference.heartbeat_interval_s))
     try:
         yield
@@ -118,7 +119,8 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     from inference.vllm_api import check_engine
 
     token = cfg.inference.token()
-    metrics = RunDir.of(cfg).metrics.writer(INFERENCE)
+    server_id = uuid.uuid4().hex[:12]  # names its metrics file and its fleet record
+    metrics = RunDir.of(cfg).metrics.writer(INFERENCE, server_id)
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
         check_engine(engine)
@@ -133,7 +135,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         adapters.models = app.state.openai_serving_models
         sweeper = asyncio.create_task(adapters.sweep_forever(cfg.inference.adapter_idle_s))
         metrics.log(0, version=0, path=args.model)
-        async with joined(cfg, join_as):  # serve_http returns once the server has stopped
+        async with joined(cfg, join_as, server_id):  # serve_http returns once the server has stopped
             shutdown = await serve_http(
                 app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                 access_log=False,

@@ -26,7 +26,6 @@ import pytest
 
 from shared.errors import WaitTimeout
 from shared.fleet import parse_records
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, Server, triad_cmd
@@ -114,7 +113,7 @@ class Run:
                 server.stop()
 
     def trained(self) -> list[int]:
-        return [r["step"] for r in read_metrics(self.rundir.metrics_file("trainer"))]
+        return [r["step"] for r in self.rundir.metrics.rows("trainer")]
 
     def servers_of(self, step: int) -> list[str]:
         return pq.read_table(self.rundir.batch_file(step), columns=["server"]).column(0).to_pylist()

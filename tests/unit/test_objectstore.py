@@ -125,6 +125,30 @@ def test_metrics_live_in_the_store(store):
     assert json.loads(store.read_bytes(rundir.metrics.key("trainer")).splitlines()[0])["step"] == 1
 
 
+def test_metrics_of_several_servers_rotate_into_parts_and_merge(store, monkeypatch):
+    rundir = RunDir(f"s3://{BUCKET}/parts", store)
+    monkeypatch.setattr(rundir.metrics, "PART_ROWS", 2)
+    a, b = rundir.metrics.writer("inference", "aaa1"), rundir.metrics.writer("inference", "bbb2")
+    for version in range(5):
+        a.log(version, version=version)
+    b.log(4, version=4)
+    assert [k.split("/")[-1] for _, _, k in rundir.metrics.files("inference")] == [
+        "inference-aaa1.jsonl", "inference-aaa1.00001.jsonl", "inference-aaa1.00002.jsonl",
+        "inference-bbb2.jsonl",
+    ]  # fmt: skip
+    rows = rundir.metrics.rows("inference")
+    assert [(r["server"], r["version"]) for r in rows] == [("aaa1", v) for v in range(5)] + [("bbb2", 4)]
+    # a restarted writer continues the last part; a rewind drops rows and the parts it empties
+    assert rundir.metrics.drop_after("inference", 1) == 4
+    assert len(rundir.metrics.files("inference")) == 2
+    again = rundir.metrics.writer("inference", "aaa1")
+    again.log(2, version=2)
+    again.log(3, version=3)
+    assert [r["version"] for r in rundir.metrics.rows("inference") if r["server"] == "aaa1"] == [0, 1, 2, 3]
+    # aaa1's part 0 was full: the new rows began part 1; bbb2's part 0 is left empty
+    assert [f[:2] for f in rundir.metrics.files("inference")] == [("aaa1", 0), ("aaa1", 1), ("bbb2", 0)]
+
+
 def test_an_outage_is_waited_out_with_a_log_naming_the_url(moto_env, tmp_path, caplog):
     moto = moto_env
     store = ObjectStore(f"s3://{BUCKET}/outage", tmp_path, timeout_s=20, stall_s=1)

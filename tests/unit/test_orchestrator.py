@@ -21,7 +21,6 @@ from shared.batch import publish_batch
 from shared.config import load_config
 from shared.digest import version_digest
 from shared.errors import TriadError, WaitTimeout
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.fake_openai import FakeServer
 
@@ -333,7 +332,7 @@ def test_resumes_after_the_newest_batch(tmp_path):
         orch.metrics.log(step, reward_mean=0.5)
     again = make(tmp_path, ["http://127.0.0.1:9"])
     assert again.first_step == 2 and again.step == 2
-    assert [r["step"] for r in read_metrics(again.rundir.metrics_file("orchestrator"))] == [1]
+    assert [r["step"] for r in again.rundir.metrics.rows("orchestrator")] == [1]
     assert again.rng.random() != random.Random(f"{again.cfg.seed}-1").random()
 
 

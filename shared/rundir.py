@@ -484,6 +484,11 @@ class RunDir:
             raise TriadError(f"path {raw!r} is not a directory")
         return path
 
+    def has_marker(self, relative: str) -> bool:
+        """Whether the step directory named relative to the run directory (as services send
+        it) has its marker in the store."""
+        return self.store.exists(f"{relative.rstrip('/')}/{_DONE}")
+
     @staticmethod
     def has_marker_at(step_dir: Path) -> bool:
         return (step_dir / _DONE).is_file()

@@ -38,7 +38,7 @@ from shared.digest import agreed, version_digest
 from shared.errors import TriadError
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
-from shared.rundir import INFERENCE, AdapterFiles, Handshake, RunDir, pull_step_dir
+from shared.rundir import INFERENCE, AdapterFiles, Handshake, RunDir, has_marker, pull_step_dir
 
 log = logging.getLogger("triad.inference")
 T = TypeVar("T")
@@ -236,7 +236,7 @@ class WeightManager:
         if isinstance(error, AdminError) or self.base_path in (served, request.path):
             return
         try:
-            if self.rundir.has_marker(served or request.path):
+            if has_marker(self.rundir, served or request.path):
                 return  # not pruned: the error stands as it is
         except (OSError, TriadError):
             return

@@ -484,11 +484,6 @@ class RunDir:
             raise TriadError(f"path {raw!r} is not a directory")
         return path
 
-    def has_marker(self, relative: str) -> bool:
-        """Whether the step directory named relative to the run directory (as services send
-        it) has its marker in the store."""
-        return self.store.exists(f"{relative.rstrip('/')}/{_DONE}")
-
     @staticmethod
     def has_marker_at(step_dir: Path) -> bool:
         return (step_dir / _DONE).is_file()
@@ -538,3 +533,9 @@ def pull_step_dir(rundir: RunDir, raw: str) -> tuple[str, Path]:
     if not rundir.store.children(key.as_posix(), dirs=False):
         raise TriadError(f"path {raw!r} is not a directory")
     return key.as_posix(), rundir.store.fetch(key.as_posix(), last=_DONE)
+
+
+def has_marker(rundir: RunDir, relative: str) -> bool:
+    """Whether the step directory named relative to the run directory (as services send it)
+    has its marker in the store."""
+    return rundir.store.exists(f"{relative.rstrip('/')}/{_DONE}")

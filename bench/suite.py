@@ -153,9 +153,9 @@ def raw_io_seconds(data: bytes, repeats: int = 5) -> float:
 
 def run_module(module: str, *args: str) -> dict:
     """Run `python -m module ARGS`, which prints its figure as the last line of JSON."""
-    out = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=REPO, check=True, capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"python -m {module} failed with code {out.returncode}:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

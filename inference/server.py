@@ -159,7 +159,9 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
     join_as = advertised_url(cfg, args) if join else None
     if join_as is not None:
         check_advertised_exposure(join_as, cfg.inference.token())
-    RunDir.of(cfg).check_writable()  # a bad bucket, credentials or endpoint fail here, not at the first load
+    rundir = RunDir.of(cfg)
+    rundir.check_writable()  # a bad bucket, credentials or endpoint fail here, not at the first load
+    rundir.store.sweep()  # partial copies of versions that a killed server was fetching
     cli_env_setup()
 
     import uvloop

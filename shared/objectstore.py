@@ -34,6 +34,7 @@ from typing import TypeVar
 import pyarrow.fs as pafs
 
 from shared.errors import TriadError, WaitTimeout
+from shared.storage import TMP_PREFIX
 
 SCHEME = "s3://"
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -146,6 +147,31 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+def sweep_dead_tmp(cache: Path) -> list[Path]:
+    """Remove the `.tmp-<pid>-...` directories under `cache` whose process (on this machine)
+    is gone: a writer or fetcher killed mid-way leaves them behind. Those of live processes
+    stay. Returns what was removed."""
+    swept = []
+    for tmp in sorted(cache.rglob(f"{TMP_PREFIX}*")) if cache.is_dir() else []:
+        pid = tmp.name.removeprefix(TMP_PREFIX).split("-")[0]
+        if tmp.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            swept.append(tmp)
+    if swept:
+        log.info("swept %d directories of dead processes from the cache %s", len(swept), cache)
+    return swept
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 class ObjectStore:
     """A run directory under `s3://bucket/prefix`; see the module docstring."""
 
@@ -226,7 +252,7 @@ class ObjectStore:
     @contextmanager
     def _scratch(self) -> Iterator[Path]:
         self.cache.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".tmp-write-", dir=self.cache))
+        scratch = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-write-", dir=self.cache))
         try:
             yield scratch
         finally:
@@ -279,13 +305,13 @@ class ObjectStore:
         if marker is not None and (target / last).is_file() and (target / last).read_bytes() == marker:
             return target  # whole already (its marker came last): another process on this machine fetched it
         files = [i for i in self._infos(key, recursive=True) if i.type == pafs.FileType.File]
-        staging = target.parent / f".tmp-fetch-{uuid.uuid4().hex}"
+        staging = target.parent / f"{TMP_PREFIX}{os.getpid()}-fetch-{uuid.uuid4().hex}"
         try:
             for info in files:
                 relative = info.path.removeprefix(self.path(key) + "/")
                 if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
                     raise TriadError(f"object store {self.url}: refusing key {info.path!r} (it leaves {key})")
-                if relative == last or PurePosixPath(relative).name.startswith(".tmp-"):
+                if relative == last or PurePosixPath(relative).name.startswith(TMP_PREFIX):
                     continue
                 (staging / relative).parent.mkdir(parents=True, exist_ok=True)
                 self._download(info.path, staging / relative)
@@ -314,10 +340,14 @@ class ObjectStore:
         """Forget this machine's copy of `key` (keeps the cache bounded)."""
         shutil.rmtree(self.local_path(key), ignore_errors=True)
 
+    def sweep(self) -> list[Path]:
+        """At start: remove the cache's scratch and staging directories of dead processes."""
+        return sweep_dead_tmp(self.cache)
+
     def check_writable(self) -> None:
         """Write and delete a probe object once, without retrying: a bad bucket, refused
         credentials or an unreachable endpoint fail at start-up, naming the URL."""
-        probe = self.path(f".tmp-probe-{uuid.uuid4().hex}")
+        probe = self.path(f"{TMP_PREFIX}probe-{uuid.uuid4().hex}")
         try:
             with self.fs.open_output_stream(probe) as f:
                 f.write(b"")

@@ -115,3 +115,26 @@ def test_any_failed_load_drops_its_copy_and_an_error_of_a_kept_version_stands(se
     engine.during_load = lambda path: None
     assert asyncio.run(manager.load(request)).version == 2
     assert (store.cache / rundir.weights.relative(2)).is_dir()  # the served version stays cached
+
+
+def test_the_cache_sweep_removes_what_dead_processes_left_and_keeps_the_living(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from shared.objectstore import sweep_dead_tmp
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead_pid = int(dead.stdout)
+    version = RunDir(tmp_path).weights.path(3)  # a fetched version
+    left = [tmp_path / f".tmp-{dead_pid}-write-abc", version.parent / f".tmp-{dead_pid}-fetch-0123"]
+    kept = [
+        tmp_path / f".tmp-{os.getpid()}-write-def",  # this live process's scratch
+        version,
+        version.parent / ".tmp-probe",  # not a process's (no pid): left alone
+    ]
+    for d in left + kept:
+        (d / "part").mkdir(parents=True)
+    assert sorted(sweep_dead_tmp(tmp_path)) == sorted(left)
+    assert not any(d.exists() for d in left) and all(d.is_dir() for d in kept)
+    assert sweep_dead_tmp(tmp_path / "missing") == []

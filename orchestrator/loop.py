@@ -188,19 +188,23 @@ class Orchestrator:
         self.dropped_total += dropped
         return batch, dropped, filtered
 
-    def finish_step(self, step: int, batch: list[Group], dropped: int, filtered: int, elapsed: float) -> None:
-        """Publish batch `step` and log its metrics row."""
+    async def finish_step(
+        self, step: int, batch: list[Group], dropped: int, filtered: int, elapsed: float
+    ) -> None:
+        """Publish batch `step` and log its metrics row; the store writes run in a thread, so
+        generation goes on while a slow store answers."""
         rows = self.builder.rows(step, batch)
-        publish_batch(self.rundir, self.run_id, step, rows, self.oc.temperature)
+        await asyncio.to_thread(publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature)
         stats = self.builder.stats(step, batch, rows)
-        row = self.metrics.log(
-            step, **stats, **rates(elapsed, len(rows), stats["tokens"]),
+        fields = dict(
+            **stats, **rates(elapsed, len(rows), stats["tokens"]),
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.loop_lag.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
             groups_filtered=filtered, groups_failed=self.failed_groups,
         )  # fmt: skip
         self.failed_groups = 0
+        row = await asyncio.to_thread(self.metrics.log, step, **fields)
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
             step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.weights.served_version,
@@ -214,7 +218,7 @@ class Orchestrator:
         for step in range(self.first_step, self.cfg.max_steps + 1):
             batch, dropped, filtered = await self.assemble(step)
             now = time.monotonic()
-            self.finish_step(step, batch, dropped, filtered, now - last)
+            await self.finish_step(step, batch, dropped, filtered, now - last)
             last = now
             if held_out and (step % self.oc.eval_every == 0 or step == self.cfg.max_steps):
                 oc = self.oc

@@ -9,6 +9,7 @@ Readers always see whole files of complete rows."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,20 +33,24 @@ class MetricsWriter:
         self.store, self.key, self.part_rows = store, key, part_rows
         self.part_key, self.last_part = part_key, last_part
         self.part: int | None = None
+        self.lock = threading.Lock()  # callers may log from threads (off an event loop)
 
     def log(self, step: int, **values: Any) -> dict[str, Any]:
         row = {"step": step, "time": time.time(), **values}
-        line = (json.dumps(row) + "\n").encode()
+        with self.lock:
+            self.write((json.dumps(row) + "\n").encode())
+        return row
+
+    def write(self, line: bytes) -> None:
         if not self.part_rows or self.part_key is None:
             self.store.append(self.key, line)
-            return row
+            return
         if self.part is None:
             self.part = self.last_part() if self.last_part else 0
         current = self.store.read_bytes(self.part_key(self.part)) or b""
         if current.count(b"\n") >= self.part_rows:
             self.part, current = self.part + 1, b""
         self.store.write_bytes(self.part_key(self.part), current + line)
-        return row
 
 
 def drop_rows_after(path: Path, step: int) -> int:

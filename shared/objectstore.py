@@ -138,6 +138,46 @@ class StoreCall:
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
 
+_no_conditional_put: set[str] = set()  # endpoints (or "boto3") told of once
+
+
+def put_if_absent(base: str, key: str, data: bytes) -> bool | None:
+    """PUT `base/key` with `If-None-Match: *`: True if created, False if it exists, None if
+    that cannot be done here (no boto3, or the store refuses the header). Connection
+    errors are OSErrors, so `StoreCall` retries them."""
+    try:
+        import boto3
+        import botocore.exceptions as bce
+    except ImportError:
+        return _fallback("boto3", "boto3 is not installed")
+    bucket, _, prefix = base.partition("/")
+    from botocore.config import Config
+
+    limits = Config(
+        connect_timeout=CONNECT_TIMEOUT_S, read_timeout=STALL_TIMEOUT_S, retries={"max_attempts": 1}
+    )
+    client = boto3.client("s3", endpoint_url=endpoint(), config=limits)
+    try:
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{key}".lstrip("/"), Body=data, IfNoneMatch="*")
+    except bce.ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+            return False
+        if code in ("NotImplemented", "InvalidArgument", "InvalidRequest", "501", "400"):
+            return _fallback(endpoint() or "s3", f"the store refused If-None-Match ({code})")
+        raise OSError(f"AWS Error {code}: {e}") from None
+    except (bce.BotoCoreError, ValueError) as e:
+        raise OSError(str(e)) from None
+    return True
+
+
+def _fallback(where: str, why: str) -> None:
+    if where not in _no_conditional_put:
+        _no_conditional_put.add(where)
+        log.warning("no conditional create (%s): creating objects once by write, wait and read back", why)
+    return None
+
+
 def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://bucket/prefix`; TriadError naming the URL if it has no bucket."""
     rest = url.removeprefix(SCHEME).strip("/")
@@ -226,8 +266,14 @@ class ObjectStore:
         self.write_bytes(key, (self.read_bytes(key) or b"") + data)
 
     def create_once(self, key: str, data: bytes, settle_s: float = 1.0) -> bool:
-        """Write `key` unless it exists. S3 has no create-if-absent here: writers that both saw
-        no object both write, and after `settle_s` all of them read the same (last) one."""
+        """Write `key` unless it exists; whether this call wrote it. A conditional PUT
+        (`If-None-Match: *`, through boto3: pyarrow cannot send it) lets exactly one of
+        racing writers win. Where that is not available (no boto3, or a store that refuses
+        the header; logged), writers that both saw no object both write, and after
+        `settle_s` all of them read the same (last) one."""
+        created = self.call(f"creating {key} if absent", lambda: put_if_absent(self.base, key, data))
+        if created is not None:
+            return created
         if self.exists(key):
             return False
         self.write_bytes(key, data)

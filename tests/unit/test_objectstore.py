@@ -149,6 +149,39 @@ def test_metrics_of_several_servers_rotate_into_parts_and_merge(store, monkeypat
     assert [f[:2] for f in rundir.metrics.files("inference")] == [("aaa1", 0), ("aaa1", 1), ("bbb2", 0)]
 
 
+def test_create_once_is_a_conditional_put_so_one_racer_wins(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [f"writer {i}".encode() for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:  # settle_s=30: the write-wait-read fallback would show
+        won = list(pool.map(lambda body: store.create_once("race.json", body, settle_s=30), bodies))
+    assert won.count(True) == 1, won
+    assert store.read_bytes("race.json") == bodies[won.index(True)]
+
+
+def test_without_a_conditional_put_create_once_falls_back_logged(store, monkeypatch, caplog):
+    import sys
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    import shared.objectstore as objectstore
+
+    class Refusing:
+        def put_object(self, **kw):
+            raise ClientError({"Error": {"Code": "NotImplemented", "Message": "no"}}, "PutObject")
+
+    monkeypatch.setattr(objectstore, "_no_conditional_put", set())
+    caplog.set_level(logging.WARNING, logger="triad.store")
+    monkeypatch.setattr(boto3, "client", lambda *a, **kw: Refusing())
+    assert store.create_once("refused.json", b"a", settle_s=0.1)
+    assert not store.create_once("refused.json", b"b", settle_s=0.1)
+    assert "no conditional create (the store refused If-None-Match (NotImplemented))" in caplog.text
+    monkeypatch.setitem(sys.modules, "boto3", None)  # not installed
+    assert store.create_once("no-boto.json", b"a", settle_s=0.1)
+    assert "no conditional create (boto3 is not installed)" in caplog.text
+
+
 def test_an_outage_is_waited_out_with_a_log_naming_the_url(moto_env, tmp_path, caplog):
     moto = moto_env
     store = ObjectStore(f"s3://{BUCKET}/outage", tmp_path, timeout_s=20, stall_s=1)

@@ -191,8 +191,7 @@ class Orchestrator:
     async def finish_step(
         self, step: int, batch: list[Group], dropped: int, filtered: int, elapsed: float
     ) -> None:
-        """Publish batch `step` and log its metrics row; the store writes run in a thread, so
-        generation goes on while a slow store answers."""
+        """Publish batch `step` and log its metrics row, in threads: generation goes on meanwhile."""
         rows = self.builder.rows(step, batch)
         await asyncio.to_thread(publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature)
         stats = self.builder.stats(step, batch, rows)

@@ -166,3 +166,9 @@ def test_a_server_joins_mid_run_serves_at_the_current_version_and_dies(run):
     later = range(paused_at + ASYNC + 2, STEPS + 1)  # their versions came after the trainer went on
     assert later, f"the run ended too early to show it finishes without the joiner ({paused_at=})"
     assert all(r["server"] == run.first.url for s in later for r in rows[s])
+    # each server logged its loads to a metrics file of its own, named by its fleet record's id
+    loads = run.rundir.metrics.rows("inference")
+    first_ids = {r["server"] for r in loads} - {records[0].server_id}
+    assert len(first_ids) == 1, loads
+    assert [r["version"] for r in loads if r["server"] == records[0].server_id][:2] == [0, version]
+    assert [r["version"] for r in loads if r["server"] in first_ids][-1] == STEPS

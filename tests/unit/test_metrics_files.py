@@ -27,8 +27,8 @@ def test_each_inference_server_writes_its_own_file_and_rows_merges_them(tmp_path
 
 
 def test_a_local_writer_appends_one_file_without_parts(tmp_path, monkeypatch):
-    monkeypatch.setattr(RunDir(tmp_path).metrics, "PART_ROWS", 2)
     rundir = RunDir(tmp_path)
+    monkeypatch.setattr(rundir.metrics, "PART_ROWS", 2)  # parts are for object stores only
     writer = rundir.metrics.writer(TRAINER)
     for step in range(1, 6):
         writer.log(step)

@@ -10,7 +10,8 @@ A moto server (`tests/s3.py`, its own process, loopback) plays the S3-compatible
   orchestrator, polling each version's `DONE` through the run directory's store and asking
   the server to load it (from the store, the server pulls it into its cache first). Per
   version: from the trainer starting to publish (metrics row time minus `publish_s`) to
-  the server's answer. Median over versions 2..5.
+  the server's answer. Median over versions 2..5 (2..3 for 50M: moto moves about 10 MB/s,
+  so a 50M version takes about a minute through it).
 - rollouts/s: `bench/orchestrator_overhead.py`'s real `Orchestrator` against the
   zero-latency fake OpenAI server, writing its batches and markers to a local run
   directory and to the store.
@@ -35,24 +36,25 @@ from shared.rundir import TRAINER, RunDir
 
 BUCKET = "bench"
 STORE_SIZES = ("5M", "50M")
+VERSIONS = {"5M": STEPS, "50M": 3}  # moto takes about a minute per 50M version (it moves ~10 MB/s)
 
 
-def hand_off(workdir: Path, run_dir: str, model: str, name: str) -> list[float]:
+def hand_off(workdir: Path, run_dir: str, model: str, name: str, steps: int = STEPS) -> list[float]:
     from tests.helpers import Server
     from tests.integration.test_trainer import make_batches
 
-    make_batches(run_dir, model, range(1, STEPS + 1))
+    make_batches(run_dir, model, range(1, steps + 1))
     cache = f"store.cache_dir={workdir / f'{name}-cache-inference'}"
     server = Server(run_dir, model, workdir / f"{name}-inference.log", "inference.kv_cache_gib=1", cache)
     server.wait_healthy(600)
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint.every=0",
+        f"run_dir={run_dir}", f"model={model}", f"max_steps={steps}", "trainer.checkpoint.every=0",
         "weights.keep=3", f"store.cache_dir={workdir / f'{name}-cache-trainer'}",
     ]  # fmt: skip
     trainer = start_trainer(sets, workdir / f"{name}-trainer.log")
     rundir, served = RunDir(run_dir), {}
     try:
-        for v in range(1, STEPS + 1):
+        for v in range(1, steps + 1):
             deadline = time.monotonic() + 600
             while not rundir.weights.has_marker(v):
                 if trainer.poll() is not None or time.monotonic() > deadline:
@@ -67,7 +69,7 @@ def hand_off(workdir: Path, run_dir: str, model: str, name: str) -> list[float]:
             trainer.kill()
         server.stop()
     started = {r["step"]: r["time"] - r["publish_s"] for r in rundir.metrics.rows(TRAINER)}
-    return [served[v] - started[v] for v in range(2, STEPS + 1)]
+    return [served[v] - started[v] for v in range(2, steps + 1)]
 
 
 def rollouts_per_s(run_dir: str, steps: int) -> float:
@@ -101,12 +103,12 @@ def main() -> None:
             workdir = args.workdir / size
             model = workdir / "model"
             params = build_model(model, *SIZES[size])
-            figure: dict = {"parameters": params}
+            figure: dict = {"parameters": params, "versions": VERSIONS[size]}
             figure["local_s"] = statistics.median(
-                hand_off(workdir, str(workdir / "run"), str(model), "local")
+                hand_off(workdir, str(workdir / "run"), str(model), "local", VERSIONS[size])
             )
             figure["store_s"] = statistics.median(
-                hand_off(workdir, f"s3://{BUCKET}/{size}", str(model), "store")
+                hand_off(workdir, f"s3://{BUCKET}/{size}", str(model), "store", VERSIONS[size])
             )
             figure["store_over_local"] = figure["store_s"] / figure["local_s"]
             results[f"hand_off_{size}"] = figure

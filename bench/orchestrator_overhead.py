@@ -52,7 +52,7 @@ def wait_healthy(url: str, timeout: float = 30) -> None:
     raise TimeoutError(f"fake server {url} did not start")
 
 
-async def measure(run_dir: Path, url: str, steps: int) -> dict:
+async def measure(run_dir: Path, url: str, steps: int, in_thread: bool = True) -> dict:
     cfg = load_config(
         None,
         [
@@ -75,7 +75,10 @@ async def measure(run_dir: Path, url: str, steps: int) -> dict:
     for step in range(2, steps + 1):
         batch, _, _ = await orch.assemble(step)
         rows = orch.builder.rows(step, batch)
-        publish_batch(orch.rundir, orch.run_id, step, rows, orch.oc.temperature)
+        publish = (publish_batch, orch.rundir, orch.run_id, step, rows, orch.oc.temperature)
+        await asyncio.to_thread(*publish) if in_thread else publish[0](
+            *publish[1:]
+        )  # as the orchestrator does
         samples += len(rows)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     lags = list(orch.loop_lag.samples)

@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 from bench.weight_transport import DIGEST_SIZES, digest_figures
-from shared.metrics import read_metrics
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +72,7 @@ def startup(run_dir: Path, launched: float) -> dict[str, float]:
     rundir = RunDir(run_dir)
 
     def first(service: str) -> float:
-        return read_metrics(rundir.metrics_file(service))[0]["time"] - launched
+        return rundir.metrics.rows(service)[0]["time"] - launched
 
     return {
         "server_ready_s": first(INFERENCE),
@@ -92,12 +91,12 @@ def run_asynchrony(workdir: Path, steps: int) -> tuple[dict, dict[int, Path]]:
         run_dir = workdir / f"eta{eta}"
         starts.append(startup(run_dir, triad_up(run_dir, eta, steps)))
         runs[eta] = run_dir
-        rows = read_metrics(RunDir(run_dir).metrics_file(ORCHESTRATOR))
+        rows = RunDir(run_dir).metrics.rows(ORCHESTRATOR)
         span = rows[-1]["time"] - rows[WARMUP_STEPS]["time"]
         rates[eta] = sum(r["samples"] for r in rows[WARMUP_STEPS + 1 :]) / span
-    trainer = read_metrics(RunDir(runs[0]).metrics_file(TRAINER))
+    trainer = RunDir(runs[0]).metrics.rows(TRAINER)
     t_train = statistics.median(steady(trainer, "train_s")) + statistics.median(steady(trainer, "publish_s"))
-    cycle = statistics.median(steady(read_metrics(RunDir(runs[0]).metrics_file(ORCHESTRATOR)), "step_time_s"))
+    cycle = statistics.median(steady(RunDir(runs[0]).metrics.rows(ORCHESTRATOR), "step_time_s"))
     t_gen = max(cycle - t_train, 1e-9)
     bound = (t_gen + t_train) / max(t_gen, t_train)
     figure = {
@@ -120,7 +119,7 @@ def phase_means(run_dir: Path) -> dict[str, dict[str, float]]:
 
     out = {}
     for service, phases in ((TRAINER, TRAINER_FINE), (ORCHESTRATOR, ORCHESTRATOR_FINE)):
-        rows = read_metrics(RunDir(run_dir).metrics_file(service))[WARMUP_STEPS:]
+        rows = RunDir(run_dir).metrics.rows(service)[WARMUP_STEPS:]
         out[service] = {p: statistics.median(r[p] for r in rows) for p in phases if all(p in r for r in rows)}
     return out
 
@@ -132,8 +131,8 @@ def run_asynchrony_and_handoff(workdir: Path, steps: int) -> dict:
 
 def run_handoff(run_dir: Path) -> dict:
     rundir = RunDir(run_dir)
-    published = {r["step"]: r["time"] for r in read_metrics(rundir.metrics_file(TRAINER))}
-    served = {r["version"]: r["time"] for r in read_metrics(rundir.metrics_file(INFERENCE))}
+    published = {r["step"]: r["time"] for r in rundir.metrics.rows(TRAINER)}
+    served = {r["version"]: r["time"] for r in rundir.metrics.rows(INFERENCE)}
     latencies = [served[v] - published[v] for v in sorted(published) if v in served and v > WARMUP_STEPS]
     weights = next(f for f in map(rundir.weights_file, rundir.weights.steps()) if f.is_file())
     raw = raw_io_seconds(weights.read_bytes())
@@ -170,9 +169,9 @@ def raw_io_seconds(data: bytes, repeats: int = 5) -> float:
 
 def run_module(module: str, *args: str) -> dict:
     """Run `python -m module ARGS`, which prints its figure as the last line of JSON."""
-    out = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=REPO, check=True, capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"python -m {module} failed with code {out.returncode}:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

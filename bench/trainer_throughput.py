@@ -25,7 +25,6 @@ import torch
 from services.models import resolve_model
 from shared.batch import publish_batch
 from shared.config import LossConfig
-from shared.metrics import read_metrics
 from shared.rundir import TRAINER, RunDir
 from trainer.data import collate
 from trainer.host import keep_freed_memory
@@ -63,7 +62,7 @@ def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]], *ext
            "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
     subprocess.run(cmd, check=True, capture_output=True, env=env)
-    rows = read_metrics(rundir.metrics_file(TRAINER))[WARMUP:]
+    rows = rundir.metrics.rows(TRAINER)[WARMUP:]
     return statistics.median(r["tokens"] / r["train_s"] for r in rows)
 
 

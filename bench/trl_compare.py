@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-from shared.metrics import read_metrics
 from shared.rundir import ORCHESTRATOR, RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,7 +68,7 @@ def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
     launched = time.time()
     subprocess.run([sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]], cwd=REPO,
                    check=True, capture_output=True)  # fmt: skip
-    rows = read_metrics(RunDir(run_dir).metrics_file(ORCHESTRATOR))
+    rows = RunDir(run_dir).metrics.rows(ORCHESTRATOR)
     times, rewards = [row["time"] for row in rows], [row["reward_mean"] for row in rows]
     rate = sum(row["samples"] for row in rows[WARMUP + 1 :]) / (times[-1] - times[WARMUP])
     return {"samples_per_s": rate, "to_threshold_s": time_to_threshold(times, rewards, launched),

@@ -31,7 +31,6 @@ import httpx
 
 from shared.admin_api import ADMIN_PREFIX, BROADCAST_INIT_ROUTE, BROADCAST_RECEIVE_ROUTE, WEIGHTS_ROUTE
 from shared.broadcast import Receiving, write_handshake
-from shared.metrics import read_metrics
 from shared.rundir import TRAINER, Handshake, RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,7 +146,7 @@ def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], lis
         if trainer.poll() is None:
             trainer.kill()
         server.stop()
-    rows = {r["step"]: r for r in read_metrics(rundir.metrics_file(TRAINER))}
+    rows = {r["step"]: r for r in rundir.metrics.rows(TRAINER)}
     handoff = [served[v] - (rows[v]["time"] - rows[v]["publish_s"]) for v in range(2, STEPS + 1)]
     return handoff, [rows[v]["digest_s"] for v in range(2, STEPS + 1)]
 

@@ -38,7 +38,7 @@ from shared.digest import agreed, version_digest
 from shared.errors import TriadError
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
-from shared.rundir import INFERENCE, AdapterFiles, Handshake, RunDir, pull_step_dir
+from shared.rundir import INFERENCE, AdapterFiles, Handshake, RunDir, has_marker, pull_step_dir
 
 log = logging.getLogger("triad.inference")
 T = TypeVar("T")
@@ -198,25 +198,53 @@ class WeightManager:
 
     async def load(self, request: LoadWeightsRequest) -> WeightsInfo:
         async with self._lock:
-            # off the event loop: from an object store this downloads, and /health must keep answering
-            pulled = await asyncio.to_thread(resolve_weights_dir, self.rundir, request.path, self.base_path)
-            if pulled is None and request.version != 0:
-                raise AdminError(400, "the base model is version 0")
-            served, path = pulled or (self.base_path, None)
-            if path is not None:
-                self._check_pulled(served, path, request.version)
-            previous = self.info.path
-            started = time.monotonic()
-            loaded = await self._swap("triad_load_weights", str(path) if path else None)
-            load_s = time.monotonic() - started
-            self.info = WeightsInfo(
-                version=request.version, path=served, base_path=self.base_path, **digest_fields(loaded)
-            )
-            if previous not in (served, self.base_path, ""):
-                self.rundir.store.drop_local(previous)  # the cache holds the served version only
+            served = None
+            try:
+                # off the event loop: from an object store this downloads, and /health must keep answering
+                raw, base = request.path, self.base_path
+                pulled = await asyncio.to_thread(resolve_weights_dir, self.rundir, raw, base)
+                if pulled is None and request.version != 0:
+                    raise AdminError(400, "the base model is version 0")
+                served, path = pulled or (self.base_path, None)
+                load_s = await self._load_pulled(request.version, served, path)
+            except Exception as e:
+                await asyncio.to_thread(self._failed, request, served, e)
+                raise
         log.info("serving weights version %d from %s", request.version, self.info.path)
         self.metrics.log(request.version, version=request.version, path=self.info.path, load_s=load_s)
         return self.info
+
+    async def _load_pulled(self, version: int, served: str, path: Path | None) -> float:
+        """Check and load a pulled version; the seconds the load took."""
+        if path is not None:
+            self._check_pulled(served, path, version)
+        previous = self.info.path
+        started = time.monotonic()
+        loaded = await self._swap("triad_load_weights", str(path) if path else None)
+        load_s = time.monotonic() - started
+        digests = digest_fields(loaded)
+        self.info = WeightsInfo(version=version, path=served, base_path=self.base_path, **digests)
+        if previous not in (served, self.base_path, ""):
+            self.rundir.store.drop_local(previous)  # the cache holds the served version only
+        return load_s
+
+    def _failed(self, request: LoadWeightsRequest, served: str | None, error: Exception) -> None:
+        """After a failed load: drop the copy of the version from the cache, and if the version
+        was pruned meanwhile (the trainer keeps only the newest few), say so with a 400."""
+        if served not in (None, self.base_path):
+            self.rundir.store.drop_local(served)
+        if isinstance(error, AdminError) or self.base_path in (served, request.path):
+            return
+        try:
+            if has_marker(self.rundir, served or request.path):
+                return  # not pruned: the error stands as it is
+        except (OSError, TriadError):
+            return
+        why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        raise AdminError(
+            400, f"weights version {request.version} at {request.path} was pruned from the run directory "
+            f"while this server fetched or loaded it ({why}): load a newer version",
+        ) from None  # fmt: skip
 
     def _check_pulled(self, served: str, path: Path, version: int) -> None:
         try:

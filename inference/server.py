@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
 from shared.fleet import Registration, default_url
+from shared.logs import restore_root_levels, root_levels
 from shared.rundir import INFERENCE, RunDir
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
@@ -90,13 +92,13 @@ def advertised_url(cfg: TriadConfig, args: Namespace) -> str:
 
 
 @asynccontextmanager
-async def joined(cfg: TriadConfig, url: str | None) -> AsyncIterator[None]:
+async def joined(cfg: TriadConfig, url: str | None, server_id: str) -> AsyncIterator[None]:
     """With a `url`, keep this server's record in the run's fleet registry while the body runs,
     and remove it on the way out."""
     if url is None:
         yield
         return
-    registration = Registration(RunDir.of(cfg), url)
+    registration = Registration(RunDir.of(cfg), url, server_id)
     heartbeat = asyncio.create_task(registration.keep_alive(cfg.inference.heartbeat_interval_s))
     try:
         yield
@@ -106,6 +108,7 @@ async def joined(cfg: TriadConfig, url: str | None) -> AsyncIterator[None]:
 
 
 async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -> None:
+    saved_levels = root_levels()  # a library vLLM imports while it builds its app sets them to ERROR
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -116,13 +119,15 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     from inference.vllm_api import check_engine
 
     token = cfg.inference.token()
-    metrics = RunDir.of(cfg).metrics.writer(INFERENCE)
+    server_id = uuid.uuid4().hex[:12]  # names its metrics file and its fleet record
+    metrics = RunDir.of(cfg).metrics.writer(INFERENCE, server_id)
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
         check_engine(engine)
         await engine.collective_rpc("triad_check_worker")
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
+        restore_root_levels(saved_levels)
         manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics, token)
         adapters = AdapterManager(engine, RunDir.of(cfg), metrics)
         add_admin_routes(app, manager, token, adapters)
@@ -130,7 +135,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         adapters.models = app.state.openai_serving_models
         sweeper = asyncio.create_task(adapters.sweep_forever(cfg.inference.adapter_idle_s))
         metrics.log(0, version=0, path=args.model)
-        async with joined(cfg, join_as):  # serve_http returns once the server has stopped
+        async with joined(cfg, join_as, server_id):  # serve_http returns once the server has stopped
             shutdown = await serve_http(
                 app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                 access_log=False,
@@ -154,7 +159,9 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
     join_as = advertised_url(cfg, args) if join else None
     if join_as is not None:
         check_advertised_exposure(join_as, cfg.inference.token())
-    RunDir.of(cfg).check_writable()  # a bad bucket, credentials or endpoint fail here, not at the first load
+    rundir = RunDir.of(cfg)
+    rundir.check_writable()  # a bad bucket, credentials or endpoint fail here, not at the first load
+    rundir.store.sweep()  # partial copies of versions that a killed server was fetching
     cli_env_setup()
 
     import uvloop

@@ -63,6 +63,6 @@ async def evaluate_and_log(
 ) -> None:  # fmt: skip
     versions = sorted({s.version for s in pool.healthy()})
     result = await evaluate(env, prompts, pool, k, env_timeout, episodes)
-    writer.log(step, policy_versions=versions, **result)
+    await asyncio.to_thread(writer.log, step, policy_versions=versions, **result)  # off the event loop
     summary = ", ".join(f"{name} {value:.3f}" for name, value in result.items())
     log.info("eval after step %d: %s", step, summary)

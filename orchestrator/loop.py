@@ -188,18 +188,17 @@ class Orchestrator:
         self.dropped_total += dropped
         return batch, dropped, filtered
 
-    def finish_step(
+    async def finish_step(
         self, step: int, batch: list[Group], dropped: int, filtered: int, last: float, generated: float
     ) -> None:
-        """Publish batch `step`; its metrics row has the phases since batch `step - 1` was written
-        (`last`): generating until `generated`, assembling rows, writing Parquet and `DONE`."""
+        """Publish batch `step` in a thread; its row has the phases since `last`: generate, assemble, write"""
         rows = self.builder.rows(step, batch)
         assembled = time.monotonic()
-        publish_batch(self.rundir, self.run_id, step, rows, self.oc.temperature)
+        await asyncio.to_thread(publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature)
         written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
-        row = self.metrics.log(
-            step, **stats, **rates(written - last, len(rows), stats["tokens"]),
+        fields = dict(
+            **stats, **rates(written - last, len(rows), stats["tokens"]),
             generate_s=generated - last, assemble_s=assembled - generated, write_batch_s=written - assembled,
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.loop_lag.take(),
@@ -207,6 +206,7 @@ class Orchestrator:
             groups_filtered=filtered, groups_failed=self.failed_groups,
         )  # fmt: skip
         self.failed_groups = 0
+        row = await asyncio.to_thread(self.metrics.log, step, **fields)
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
             step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.weights.served_version,
@@ -219,7 +219,7 @@ class Orchestrator:
         held_out = eval_prompts(self.env, self.oc.eval_size) if self.oc.eval_every else []
         for step in range(self.first_step, self.cfg.max_steps + 1):
             batch, dropped, filtered = await self.assemble(step)
-            self.finish_step(step, batch, dropped, filtered, last, time.monotonic())
+            await self.finish_step(step, batch, dropped, filtered, last, time.monotonic())
             last = time.monotonic()
             if held_out and (step % self.oc.eval_every == 0 or step == self.cfg.max_steps):
                 oc = self.oc

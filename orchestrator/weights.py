@@ -18,10 +18,11 @@ from orchestrator.broadcasting import BroadcastCoordinator
 from orchestrator.integrity import DigestMismatch, mismatch
 from orchestrator.pool import Server, ServerPool
 from orchestrator.published import PublishedWeights
+from shared.admin_api import WeightsInfo
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.resume import newest_checkpoint
-from shared.rundir import RunDir
+from shared.rundir import Marker, RunDir
 from shared.waiting import Backoff, async_wait_for, poll_cap
 
 log = logging.getLogger("triad.orchestrator")
@@ -69,7 +70,9 @@ class WeightFollower:
     async def load_checked(self, server: Server, version: int, path: str) -> None:
         """Load, then compare what the server loaded with the trainer's digests; on a mismatch
         load once more, then stop the run naming the server, the version and the tensor."""
-        marker = self.rundir.weights.marker(version, self.run_id) if version else None
+        marker = (
+            await asyncio.to_thread(self.rundir.weights.marker, version, self.run_id) if version else None
+        )
         required = self.verifiable(server)
         problem = mismatch(marker, await server.backend.load(version, path), required)
         if problem is None:
@@ -97,9 +100,8 @@ class WeightFollower:
         async with server.loading:
             if server.version != version:
                 return
-            problem = mismatch(
-                self.rundir.weights.marker(version, self.run_id), await server.backend.current()
-            )
+            marker = await asyncio.to_thread(self.rundir.weights.marker, version, self.run_id)
+            problem = mismatch(marker, await server.backend.current())
             if problem is None:
                 return
             if not files:
@@ -122,11 +124,9 @@ class WeightFollower:
             return
         async with server.loading:
             info = await server.backend.current()
-            newest = self.published.newest(after=-1, loadable=True) or 0
-            current_lineage = info.version <= newest_checkpoint(self.rundir, self.run_id) or (
-                info.version == server.version
-            )
-            if self.published.holds(info) and info.version >= newest and current_lineage:
+            newest, checkpoint, holds = await asyncio.to_thread(self.newest_for, info)
+            current_lineage = info.version <= checkpoint or info.version == server.version
+            if holds and info.version >= newest and current_lineage:
                 server.version = info.version
                 return
             path = self.rundir.weights.relative(newest) if newest else info.base_path
@@ -146,27 +146,46 @@ class WeightFollower:
                 "max_async_level only bounds how far rollouts run ahead of the trainer"
             )
 
+    def newest_for(self, info: WeightsInfo) -> tuple[int, int, bool]:
+        """(this run's newest loadable version, the newest checkpoint, whether `info` is this
+        run's): store reads, run in a thread."""
+        newest = self.published.newest(after=-1, loadable=True) or 0
+        return newest, newest_checkpoint(self.rundir, self.run_id), self.published.holds(info)
+
+    def newer_version(self) -> tuple[int, Marker] | None:
+        """The trainer's newest version after the followed one, with its marker (store reads, run
+        in a thread); first, a rewound trainer is noticed."""
+        self.published.check_lineage(self.trainer_version, self.trainer_version_created)
+        version = self.published.newest(after=self.trainer_version)
+        marker = None if version is None else self.rundir.weights.marker(version, self.run_id)
+        return None if version is None or marker is None else (version, marker)
+
+    def prune_consumed(self, version: int) -> None:
+        """A batch is done with once trained *and* checkpointed: a resumed trainer restarts after C."""
+        consumed = min(version, newest_checkpoint(self.rundir, self.run_id))
+        self.rundir.rollouts.prune(self.cfg.orchestrator.keep_rollouts, done_upto=consumed)
+
     async def follow(self) -> None:
         """Forever: take each newly published version to the servers, then prune consumed batches.
         Looks for a new version from the store's `poll_floor_s` up to `poll_cap` of it (`Backoff`):
-        the next version usually comes one training step after the last."""
+        the next version usually comes one training step after the last. Store reads and writes
+        run in threads: a slow store call does not stall generation."""
         floor = self.rundir.store.poll_floor_s
         intervals = Backoff(floor, poll_cap(floor))
         while True:
-            self.published.check_lineage(self.trainer_version, self.trainer_version_created)
             if self.broadcast is not None:
-                ready = self.broadcast.ready_to_send(after=self.trainer_version)
+                await asyncio.to_thread(self.published.check_lineage, self.trainer_version,
+                                        self.trainer_version_created)  # fmt: skip
+                ready = await asyncio.to_thread(self.broadcast.ready_to_send, self.trainer_version)
                 if ready is not None:
                     await self.broadcast.deliver(ready)
                     intervals.reset()  # its DONE comes once the trainer has sent it
-            version = self.published.newest(after=self.trainer_version)
-            if version is None:
+            found = await asyncio.to_thread(self.newer_version)
+            if found is None:  # none yet (or pruned or discarded between the two reads)
                 await asyncio.sleep(intervals.next())
                 continue
             intervals.reset()
-            marker = self.rundir.weights.marker(version, self.run_id)
-            if marker is None:  # pruned or discarded between the two reads
-                continue
+            version, marker = found
             self.trainer_version, self.trainer_version_created = version, marker.created_at
             files = getattr(marker, "files", True)
             if not self.frozen and self.broadcast is not None:  # what came by broadcast is checked first
@@ -174,9 +193,7 @@ class WeightFollower:
             if not self.frozen and files:
                 await asyncio.gather(*(self.load(s, version) for s in self.pool.healthy()))
                 log.info("inference now serves version %d", self.served_version)
-            # a batch is done with once trained *and* checkpointed: a resumed trainer restarts after C
-            consumed = min(version, newest_checkpoint(self.rundir, self.run_id))
-            self.rundir.rollouts.prune(self.cfg.orchestrator.keep_rollouts, done_upto=consumed)
+            await asyncio.to_thread(self.prune_consumed, version)
             await self.on_change()
 
     async def wait_for_version(self, version: int) -> None:

@@ -17,7 +17,6 @@ a fraction of a second with one line that names it.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from shared.config import TriadConfig, load_config
 from shared.errors import TriadError
+from shared.logs import setup_logging
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.toml")
@@ -138,18 +138,6 @@ def parser() -> argparse.ArgumentParser:
                 help="register with the run's fleet so a running orchestrator discovers this server",
             )  # fmt: skip
     return p
-
-
-def setup_logging() -> None:
-    rank = os.environ.get("RANK")
-    prefix = f"[rank {rank}] " if rank is not None else ""
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s {prefix}%(name)s %(levelname)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for noisy in ("httpx", "httpx2", "httpcore", "openai"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> None:

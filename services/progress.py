@@ -71,9 +71,25 @@ class StoreTail:
         return rows
 
 
-def tail_of(rundir: RunDir, service: str) -> MetricsTail | StoreTail:
+class LocalTail:
+    """New rows of every metrics file of a service on a local store (each inference server has
+    its own): one `MetricsTail` per file, files that appear later included, merged by time."""
+
+    def __init__(self, rundir: RunDir, service: str) -> None:
+        self.rundir, self.service = rundir, service
+        self.tails: dict[str, MetricsTail] = {}
+
+    def read(self) -> list[dict]:
+        for _, _, key in self.rundir.metrics.files(self.service):
+            if key not in self.tails:
+                self.tails[key] = MetricsTail(self.rundir.store.local_path(key))
+        rows = [row for tail in self.tails.values() for row in tail.read()]
+        return sorted(rows, key=lambda r: r.get("time", 0.0)) if len(self.tails) > 1 else rows
+
+
+def tail_of(rundir: RunDir, service: str) -> LocalTail | StoreTail:
     if isinstance(rundir.store, LocalStore):
-        return MetricsTail(rundir.metrics_file(service))
+        return LocalTail(rundir, service)
     return StoreTail(rundir, service)
 
 

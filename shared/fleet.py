@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from shared.errors import TriadError
 from shared.rundir import RunDir
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("triad.fleet")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
@@ -48,11 +48,11 @@ def default_url(host: str, port: int) -> str:
 class Registration:
     """One joined server's record in the registry (the inference side)."""
 
-    def __init__(self, rundir: RunDir, url: str) -> None:
+    def __init__(self, rundir: RunDir, url: str, server_id: str | None = None) -> None:
         self.rundir = rundir
         now = time.time()
         self.record = FleetRecord(
-            server_id=uuid.uuid4().hex[:12], url=url, beat=0, written_at=now, started_at=now
+            server_id=server_id or uuid.uuid4().hex[:12], url=url, beat=0, written_at=now, started_at=now
         )
         self.failing = False
 

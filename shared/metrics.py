@@ -1,12 +1,17 @@
-"""Metrics as JSON lines in `run_dir/metrics/<service>.jsonl`, through the run directory's store.
+"""Metrics as JSON lines under `run_dir/metrics/`, through the run directory's store.
 
-On a local store rows are appended in place; on an object store each row rewrites the
-(small, single-writer) object, so readers always see whole files of complete rows."""
+Each writer has files of its own (`shared/rundir.py` names them: one per service, and one per
+inference server, since several servers may serve one run). On a local store rows are appended
+in place; on an object store, where an object cannot be appended to, each row rewrites the
+writer's current part, which is rotated every `part_rows` rows so a rewrite stays small.
+Readers always see whole files of complete rows."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,13 +22,35 @@ if TYPE_CHECKING:
 
 
 class MetricsWriter:
-    def __init__(self, store: Storage, key: str) -> None:
-        self.store, self.key = store, key
+    """Appends rows to `key` (a local store), or with `part_rows` to the parts `part_key(n)`
+    (an object store): a part that holds `part_rows` rows is left as it is and the next begins.
+    The part to continue is found at the first row (after a restart's `drop_after`)."""
+
+    def __init__(
+        self, store: Storage, key: str, part_rows: int = 0,
+        part_key: Callable[[int], str] | None = None, last_part: Callable[[], int] | None = None,
+    ) -> None:  # fmt: skip
+        self.store, self.key, self.part_rows = store, key, part_rows
+        self.part_key, self.last_part = part_key, last_part
+        self.part: int | None = None
+        self.lock = threading.Lock()  # callers may log from threads (off an event loop)
 
     def log(self, step: int, **values: Any) -> dict[str, Any]:
         row = {"step": step, "time": time.time(), **values}
-        self.store.append(self.key, (json.dumps(row) + "\n").encode())
+        with self.lock:
+            self.write((json.dumps(row) + "\n").encode())
         return row
+
+    def write(self, line: bytes) -> None:
+        if not self.part_rows or self.part_key is None:
+            self.store.append(self.key, line)
+            return
+        if self.part is None:
+            self.part = self.last_part() if self.last_part else 0
+        current = self.store.read_bytes(self.part_key(self.part)) or b""
+        if current.count(b"\n") >= self.part_rows:
+            self.part, current = self.part + 1, b""
+        self.store.write_bytes(self.part_key(self.part), current + line)
 
 
 def drop_rows_after(path: Path, step: int) -> int:

@@ -34,6 +34,7 @@ from typing import TypeVar
 import pyarrow.fs as pafs
 
 from shared.errors import TriadError, WaitTimeout
+from shared.storage import TMP_PREFIX
 
 SCHEME = "s3://"
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -137,6 +138,46 @@ class StoreCall:
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
 
+_no_conditional_put: set[str] = set()  # endpoints (or "boto3") told of once
+
+
+def put_if_absent(base: str, key: str, data: bytes) -> bool | None:
+    """PUT `base/key` with `If-None-Match: *`: True if created, False if it exists, None if
+    that cannot be done here (no boto3, or the store refuses the header). Connection
+    errors are OSErrors, so `StoreCall` retries them."""
+    try:
+        import boto3
+        import botocore.exceptions as bce
+    except ImportError:
+        return _fallback("boto3", "boto3 is not installed")
+    bucket, _, prefix = base.partition("/")
+    from botocore.config import Config
+
+    limits = Config(
+        connect_timeout=CONNECT_TIMEOUT_S, read_timeout=STALL_TIMEOUT_S, retries={"max_attempts": 1}
+    )
+    client = boto3.client("s3", endpoint_url=endpoint(), config=limits)
+    try:
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{key}".lstrip("/"), Body=data, IfNoneMatch="*")
+    except bce.ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+            return False
+        if code in ("NotImplemented", "InvalidArgument", "InvalidRequest", "501", "400"):
+            return _fallback(endpoint() or "s3", f"the store refused If-None-Match ({code})")
+        raise OSError(f"AWS Error {code}: {e}") from None
+    except (bce.BotoCoreError, ValueError) as e:
+        raise OSError(str(e)) from None
+    return True
+
+
+def _fallback(where: str, why: str) -> None:
+    if where not in _no_conditional_put:
+        _no_conditional_put.add(where)
+        log.warning("no conditional create (%s): creating objects once by write, wait and read back", why)
+    return None
+
+
 def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://bucket/prefix`; TriadError naming the URL if it has no bucket."""
     rest = url.removeprefix(SCHEME).strip("/")
@@ -144,6 +185,31 @@ def parse_url(url: str) -> tuple[str, str]:
     if not bucket or ".." in PurePosixPath(prefix).parts:
         raise TriadError(f"run_dir {url!r} is not an object-store URL of the form s3://bucket/prefix")
     return bucket, prefix
+
+
+def sweep_dead_tmp(cache: Path) -> list[Path]:
+    """Remove the `.tmp-<pid>-...` directories under `cache` whose process (on this machine)
+    is gone: a writer or fetcher killed mid-way leaves them behind. Those of live processes
+    stay. Returns what was removed."""
+    swept = []
+    for tmp in sorted(cache.rglob(f"{TMP_PREFIX}*")) if cache.is_dir() else []:
+        pid = tmp.name.removeprefix(TMP_PREFIX).split("-")[0]
+        if tmp.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            swept.append(tmp)
+    if swept:
+        log.info("swept %d directories of dead processes from the cache %s", len(swept), cache)
+    return swept
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 class ObjectStore:
@@ -210,8 +276,14 @@ class ObjectStore:
         self.write_bytes(key, (self.read_bytes(key) or b"") + data)
 
     def create_once(self, key: str, data: bytes, settle_s: float = 1.0) -> bool:
-        """Write `key` unless it exists. S3 has no create-if-absent here: writers that both saw
-        no object both write, and after `settle_s` all of them read the same (last) one."""
+        """Write `key` unless it exists; whether this call wrote it. A conditional PUT
+        (`If-None-Match: *`, through boto3: pyarrow cannot send it) lets exactly one of
+        racing writers win. Where that is not available (no boto3, or a store that refuses
+        the header; logged), writers that both saw no object both write, and after
+        `settle_s` all of them read the same (last) one."""
+        created = self.call(f"creating {key} if absent", lambda: put_if_absent(self.base, key, data))
+        if created is not None:
+            return created
         if self.exists(key):
             return False
         self.write_bytes(key, data)
@@ -236,7 +308,7 @@ class ObjectStore:
     @contextmanager
     def _scratch(self) -> Iterator[Path]:
         self.cache.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".tmp-write-", dir=self.cache))
+        scratch = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-write-", dir=self.cache))
         try:
             yield scratch
         finally:
@@ -289,13 +361,13 @@ class ObjectStore:
         if marker is not None and (target / last).is_file() and (target / last).read_bytes() == marker:
             return target  # whole already (its marker came last): another process on this machine fetched it
         files = [i for i in self._infos(key, recursive=True) if i.type == pafs.FileType.File]
-        staging = target.parent / f".tmp-fetch-{uuid.uuid4().hex}"
+        staging = target.parent / f"{TMP_PREFIX}{os.getpid()}-fetch-{uuid.uuid4().hex}"
         try:
             for info in files:
                 relative = info.path.removeprefix(self.path(key) + "/")
                 if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
                     raise TriadError(f"object store {self.url}: refusing key {info.path!r} (it leaves {key})")
-                if relative == last or PurePosixPath(relative).name.startswith(".tmp-"):
+                if relative == last or PurePosixPath(relative).name.startswith(TMP_PREFIX):
                     continue
                 (staging / relative).parent.mkdir(parents=True, exist_ok=True)
                 self._download(info.path, staging / relative)
@@ -324,10 +396,14 @@ class ObjectStore:
         """Forget this machine's copy of `key` (keeps the cache bounded)."""
         shutil.rmtree(self.local_path(key), ignore_errors=True)
 
+    def sweep(self) -> list[Path]:
+        """At start: remove the cache's scratch and staging directories of dead processes."""
+        return sweep_dead_tmp(self.cache)
+
     def check_writable(self) -> None:
         """Write and delete a probe object once, without retrying: a bad bucket, refused
         credentials or an unreachable endpoint fail at start-up, naming the URL."""
-        probe = self.path(f".tmp-probe-{uuid.uuid4().hex}")
+        probe = self.path(f"{TMP_PREFIX}probe-{uuid.uuid4().hex}")
         try:
             with self.fs.open_output_stream(probe) as f:
                 f.write(b"")

@@ -69,6 +69,8 @@ class Storage(Protocol):
 
     def drop_local(self, key: str) -> None: ...
 
+    def sweep(self) -> list[Path]: ...
+
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -141,6 +143,11 @@ class LocalStore:
             with atomic_path(dst) as tmp:
                 shutil.copyfile(src, tmp)
         return True
+
+    def sweep(self) -> list[Path]:
+        """Nothing to sweep: there is no cache (temporary files beside their keys are not owned
+        by one process, and readers skip them)."""
+        return []
 
     def append(self, key: str, data: bytes) -> None:
         """Append in place; a row torn by a writer killed mid-write is ended with a newline

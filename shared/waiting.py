@@ -11,7 +11,7 @@ from typing import TypeVar
 from shared.errors import WaitTimeout
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+log = logging.getLogger("triad.waiting")
 BACKOFF = 1.5  # each empty poll waits this much longer, from the floor up to `poll`
 
 

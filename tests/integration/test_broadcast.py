@@ -30,7 +30,6 @@ from shared.admin_api import ADMIN_PREFIX, BROADCAST_INIT_ROUTE, BROADCAST_RECEI
 from shared.broadcast import Receiving, SendReady, plan_buckets, read_handshake, write_handshake
 from shared.digest import first_difference
 from shared.faults import FAILPOINT_VAR, TRAINER_CORRUPT_BUCKET
-from shared.metrics import read_metrics
 from shared.rundir import Handshake, RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, Server, free_port, triad_cmd
@@ -186,9 +185,7 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
         assert trainer.wait(timeout=120) == 0
         assert "admits only peers holding the run's admin token" in (tmp_path / "trainer.log").read_text()
         assert gap(before, expected) > 1e-2  # training moved the weights: the comparison can fail
-        sent = [
-            r for r in read_metrics(rundir.metrics_file("inference")) if r.get("transport") == "broadcast"
-        ]
+        sent = [r for r in rundir.metrics.rows("inference") if r.get("transport") == "broadcast"]
         assert len(sent) == 2 * STEPS
     finally:
         if trainer.poll() is None:
@@ -231,13 +228,13 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
         assert codes == {"orchestrator": 0, "trainer": 0}, text
         assert "broadcast of version 3 failed on 1 server(s): falling back to files" in text["orchestrator"]
         assert "broadcast of version 3 failed" in text["trainer"] and "writing files" in text["trainer"]
-        trained = [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))]
+        trained = [r["step"] for r in rundir.metrics.rows("trainer")]
         assert trained == list(range(1, steps + 1))
         # a new generation without the dead server carried the later updates
         lines = text["orchestrator"].splitlines()
         generations = [line for line in lines if "broadcast group generation" in line]
         assert len(generations) == 2 and servers[1].url not in generations[1], generations
-        loads = read_metrics(rundir.metrics_file("inference"))
+        loads = rundir.metrics.rows("inference")
         broadcast = sorted(r["version"] for r in loads if r.get("transport") == "broadcast")
         assert broadcast[:4] == [1, 1, 2, 2], loads  # both servers, before the kill: no files at all
         assert [v for v in broadcast if v > 3] == list(range(4, steps + 1)), loads  # the survivor

@@ -29,7 +29,6 @@ from orchestrator.pool import ServerPool
 from orchestrator.tools import ToolRunner, parse_tool_calls, tool_schema
 from shared.batch import read_batch
 from shared.config import TriadConfig, load_config
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import REPO, Server, run_triad
 
@@ -180,9 +179,9 @@ def test_chat_tool_use_batches_hold_the_sampled_ids_and_mask_template_and_tool_t
             # the model's own template, rendered by transformers
             assert row["input_ids"][:prompt_end] == tok(expected, add_special_tokens=False).input_ids
     assert max(turns) >= 2, "no episode called a tool: the multi-turn path was not exercised"
-    trainer = read_metrics(rundir.metrics_file("trainer"))
+    trainer = rundir.metrics.rows("trainer")
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
-    orchestrator = read_metrics(rundir.metrics_file("orchestrator"))
+    orchestrator = rundir.metrics.rows("orchestrator")
     assert all("tool_calls_mean" in r for r in orchestrator)
 
 
@@ -280,7 +279,7 @@ def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, s
     two = sum(n >= 2 for n in agent.tool_calls_per_episode)
     print(f"episodes with two or more tool calls: {two} of {len(agent.tool_calls_per_episode)}")
     assert two >= len(agent.tool_calls_per_episode) // 4, agent.tool_calls_per_episode
-    assert [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rundir.metrics.rows("trainer")] == list(range(1, STEPS + 1))
 
 
 class Slow(InferenceClient):
@@ -408,5 +407,5 @@ def test_a_template_that_rewrites_history_does_not_change_what_the_trainer_sees(
             if sampled:
                 worst = max(worst, abs(logp[t - 1].item() - row["logprobs"][t]))
     assert worst < 1e-3, worst
-    trainer = read_metrics(RunDir(cfg.run_dir).metrics_file("trainer"))
+    trainer = RunDir(cfg.run_dir).metrics.rows("trainer")
     assert trainer[0]["mismatch_kl"] < 1e-4, trainer[0]  # the trainer's own logprobs of the same tokens

@@ -10,7 +10,6 @@ from statistics import mean
 
 import pytest
 
-from shared.metrics import read_metrics
 from shared.resume import newest_checkpoint
 from shared.rundir import RunDir
 from shared.waiting import wait_for
@@ -54,18 +53,18 @@ def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) ->
 
     resume_from = checkpointed()
     # updates after the checkpoint (51, 52 if it was quick) are trained again by the resumed run
-    checkpointed_rows = [r for r in read_metrics(rundir.metrics_file("trainer")) if r["step"] <= resume_from]
+    checkpointed_rows = [r for r in rundir.metrics.rows("trainer") if r["step"] <= resume_from]
     resumed = run_triad("up", *sets, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming after update" in resumed.stdout
 
-    trainer_rows = read_metrics(rundir.metrics_file("trainer"))
+    trainer_rows = rundir.metrics.rows("trainer")
     assert [r["step"] for r in trainer_rows] == list(range(1, STEPS + 1))  # each update once
     assert trainer_rows[:resume_from] == checkpointed_rows  # continued, not restarted
-    rewards = [r["reward_mean"] for r in read_metrics(rundir.metrics_file("orchestrator"))]
+    rewards = [r["reward_mean"] for r in rundir.metrics.rows("orchestrator")]
     first, last = mean(rewards[:10]), mean(rewards[-10:])
     assert last - first >= 0.2, f"reward {first:.3f} -> {last:.3f}: no clear rise"
-    evals = read_metrics(rundir.metrics_file("eval"))
+    evals = rundir.metrics.rows("eval")
     assert evals and evals[-1]["step"] == STEPS, evals  # held-out evaluation ran, the last at the end
     assert all(0 <= r["eval_pass@1"] <= r["eval_pass@4"] <= 1 for r in evals), evals
     assert rundir.plot_file().exists()

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from shared.metrics import read_metrics
 from shared.rundir import TRAINER, RunDir, Steps
 from tests.helpers import free_port, run_triad
 
@@ -81,7 +80,7 @@ def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
         sampler.done.set()
         sampler.join()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rundir.metrics.rows("trainer")] == list(range(1, STEPS + 1))
 
     weights_size = size(rundir.weights.path(STEPS))
     checkpoint_size = size(rundir.checkpoints.path(STEPS))

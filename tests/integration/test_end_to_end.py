@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import free_port, run_triad
 
@@ -54,12 +53,12 @@ def check_markers(rundir: RunDir, run_id: str) -> None:
 
 
 def check_training(rundir: RunDir) -> None:
-    trainer = read_metrics(rundir.metrics_file("trainer"))
+    trainer = rundir.metrics.rows("trainer")
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in trainer)
-    served = [r["version"] for r in read_metrics(rundir.metrics_file("inference"))]
+    served = [r["version"] for r in rundir.metrics.rows("inference")]
     assert served[0] == 0 and served[-1] == STEPS and served == sorted(served), served
-    orchestrator = read_metrics(rundir.metrics_file("orchestrator"))
+    orchestrator = rundir.metrics.rows("orchestrator")
     seen = [r["served_version"] for r in orchestrator]
     assert seen == sorted(seen) and seen[-1] >= 1, seen
 

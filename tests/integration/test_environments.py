@@ -28,7 +28,6 @@ from orchestrator.loop import Orchestrator, connect_servers
 from orchestrator.pool import ServerPool
 from shared.batch import publish_batch, read_batch
 from shared.config import load_config
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import REPO, Server, run_triad, triad_cmd, write_env_plugin
 
@@ -166,8 +165,8 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
     for step in (1, 2, 3):
         batch = read_batch(rundir.batch_file(step)).to_pylist()
         assert {r["env"] for r in batch} == {"echo"} and {r["policy_version"] for r in batch} == {0}
-    assert [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))] == [1, 2, 3]
-    orchestrator = read_metrics(rundir.metrics_file("orchestrator"))
+    assert [r["step"] for r in rundir.metrics.rows("trainer")] == [1, 2, 3]
+    orchestrator = rundir.metrics.rows("orchestrator")
     assert [r["step"] for r in orchestrator] == [1, 2, 3] and "reward/echo" in orchestrator[0]
 
 

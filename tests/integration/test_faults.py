@@ -31,7 +31,6 @@ import pytest
 
 from shared.errors import WaitTimeout
 from shared.faults import AUDIT_VAR, FAILPOINT_VAR, ORCHESTRATOR_BEFORE_MARKER, TRAINER_MID_STEP
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, Server, triad_cmd
@@ -105,7 +104,7 @@ class Run:
 
     def check(self) -> None:
         rundir = RunDir(self.run_dir)
-        trained = [r["step"] for r in read_metrics(rundir.metrics_file("trainer"))]
+        trained = [r["step"] for r in rundir.metrics.rows("trainer")]
         assert trained == list(range(1, STEPS + 1)), trained
         for step in rundir.rollouts.steps():
             versions = pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0)
@@ -132,7 +131,7 @@ def test_trainer_killed_mid_step_resumes_and_the_orchestrator_follows(run):
     run.start("orchestrator")
     run.start("trainer", failpoint=f"{TRAINER_MID_STEP}:5")
     assert run.wait("trainer") != 0  # killed by its own SIGKILL after the step-5 backward pass
-    assert [r["step"] for r in read_metrics(RunDir(run.run_dir).metrics_file("trainer"))] == [1, 2, 3, 4]
+    assert [r["step"] for r in RunDir(run.run_dir).metrics.rows("trainer")] == [1, 2, 3, 4]
     run.start("trainer")
     run.finish()
     run.check()
@@ -161,7 +160,7 @@ def test_inference_killed_mid_generation_is_re_detected_and_realigned(run):
     run.start("trainer")
     run.wait_for_batch(3)
     run.inference.kill()  # generation for the next batches is in flight
-    served_before = max(r["version"] for r in read_metrics(RunDir(run.run_dir).metrics_file("inference")))
+    served_before = max(r["version"] for r in RunDir(run.run_dir).metrics.rows("inference"))
     time.sleep(3)
     run.inference = Server(run.run_dir, run.model, run.root / "inference.log", *run.shared_sets(),
                            port=run.inference.port)  # fmt: skip
@@ -170,6 +169,6 @@ def test_inference_killed_mid_generation_is_re_detected_and_realigned(run):
     run.check()
     log = run.log("orchestrator")
     assert "out of rotation" in log and f"{run.url} is back, serving version" in log
-    loads = [r["version"] for r in read_metrics(RunDir(run.run_dir).metrics_file("inference"))]
+    loads = [r["version"] for r in RunDir(run.run_dir).metrics.rows("inference")]
     restart = len(loads) - 1 - loads[::-1].index(0)  # the restarted server's first row: version 0
     assert loads[restart + 1] >= served_before, loads  # current weights before it served rollouts

@@ -26,7 +26,6 @@ import pytest
 
 from shared.errors import WaitTimeout
 from shared.fleet import parse_records
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, Server, triad_cmd
@@ -114,7 +113,7 @@ class Run:
                 server.stop()
 
     def trained(self) -> list[int]:
-        return [r["step"] for r in read_metrics(self.rundir.metrics_file("trainer"))]
+        return [r["step"] for r in self.rundir.metrics.rows("trainer")]
 
     def servers_of(self, step: int) -> list[str]:
         return pq.read_table(self.rundir.batch_file(step), columns=["server"]).column(0).to_pylist()
@@ -167,3 +166,9 @@ def test_a_server_joins_mid_run_serves_at_the_current_version_and_dies(run):
     later = range(paused_at + ASYNC + 2, STEPS + 1)  # their versions came after the trainer went on
     assert later, f"the run ended too early to show it finishes without the joiner ({paused_at=})"
     assert all(r["server"] == run.first.url for s in later for r in rows[s])
+    # each server logged its loads to a metrics file of its own, named by its fleet record's id
+    loads = run.rundir.metrics.rows("inference")
+    first_ids = {r["server"] for r in loads} - {records[0].server_id}
+    assert len(first_ids) == 1, loads
+    assert [r["version"] for r in loads if r["server"] == records[0].server_id][:2] == [0, version]
+    assert [r["version"] for r in loads if r["server"] in first_ids][-1] == STEPS

@@ -20,7 +20,6 @@ from transformers import AutoTokenizer
 
 from orchestrator.environments import load_environment
 from shared.batch import read_batch
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import Server, write_verifiers_env
 from tests.integration import test_chat
@@ -113,7 +112,7 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
           f"{sum(scores) / len(scores):.3f}, {sum(s > 0 for s in scores)} above 0")  # fmt: skip
     # whether any sample scores is chance (a frozen policy on a new prompt format); non-zero
     # scores against the library's are checked in tests/unit/test_env_adapters.py
-    trainer_rows = read_metrics(RunDir(cfg.run_dir).metrics_file("trainer"))
+    trainer_rows = RunDir(cfg.run_dir).metrics.rows("trainer")
     assert [r["step"] for r in trainer_rows] == list(range(1, STEPS + 1))
 
 
@@ -145,7 +144,7 @@ def test_a_verifiers_environment_runs_its_own_rollouts_and_rubric(tmp_path, chat
         assert metrics["env/contains_answer"] == contains and metrics["env/brevity"] == pytest.approx(brevity)
         assert row["reward"] == pytest.approx(contains + 0.5 * brevity) == metrics["env_reward"], turns
     assert checked >= len(rows) // 2, f"only {checked} of {len(rows)} rows were UTF-8"
-    steps = read_metrics(RunDir(cfg.run_dir).metrics_file("orchestrator"))
+    steps = RunDir(cfg.run_dir).metrics.rows("orchestrator")
     by_step = [rows[i * 16 : (i + 1) * 16] for i in range(STEPS)]
     for logged, batch in zip(steps, by_step, strict=True):
         mean = sum(json.loads(r["metrics"])["env/brevity"] for r in batch) / len(batch)

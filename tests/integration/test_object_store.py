@@ -112,13 +112,14 @@ def test_three_hosts_share_only_a_bucket_and_ride_out_an_outage(
     config.write_text(
         f'run_dir = "{url}"\nmodel = "{tiny_model}"\nmax_steps = {STEPS}\nmax_async_level = {ETA}\n'
         f'[inference]\nhost = "{INFERENCE_IP}"\nport = 8000\nadmin_token = "{TOKEN}"\n'
+        "heartbeat_interval_s = 1\n"
         f'[orchestrator]\ninference_urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
         f"keep_rollouts = {STEPS}\n[trainer.optim]\nlr = 1e-3\n[trainer.checkpoint]\nevery = 2\n"
     )
     py = sys.executable
     env = {role: service_env(store, role, tmp_path / f"cache-{role}") for role in STORE_NET}
     inference = start(
-        hosts["inf"], env["inf"], py, "-m", "services.cli", "inference", "-c", str(config),
+        hosts["inf"], env["inf"], py, "-m", "services.cli", "inference", "-c", str(config), "--join",
         log=tmp_path / "inf.log",
     )  # fmt: skip
     trainer = start(
@@ -150,13 +151,14 @@ def test_three_hosts_share_only_a_bucket_and_ride_out_an_outage(
     audit(rundir)
     assert outage_after < STEPS, "the outage came after the run had finished"
     # a service logs the store wait when it has a call in flight during the outage: the trainer
-    # always has (it polls for the next batch or publishes); the orchestrator either polls the
-    # store or waits for inference, which then is the one pulling weights from the store
+    # always has (it polls for the next batch or publishes), inference too (its fleet heartbeat,
+    # every second; --join with its fixed URL changes nothing else); the orchestrator either
+    # polls the store or waits for inference
     said = {
         n: f"waiting for object store {url}" in (tmp_path / n).read_text()
         for n in ("trn.log", "orc.log", "inf.log")
     }
-    assert said["trn.log"] and (said["orc.log"] or said["inf.log"]), said
+    assert said["trn.log"] and said["inf.log"], said
     assert not any(p.is_file() for p in (tmp_path / "cache-orc").rglob("*.parquet"))
 
 

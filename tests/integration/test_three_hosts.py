@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.helpers import REPO
 
@@ -123,5 +122,5 @@ def test_three_hosts_share_only_a_directory(hosts, orchestrator_venv, tiny_model
     run_id = rundir.read_run().run_id
     assert rundir.rollouts.done_steps(run_id) == list(range(1, STEPS + 1))
     assert rundir.weights.done_steps(run_id)[-1] == STEPS
-    assert read_metrics(rundir.metrics_file("inference"))[-1]["version"] == STEPS
+    assert rundir.metrics.rows("inference")[-1]["version"] == STEPS
     assert f"http://{INFERENCE_IP}:8000" in (tmp_path / "orc.log").read_text()

@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load_file
 
 from shared.batch import publish_batch
-from shared.metrics import read_metrics
 from shared.rundir import TRAINER, RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, free_port, wait_until_gone
@@ -143,7 +142,7 @@ def test_micro_batches_equal_one_batch(straight: Path, tiny_model: str, tmp_path
     run_dir = tmp_path / "micro"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
     train(run_dir, tiny_model, 2, "trainer.parallel.micro_batch_tokens=16")  # several micro-batches per rank
-    trainer_rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
+    trainer_rows = RunDir(run_dir).metrics.rows("trainer")
     assert all(r["micro_batches"] > 1 for r in trainer_rows)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
 
@@ -245,7 +244,7 @@ def test_packed_micro_batches_equal_one_batch(straight: Path, tiny_model: str, t
     run_dir = tmp_path / "packed"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1))
     train(run_dir, tiny_model, 2, "trainer.parallel.packing=true", "trainer.parallel.micro_batch_tokens=24")
-    trainer_rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
+    trainer_rows = RunDir(run_dir).metrics.rows("trainer")
     assert all(r["micro_batches"] > 1 for r in trainer_rows)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
 
@@ -342,7 +341,7 @@ def test_decoupled_mini_batches_and_reference_kl_equal_a_plain_loop(tiny_model: 
     # rounding into differences of a few 1e-6 (measured 5e-6); the mistakes cost 1e-2
     assert exact < 5e-5, measured
     assert no_proximal > 100 * exact and sampler_kl > 100 * exact, measured
-    rows = read_metrics(RunDir(run_dir).metrics_file("trainer"))
+    rows = RunDir(run_dir).metrics.rows("trainer")
     assert [r["optimizer_steps"] for r in rows] == [2] * STEPS
     assert all(r["clip_frac"] > 0 and r["ref_kl"] > 0 for r in rows)
 
@@ -362,7 +361,7 @@ def test_the_drift_alarm_fires_when_the_sampler_temperature_differs(
     sharper than the sampler's on every step (mismatch KL about 3.5 per token on this model),
     so with the default limit it warns on update 1 and stops on update 2. The matched run
     (`straight`) stays silent under the default."""
-    matched = [r["mismatch_kl"] for r in read_metrics(RunDir(straight).metrics_file(TRAINER))]
+    matched = [r["mismatch_kl"] for r in RunDir(straight).metrics.rows(TRAINER)]
     assert len(matched) == STEPS and max(matched) < 0.05  # measured: at most 8.6e-3
     run_dir = tmp_path / "run"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1), temperature=0.5)
@@ -376,5 +375,5 @@ def test_the_drift_alarm_fires_when_the_sampler_temperature_differs(
         -3000:
     ]
     assert "step 2: mismatch KL" in out and "for 2 updates in a row" in out, out[-3000:]
-    rows = read_metrics(RunDir(run_dir).metrics_file(TRAINER))
+    rows = RunDir(run_dir).metrics.rows(TRAINER)
     assert [row["step"] for row in rows] == [1] and rows[0]["mismatch_kl"] > 1.0

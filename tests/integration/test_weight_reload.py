@@ -186,10 +186,9 @@ def follower_for(run_dir: Path, server: Server):
 
 
 def loads_of(run_dir: Path, version: int) -> int:
-    from shared.metrics import read_metrics
     from shared.rundir import INFERENCE
 
-    return sum(1 for row in read_metrics(RunDir(run_dir).metrics_file(INFERENCE)) if row["step"] == version)
+    return sum(1 for row in RunDir(run_dir).metrics.rows(INFERENCE) if row["step"] == version)
 
 
 @pytest.mark.slow

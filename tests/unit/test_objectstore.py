@@ -125,6 +125,63 @@ def test_metrics_live_in_the_store(store):
     assert json.loads(store.read_bytes(rundir.metrics.key("trainer")).splitlines()[0])["step"] == 1
 
 
+def test_metrics_of_several_servers_rotate_into_parts_and_merge(store, monkeypatch):
+    rundir = RunDir(f"s3://{BUCKET}/parts", store)
+    monkeypatch.setattr(rundir.metrics, "PART_ROWS", 2)
+    a, b = rundir.metrics.writer("inference", "aaa1"), rundir.metrics.writer("inference", "bbb2")
+    for version in range(5):
+        a.log(version, version=version)
+    b.log(4, version=4)
+    assert [k.split("/")[-1] for _, _, k in rundir.metrics.files("inference")] == [
+        "inference-aaa1.jsonl", "inference-aaa1.00001.jsonl", "inference-aaa1.00002.jsonl",
+        "inference-bbb2.jsonl",
+    ]  # fmt: skip
+    rows = rundir.metrics.rows("inference")
+    assert [(r["server"], r["version"]) for r in rows] == [("aaa1", v) for v in range(5)] + [("bbb2", 4)]
+    # a restarted writer continues the last part; a rewind drops rows and the parts it empties
+    assert rundir.metrics.drop_after("inference", 1) == 4
+    assert len(rundir.metrics.files("inference")) == 2
+    again = rundir.metrics.writer("inference", "aaa1")
+    again.log(2, version=2)
+    again.log(3, version=3)
+    assert [r["version"] for r in rundir.metrics.rows("inference") if r["server"] == "aaa1"] == [0, 1, 2, 3]
+    # aaa1's part 0 was full: the new rows began part 1; bbb2's part 0 is left empty
+    assert [f[:2] for f in rundir.metrics.files("inference")] == [("aaa1", 0), ("aaa1", 1), ("bbb2", 0)]
+
+
+def test_create_once_is_a_conditional_put_so_one_racer_wins(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [f"writer {i}".encode() for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:  # settle_s=30: the write-wait-read fallback would show
+        won = list(pool.map(lambda body: store.create_once("race.json", body, settle_s=30), bodies))
+    assert won.count(True) == 1, won
+    assert store.read_bytes("race.json") == bodies[won.index(True)]
+
+
+def test_without_a_conditional_put_create_once_falls_back_logged(store, monkeypatch, caplog):
+    import sys
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    import shared.objectstore as objectstore
+
+    class Refusing:
+        def put_object(self, **kw):
+            raise ClientError({"Error": {"Code": "NotImplemented", "Message": "no"}}, "PutObject")
+
+    monkeypatch.setattr(objectstore, "_no_conditional_put", set())
+    caplog.set_level(logging.WARNING, logger="triad.store")
+    monkeypatch.setattr(boto3, "client", lambda *a, **kw: Refusing())
+    assert store.create_once("refused.json", b"a", settle_s=0.1)
+    assert not store.create_once("refused.json", b"b", settle_s=0.1)
+    assert "no conditional create (the store refused If-None-Match (NotImplemented))" in caplog.text
+    monkeypatch.setitem(sys.modules, "boto3", None)  # not installed
+    assert store.create_once("no-boto.json", b"a", settle_s=0.1)
+    assert "no conditional create (boto3 is not installed)" in caplog.text
+
+
 def test_an_outage_is_waited_out_with_a_log_naming_the_url(moto_env, tmp_path, caplog):
     moto = moto_env
     store = ObjectStore(f"s3://{BUCKET}/outage", tmp_path, timeout_s=20, stall_s=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,7 +22,6 @@ from shared.batch import publish_batch
 from shared.config import load_config
 from shared.digest import version_digest
 from shared.errors import TriadError, WaitTimeout
-from shared.metrics import read_metrics
 from shared.rundir import RunDir
 from tests.fake_openai import FakeServer
 
@@ -333,7 +333,7 @@ def test_resumes_after_the_newest_batch(tmp_path):
         orch.metrics.log(step, reward_mean=0.5)
     again = make(tmp_path, ["http://127.0.0.1:9"])
     assert again.first_step == 2 and again.step == 2
-    assert [r["step"] for r in read_metrics(again.rundir.metrics_file("orchestrator"))] == [1]
+    assert [r["step"] for r in again.rundir.metrics.rows("orchestrator")] == [1]
     assert again.rng.random() != random.Random(f"{again.cfg.seed}-1").random()
 
 
@@ -434,5 +434,44 @@ def test_a_broadcast_version_with_other_bytes_stops_or_reloads_from_files(tmp_pa
                 assert server.backend.loads == []
         finally:
             await close(orch)
+
+    asyncio.run(run())
+
+
+def test_slow_store_calls_do_not_stall_the_event_loop(tmp_path):
+    """Marker polls, batch and metrics writes go through threads: with every store call taking
+    0.3 s, the event loop (generation, health checks) still runs every few milliseconds."""
+
+    async def run() -> None:
+        orch = make(tmp_path, ["http://127.0.0.1:9"], "max_steps=10")
+        store = orch.rundir.store
+        for name in ("children", "read_bytes", "exists", "append", "write_bytes"):
+            fast = getattr(store, name)
+
+            def slow(*args, _fast=fast, **kwargs):
+                time.sleep(0.3)
+                return _fast(*args, **kwargs)
+
+            setattr(store, name, slow)
+        gaps: list[float] = []
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticking = asyncio.create_task(ticker())
+        following = asyncio.create_task(orch.weights.follow())
+        group = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0]))
+        await orch.finish_step(1, [group], 0, 0, time.monotonic() - 1.0, time.monotonic())
+        await asyncio.sleep(0.7)  # a few slow polls of weights/
+        await stop(following)
+        await stop(ticking)
+        await close(orch)
+        assert RunDir(tmp_path).rollouts.marker(1, orch.run_id) is not None
+        assert len(gaps) > 50 and max(gaps) < 0.15, max(gaps)
 
     asyncio.run(run())

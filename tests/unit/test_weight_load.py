@@ -1,0 +1,141 @@
+"""`WeightManager.load` when a load fails: a version pruned meanwhile is a one-line 400 naming
+it, and the server's cache never keeps a version it failed to load."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from inference.admin import WeightManager, add_admin_routes
+from shared.admin_api import LoadWeightsRequest
+from shared.metrics import MetricsWriter
+from shared.rundir import INFERENCE, RunDir
+from shared.storage import LocalStore
+from trainer.publish import Metadata, write_weights
+
+RUN_ID = "run-1"
+
+
+class CachedStore:
+    """A local run directory that readers `fetch` into a cache of their own, as from an object
+    store, so what a failed load leaves in the cache shows."""
+
+    def __init__(self, root: Path, cache: Path) -> None:
+        self.inner, self.cache = LocalStore(root), cache
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def fetch(self, key: str, last: str | None = None) -> Path:
+        shutil.copytree(self.inner.local_path(key), self.cache / key, dirs_exist_ok=True)
+        return self.cache / key
+
+    def drop_local(self, key: str) -> None:
+        shutil.rmtree(self.cache / key, ignore_errors=True)
+
+
+class Engine:
+    """vLLM's engine as far as a load goes; `during_load` runs inside the worker's load."""
+
+    def __init__(self) -> None:
+        self.during_load = lambda path: None
+
+    async def pause_generation(self, **kw) -> None: ...
+
+    async def resume_generation(self) -> None: ...
+
+    async def reset_prefix_cache(self, **kw) -> None: ...
+
+    async def collective_rpc(self, method: str, args=()) -> list:
+        self.during_load(args[0])
+        return [None]
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store = CachedStore(tmp_path / "run", tmp_path / "cache")
+    rundir = RunDir(tmp_path / "run", store)
+    metadata = Metadata(rundir, lambda d: None)
+    for version in (1, 2):
+        state = {"w": torch.full((4, 4), float(version))}
+        write_weights(rundir, RUN_ID, version, state, metadata, keep_last=5)
+    engine = Engine()
+    metrics = MetricsWriter(store, rundir.metrics.key(INFERENCE, "ab"))
+    manager = WeightManager(engine, rundir, "/base", metrics)
+    app = FastAPI()
+    add_admin_routes(app, manager, None)
+    return rundir, store, engine, manager, TestClient(app)
+
+
+def post(client: TestClient, rundir: RunDir, version: int):
+    return client.post("/admin/weights", json={"version": version, "path": rundir.weights.relative(version)})
+
+
+def test_a_version_pruned_while_the_server_loads_it_is_a_400_naming_it(setup):
+    rundir, store, engine, manager, client = setup
+    engine.during_load = lambda path: (rundir.weights.clear(1), Path(path, "gone").read_bytes())
+    answer = post(client, rundir, 1)
+    assert answer.status_code == 400, answer.text
+    detail = answer.json()["detail"]
+    assert detail.startswith(f"weights version 1 at {rundir.weights.relative(1)} was pruned from the run ")
+    assert "FileNotFoundError" in detail and "load a newer version" in detail and "\n" not in detail
+    assert not (store.cache / rundir.weights.relative(1)).exists()  # the failed copy is dropped
+    engine.during_load = lambda path: None
+    assert post(client, rundir, 2).json()["version"] == 2  # the server goes on
+
+
+def test_a_version_pruned_before_the_fetch_is_a_400_too(setup):
+    rundir, store, engine, manager, client = setup
+
+    def pruned_meanwhile(key: str, last: str | None = None) -> Path:
+        rundir.weights.clear(1)
+        raise FileNotFoundError(f"{key}/model.bin")
+
+    store.fetch = pruned_meanwhile
+    answer = post(client, rundir, 1)
+    assert answer.status_code == 400 and "weights version 1 at " in answer.json()["detail"], answer.text
+
+
+def test_any_failed_load_drops_its_copy_and_an_error_of_a_kept_version_stands(setup):
+    rundir, store, engine, manager, client = setup
+    request = LoadWeightsRequest(version=2, path=rundir.weights.relative(2))
+
+    def broken(path):
+        raise RuntimeError("worker died")
+
+    engine.during_load = broken
+    with pytest.raises(RuntimeError, match="worker died"):  # not pruned: the engine's error stands
+        asyncio.run(manager.load(request))
+    assert not (store.cache / rundir.weights.relative(2)).exists()
+    engine.during_load = lambda path: None
+    assert asyncio.run(manager.load(request)).version == 2
+    assert (store.cache / rundir.weights.relative(2)).is_dir()  # the served version stays cached
+
+
+def test_the_cache_sweep_removes_what_dead_processes_left_and_keeps_the_living(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from shared.objectstore import sweep_dead_tmp
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead_pid = int(dead.stdout)
+    version = RunDir(tmp_path).weights.path(3)  # a fetched version
+    left = [tmp_path / f".tmp-{dead_pid}-write-abc", version.parent / f".tmp-{dead_pid}-fetch-0123"]
+    kept = [
+        tmp_path / f".tmp-{os.getpid()}-write-def",  # this live process's scratch
+        version,
+        version.parent / ".tmp-probe",  # not a process's (no pid): left alone
+    ]
+    for d in left + kept:
+        (d / "part").mkdir(parents=True)
+    assert sorted(sweep_dead_tmp(tmp_path)) == sorted(left)
+    assert not any(d.exists() for d in left) and all(d.is_dir() for d in kept)
+    assert sweep_dead_tmp(tmp_path / "missing") == []

@@ -89,7 +89,7 @@ def train(cfg: TriadConfig, flags: list[str], env, log: Path) -> None:
 async def orchestrate(cfg: TriadConfig, run_id: str, env) -> None:
     clients = [Recording(url, None, 120) for url in cfg.inference_urls()]
     try:
-        servers = await connect_servers(cfg, clients)
+        servers = await connect_servers(cfg, clients, "")
         await Orchestrator(cfg, run_id, ServerPool(servers, cfg.orchestrator), env).run()
     finally:
         for client in clients:

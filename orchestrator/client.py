@@ -91,9 +91,11 @@ class InferenceClient:
                 models = await self.openai.models.list()
             except openai.APIError as e:
                 raise TriadError(f"GET {self.base_url}/v1/models failed: {e}") from None
-            if not models.data:
+            # the base model, not a LoRA adapter (which vLLM lists with its `parent`)
+            bases = [m.id for m in models.data if not (m.model_extra or {}).get("parent")]
+            if not bases:
                 raise TriadError(f"inference server {self.base_url} serves no model")
-            model_name = models.data[0].id
+            model_name = bases[0]
         self.model = model_name
 
     async def complete(

@@ -16,7 +16,9 @@
    5M, 50M and 200M parameters (`bench/weight_transport.py`).
 6. adapter hand-off: a LoRA adapter against full weights for the 5M and 50M models
    (`bench/adapter_handoff.py`).
-7. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
+7. LoRA sharing: samples/s of one LoRA run alone on a server against two runs sharing it
+   (`bench/lora_sharing.py`).
+8. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
    virtual environment (`bench/trl_compare.py`).
 Median over steps after a warm-up; spread as the interquartile range.
 """
@@ -268,8 +270,18 @@ def markdown(results: dict) -> str:
 
 
 def adapter_rows(results: dict) -> list[tuple[str, str, str, str]]:
-    """A LoRA adapter's hand-off against full weights (`bench/adapter_handoff.py`)."""
-    return [(
+    """A LoRA adapter's hand-off against full weights (`bench/adapter_handoff.py`), and LoRA
+    runs sharing one server (`bench/lora_sharing.py`)."""
+    rows = []
+    s = results.get("lora_sharing")
+    if s:
+        a, b = s["sharing_samples_per_s"]["a"], s["sharing_samples_per_s"]["b"]
+        rows.append((
+            "LoRA runs sharing one server: samples/s of two runs vs one alone (tiny, rank 8)",
+            f"{a:.1f} + {b:.1f} = {s['together_samples_per_s']:.1f}/s",
+            f"alone {s['alone_samples_per_s']:.1f}/s", f"{s['together_over_alone']:.2f}x together",
+        ))  # fmt: skip
+    return rows + [(
         f"hand-off of a LoRA adapter ({r['lora']}) vs full weights, {size}",
         f"{r['adapter_s'] * 1000:.0f} ms ({r['adapter_bytes'] / 1e3:.0f} kB)",
         f"full {r['full_s'] * 1000:.0f} ms ({r['full_bytes'] / 1e6:.0f} MB)",
@@ -322,6 +334,7 @@ SEPARATE = {  # figures that can be re-measured alone (--only), each from its ow
     "floor": lambda workdir: run_module("bench.floor"),
     "object_store": lambda workdir: run_module("bench.object_store", str(workdir / "store")),
     "adapter_handoff": lambda workdir: run_module("bench.adapter_handoff", str(workdir / "adapter")),
+    "lora_sharing": lambda workdir: run_module("bench.lora_sharing", str(workdir / "lora-sharing")),
 }
 
 
@@ -345,6 +358,7 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
         results["weight_transport"] = SEPARATE["weight_transport"](workdir)
         results["object_store"] = SEPARATE["object_store"](workdir)
         results["adapter_handoff"] = SEPARATE["adapter_handoff"](workdir)
+        results["lora_sharing"] = SEPARATE["lora_sharing"](workdir)
     if not args.skip_peer:
         results["trl"] = SEPARATE["trl"](workdir)
     return results

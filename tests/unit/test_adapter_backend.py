@@ -88,3 +88,30 @@ def test_a_run_dir_outside_the_servers_is_refused_naming_both(tmp_path):
         run_dir_prefix(tmp_path / "elsewhere", str(tmp_path / "s"), URL)
     with pytest.raises(TriadError, match=r"cannot load LoRA adapters: use 'triad'"):
         backend(tmp_path, listing(tmp_path), "orchestrator.backend=sglang")
+
+
+def test_rollouts_go_to_the_adapter_of_the_version_the_server_serves_and_the_base_model_at_0(tmp_path):
+    from orchestrator.client import InferenceClient
+    from orchestrator.pool import Server, ServerPool
+    from tests.fake_openai import FakeServer
+
+    cfg = load_config(None, [f"run_dir={tmp_path}"])
+    with FakeServer() as fake:
+        fake.state.adapters = ["other-run@v7"]  # listed before the base model, as vLLM may
+
+        async def run() -> None:
+            client = InferenceClient(fake.url, None, 30)
+            try:
+                await client.wait_ready(10, None)
+                assert client.model == "fake"  # the base model, not another run's adapter
+                server = Server(client, AdapterLoads(client, "mine", "r1", "", 30))
+                pool = ServerPool([server], cfg.orchestrator)
+                await pool.complete("1+1=", 2)
+                server.version = 3
+                await pool.complete("1+1=", 2)
+                assert pool.take_requests()["requests_failed"] == 0
+            finally:
+                await client.close()
+
+        asyncio.run(run())
+        assert fake.state.models_asked == ["fake", "mine@v3"]

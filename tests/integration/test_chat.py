@@ -53,8 +53,8 @@ class Recording(InferenceClient):
 
     calls: list[tuple[list[int], list[int], list[float]]] = []
 
-    async def complete(self, prompt, n, max_tokens, temperature):
-        out = await super().complete(prompt, n, max_tokens, temperature)
+    async def complete(self, prompt, n, max_tokens, temperature, model=None):
+        out = await super().complete(prompt, n, max_tokens, temperature, model)
         ids = prompt if isinstance(prompt, list) else out[0].prompt_ids
         Recording.calls += [(list(ids), c.token_ids, c.logprobs) for c in out]
         return out
@@ -284,9 +284,9 @@ def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, s
 
 
 class Slow(InferenceClient):
-    async def complete(self, prompt, n, max_tokens, temperature):
+    async def complete(self, prompt, n, max_tokens, temperature, model=None):
         await asyncio.sleep(2)
-        return await super().complete(prompt, n, max_tokens, temperature)
+        return await super().complete(prompt, n, max_tokens, temperature, model)
 
 
 def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(tmp_path, chat_model, server):

@@ -18,7 +18,9 @@
    measures just these).
 6. adapter hand-off: a LoRA adapter against full weights for the 5M and 50M models
    (`bench/adapter_handoff.py`).
-7. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
+7. LoRA sharing: samples/s of one LoRA run alone on a server against two runs sharing it
+   (`bench/lora_sharing.py`).
+8. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
    virtual environment (`bench/trl_compare.py`).
 Median over steps after a warm-up; spread as the interquartile range.
 """
@@ -295,8 +297,18 @@ def digest_rows(results: dict) -> list[tuple[str, str, str, str]]:
 
 
 def adapter_rows(results: dict) -> list[tuple[str, str, str, str]]:
-    """A LoRA adapter's hand-off against full weights (`bench/adapter_handoff.py`)."""
-    return [(
+    """A LoRA adapter's hand-off against full weights (`bench/adapter_handoff.py`), and LoRA
+    runs sharing one server (`bench/lora_sharing.py`)."""
+    rows = []
+    s = results.get("lora_sharing")
+    if s:
+        a, b = s["sharing_samples_per_s"]["a"], s["sharing_samples_per_s"]["b"]
+        rows.append((
+            "LoRA runs sharing one server: samples/s of two runs vs one alone (tiny, rank 8)",
+            f"{a:.1f} + {b:.1f} = {s['together_samples_per_s']:.1f}/s",
+            f"alone {s['alone_samples_per_s']:.1f}/s", f"{s['together_over_alone']:.2f}x together",
+        ))  # fmt: skip
+    return rows + [(
         f"hand-off of a LoRA adapter ({r['lora']}) vs full weights, {size}",
         f"{r['adapter_s'] * 1000:.0f} ms ({r['adapter_bytes'] / 1e3:.0f} kB)",
         f"full {r['full_s'] * 1000:.0f} ms ({r['full_bytes'] / 1e6:.0f} MB)",
@@ -372,6 +384,7 @@ SEPARATE = {  # figures that can be re-measured alone (--only), each from its ow
     "object_store": lambda workdir: run_module("bench.object_store", str(workdir / "store")),
     "adapter_handoff": lambda workdir: run_module("bench.adapter_handoff", str(workdir / "adapter")),
     "inference_start": lambda workdir: run_module("bench.inference_start", str(workdir / "start")),
+    "lora_sharing": lambda workdir: run_module("bench.lora_sharing", str(workdir / "lora-sharing")),
 }
 TOGETHER = {"asynchrony": run_asynchrony_and_handoff}  # figures measured together (asynchrony + hand-off)
 
@@ -396,6 +409,7 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
         results["digest"] = digest_figures(results["weight_transport"])
         results["object_store"] = SEPARATE["object_store"](workdir)
         results["adapter_handoff"] = SEPARATE["adapter_handoff"](workdir)
+        results["lora_sharing"] = SEPARATE["lora_sharing"](workdir)
     if not args.skip_peer:
         results["trl"] = SEPARATE["trl"](workdir)
     return results

@@ -1,6 +1,9 @@
 """LoRA adapters of several runs on one server: each run's newest version is served as
-`<name>@v<V>`, loaded through vLLM's model registry (no pause: other runs keep generating),
-and its previous version unloaded. A name belongs to the run that first loaded it."""
+`<name>@v<V>`, loaded through vLLM's model registry (no pause: other runs keep generating).
+The run's previous version stays addressable (`ADAPTER_VERSIONS_KEPT` versions in all), so
+requests in flight at it when V loads finish; older ones are unloaded. A name belongs to
+the run that first loaded it. A load's `path` is relative to this server's run directory:
+runs sharing the server keep their run directories inside it."""
 
 from __future__ import annotations
 
@@ -14,15 +17,16 @@ from inference.admin import AdminError, check_marker_version, check_size, resolv
 from shared.admin_api import AdapterInfo, AdaptersInfo, LoadAdapterRequest, served_adapter_name
 from shared.digest import tensor_digest, version_digest
 from shared.metrics import MetricsWriter
+from shared.objectstore import is_object_url
 from shared.rundir import AdapterFiles, RunDir
 
 log = logging.getLogger("triad.inference")
+ADAPTER_VERSIONS_KEPT = 2  # a run's newest version and the one before: `--max-loras` >= runs x 2
 
 
-def file_digest(path) -> str:
-    """The `shared/digest.py` digest of the adapter's tensors as the server read them."""
-    tensors = load_file(path)
-    return version_digest({name: tensor_digest(t) for name, t in tensors.items()})
+def file_digests(path) -> dict[str, str]:
+    """The `shared/digest.py` digest of each of the adapter's tensors as the server read them."""
+    return {name: tensor_digest(t) for name, t in load_file(path).items()}
 
 
 class AdapterManager:
@@ -40,7 +44,8 @@ class AdapterManager:
         return getattr(getattr(self.engine, "vllm_config", None), "lora_config", None) is not None
 
     def info(self) -> AdaptersInfo:
-        return AdaptersInfo(lora=self.lora, adapters=list(self.loaded.values()))
+        root = self.rundir.name if is_object_url(self.rundir.name) else str(self.rundir.root.resolve())
+        return AdaptersInfo(lora=self.lora, run_dir=root, adapters=list(self.loaded.values()))
 
     def check_owner(self, request: LoadAdapterRequest) -> None:
         held = self.loaded.get(request.name)
@@ -61,20 +66,27 @@ class AdapterManager:
                 raise AdminError(409, f"path {request.path!r} holds no published LoRA adapter")
             check_marker_version(path, request.version)
             check_size(path)
-            digest = await asyncio.to_thread(file_digest, AdapterFiles.file_at(path))
+            digests = await asyncio.to_thread(file_digests, AdapterFiles.file_at(path))
             started = time.monotonic()
             new = served_adapter_name(request.name, request.version)
-            await self.call("load_lora_adapter", new, str(path))
             previous = self.loaded.get(request.name)
+            kept = [*previous.kept, previous.served_as] if previous is not None else []
+            if new not in kept:
+                await self.call("load_lora_adapter", new, str(path))
+            kept = [k for k in kept if k != new]
+            while len(kept) > ADAPTER_VERSIONS_KEPT - 1:
+                await self.call("unload_lora_adapter", kept.pop(0))
             self.loaded[request.name] = AdapterInfo(
                 name=request.name, run_id=request.run_id, version=request.version, served_as=new,
-                path=served, digest=digest, loaded_at=time.time(),
+                path=served, digest=version_digest(digests), tensor_digests=digests, kept=kept,
+                loaded_at=time.time(),
             )  # fmt: skip
-            if previous is not None and previous.served_as != new:
-                await self.call("unload_lora_adapter", previous.served_as)
         load_s = time.monotonic() - started
         log.info("serving adapter %s of run %s from %s", new, request.run_id, served)
-        self.metrics.log(request.version, version=request.version, path=served, adapter=new, load_s=load_s)
+        self.metrics.log(
+            request.version, version=request.version, path=served, adapter=new, run_id=request.run_id,
+            load_s=load_s, loaded_at=time.time(),
+        )  # fmt: skip
         return self.loaded[request.name]
 
     async def call(self, method: str, name: str, path: str | None = None) -> None:
@@ -100,7 +112,9 @@ class AdapterManager:
                 if now - held.loaded_at <= idle_s:
                     continue
                 try:
-                    await self.call("unload_lora_adapter", held.served_as)
+                    for served_as in [*held.kept, held.served_as]:
+                        await self.call("unload_lora_adapter", served_as)
+                        held.kept = [k for k in held.kept if k != served_as]
                 except AdminError as e:
                     log.warning("unloading idle adapter %s: %s", held.served_as, e.detail)
                     continue

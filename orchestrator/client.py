@@ -11,13 +11,17 @@ import openai
 from pydantic import BaseModel, ValidationError
 
 from shared.admin_api import (
+    ADAPTERS_ROUTE,
     ADMIN_PREFIX,
     BROADCAST_INIT_ROUTE,
     BROADCAST_RECEIVE_ROUTE,
     WEIGHTS_ROUTE,
+    AdapterInfo,
+    AdaptersInfo,
     BroadcastInit,
     BroadcastReceive,
     BroadcastState,
+    LoadAdapterRequest,
     LoadWeightsRequest,
     WeightsInfo,
 )
@@ -90,19 +94,22 @@ class InferenceClient:
                 models = await self.openai.models.list()
             except openai.APIError as e:
                 raise TriadError(f"GET {self.base_url}/v1/models failed: {e}") from None
-            if not models.data:
+            # the base model, not a LoRA adapter (which vLLM lists with its `parent`)
+            bases = [m.id for m in models.data if not (m.model_extra or {}).get("parent")]
+            if not bases:
                 raise TriadError(f"inference server {self.base_url} serves no model")
-            model_name = models.data[0].id
+            model_name = bases[0]
         self.model = model_name
 
     async def complete(
-        self, prompt: str | list[int], n: int, max_tokens: int, temperature: float
+        self, prompt: str | list[int], n: int, max_tokens: int, temperature: float, model: str | None = None
     ) -> list[Completion]:
-        """`n` samples of `prompt` (text, or token ids to continue exactly)."""
+        """`n` samples of `prompt` (text, or token ids to continue exactly), from `model` (a LoRA
+        adapter's served name) or the served model."""
         self.inflight += 1
         try:
             response = await self.openai.completions.create(
-                model=self.model,
+                model=model or self.model,
                 prompt=prompt,
                 n=n,
                 max_tokens=max_tokens,
@@ -183,6 +190,17 @@ class InferenceClient:
         body = BroadcastReceive(version=version, path=path).model_dump()
         r = await self._admin("POST", route=BROADCAST_RECEIVE_ROUTE, json=body, timeout=timeout)
         return self._parse(r, "POST", WeightsInfo, BROADCAST_RECEIVE_ROUTE)
+
+    async def admin_adapters(self) -> AdaptersInfo | None:
+        """The server's LoRA adapters, or None if it has no `/admin/adapters` route."""
+        r = await self._admin("GET", route=ADAPTERS_ROUTE)
+        if r.status_code == 404:
+            return None
+        return self._parse(r, "GET", AdaptersInfo, ADAPTERS_ROUTE)
+
+    async def load_adapter(self, body: LoadAdapterRequest, timeout: float) -> AdapterInfo:
+        r = await self._admin("POST", route=ADAPTERS_ROUTE, json=body.model_dump(), timeout=timeout)
+        return self._parse(r, "POST", AdapterInfo, ADAPTERS_ROUTE)
 
     async def _admin(self, method: str, route: str = WEIGHTS_ROUTE, **kwargs) -> httpx.Response:
         try:

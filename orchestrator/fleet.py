@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 
-from orchestrator.backends import detect
+from orchestrator.backends import backend_for
 from orchestrator.client import InferenceClient
 from orchestrator.pool import Server, ServerPool
 from orchestrator.weights import WeightFollower
@@ -104,15 +104,16 @@ class Fleet:
 
     async def connect(self, client: InferenceClient) -> Server:
         """A server for `client`, at the trainer's newest version; TriadError if it cannot be."""
-        server = await self.reach(client)
+        if self.weights is None:
+            raise TriadError("the orchestrator is not following weights yet")
+        server = await self.reach(client, self.weights.run_id)
         await self.bring_up(server)
         return server
 
-    async def reach(self, client: InferenceClient) -> Server:
-        """Once it answers: the server, with the weight backend it has."""
+    async def reach(self, client: InferenceClient, run_id: str) -> Server:
+        """Once it answers: the server, with the weight backend it has (a LoRA run's: its adapter)."""
         await client.wait_ready(self.oc.inference_timeout_s, self.oc.model_name)
-        backend = await detect(client, self.oc.backend, self.cfg.run_dir, self.oc.weights_timeout_s)
-        return Server(client, backend)
+        return Server(client, await backend_for(client, self.cfg, run_id))
 
     async def bring_up(self, server: Server) -> None:
         """Make it serve the trainer's newest version written as files (also one published while

@@ -41,7 +41,7 @@ import time
 import uuid
 
 from orchestrator.advantages import has_signal
-from orchestrator.backends import detect
+from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.chat_rollout import episodes_for
 from orchestrator.client import InferenceClient
@@ -201,7 +201,8 @@ class Orchestrator:
             **stats, **rates(written - last, len(rows), stats["tokens"]),
             generate_s=generated - last, assemble_s=assembled - generated, write_batch_s=written - assembled,
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
-            **summarize("request_latency_s", self.pool.take_latencies()), **self.loop_lag.take(),
+            **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
+            **self.loop_lag.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
             groups_filtered=filtered, groups_failed=self.failed_groups,
         )  # fmt: skip
@@ -259,13 +260,13 @@ class Orchestrator:
         log.info("done: %d steps, %d samples dropped as too stale", self.cfg.max_steps, self.dropped_total)
 
 
-async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient]) -> list[Server]:
+async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient], run_id: str) -> list[Server]:
     """Wait for every server, then find how each loads weights; they must agree."""
     oc = cfg.orchestrator
     servers = []
     for client in clients:
         await client.wait_ready(oc.inference_timeout_s, oc.model_name)
-        backend = await detect(client, oc.backend, cfg.run_dir, oc.weights_timeout_s)
+        backend = await backend_for(client, cfg, run_id)
         servers.append(Server(client, backend))
     if len({s.backend.updates for s in servers}) > 1:
         kinds = {s.url: s.backend.kind for s in servers}
@@ -294,12 +295,6 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
-    if cfg.trainer.lora.rank:
-        raise TriadError(
-            f"trainer.lora.rank = {cfg.trainer.lora.rank}: the orchestrator does not load LoRA adapters yet "
-            "(it would send the adapter's files where full weights go); train LoRA with the trainer and "
-            "load its versions with POST /admin/adapters"
-        )
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
     token = cfg.inference.token()
@@ -308,7 +303,7 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
     ]
     fleet, watcher = None, None
     try:
-        pool = ServerPool(await connect_servers(cfg, clients), cfg.orchestrator)
+        pool = ServerPool(await connect_servers(cfg, clients, run.run_id), cfg.orchestrator)
         fleet = Fleet(cfg, rundir, pool)
         if cfg.orchestrator.fleet_poll_s:
             watcher = asyncio.create_task(fleet.watch())

@@ -52,6 +52,8 @@ class ServerPool:
     def __init__(self, servers: list[Server], oc: OrchestratorConfig) -> None:
         self.servers, self.oc = servers, oc
         self.latencies: list[float] = []  # of successful requests since the last `take_latencies`
+        self.spans: list[list[float]] = []  # [wall-clock start, seconds] of those requests
+        self.failed = 0  # request attempts that failed since the last `take_latencies`
 
     def add(self, server: Server) -> None:
         self.servers.append(server)
@@ -93,13 +95,15 @@ class ServerPool:
         """Completions, the server that made them, and the version it served when asked."""
         max_tokens = max_tokens or self.oc.max_tokens
 
-        async def ask(server: Server) -> tuple[list[Completion], int, float]:
-            version, started = server.version, time.monotonic()
-            out = await server.client.complete(prompt, n, max_tokens, self.oc.temperature)
-            return out, version, time.monotonic() - started
+        async def ask(server: Server) -> tuple[list[Completion], int, float, float]:
+            version, started, wall = server.version, time.monotonic(), time.time()
+            model = server.backend.model(version)  # a LoRA run's adapter of that version
+            out = await server.client.complete(prompt, n, max_tokens, self.oc.temperature, model)
+            return out, version, time.monotonic() - started, wall
 
-        (out, version, latency), server = await self.request(ask, "a rollout", prefer)
+        (out, version, latency, wall), server = await self.request(ask, "a rollout", prefer)
         self.latencies.append(latency)
+        self.spans.append([round(wall, 3), round(latency, 4)])
         return out, server, version
 
     async def request(
@@ -114,9 +118,11 @@ class ServerPool:
             try:
                 out = await call(server)
             except RequestRejected:
+                self.failed += 1
                 raise
             except TriadError as e:
                 error, prefer = e, None
+                self.failed += 1
                 server.failures += 1
                 if server.failures >= self.oc.max_server_failures:
                     self.take_out(server, f"{server.failures} failed requests in a row, the last: {e}")
@@ -128,6 +134,13 @@ class ServerPool:
 
     def take_latencies(self) -> list[float]:
         out, self.latencies = self.latencies, []
+        return out
+
+    def take_requests(self) -> dict[str, object]:
+        """Since the last call: the failed request attempts and each successful rollout
+        request's [wall-clock start, seconds]."""
+        out = {"requests_failed": self.failed, "request_spans": self.spans}
+        self.failed, self.spans = 0, []
         return out
 
     async def watch_health(self, realign: Callable[[Server], Awaitable[None]]) -> None:

@@ -42,7 +42,7 @@ class WeightFollower:
         self.trainer_version_created = 0.0  # its marker's time: a resumed trainer republishes
         self.broadcast = None
         self.unverified: set[str] = set()  # servers told of once: they report no digests
-        if cfg.weights.transport == "broadcast" and not self.frozen:
+        if cfg.weights.transport == "broadcast" and not self.frozen and not cfg.trainer.lora.rank:
             self.broadcast = BroadcastCoordinator(rundir, run_id, pool, cfg.weights.broadcast)
 
     @property
@@ -86,7 +86,7 @@ class WeightFollower:
 
     def verifiable(self, server: Server) -> bool:
         """triad's servers report digests of what they load; others are trusted, said once."""
-        if server.backend.kind == "triad":
+        if server.backend.kind in ("triad", "triad-lora"):
             return True
         if server.url not in self.unverified:
             self.unverified.add(server.url)

@@ -88,11 +88,17 @@ class AdapterInfo(BaseModel):
     run_id: str
     version: int
     served_as: str
-    path: str
+    path: str = Field(description="the version's directory, relative to the server's run directory")
     digest: str | None = None
+    tensor_digests: dict[str, str] | None = Field(None, description="each adapter tensor's digest, by name")
+    kept: list[str] = Field(
+        default_factory=list,
+        description="older versions still served (requests in flight at them finish), oldest first",
+    )
     loaded_at: float
 
 
 class AdaptersInfo(BaseModel):
     lora: bool = Field(description="whether the server was started with LoRA support")
+    run_dir: str = Field("", description="the server's run directory: a load's `path` is relative to it")
     adapters: list[AdapterInfo]

@@ -80,6 +80,11 @@ class OrchestratorConfig(Table):
         default_factory=list,
         description="base URLs of the OpenAI-compatible servers; empty: the local [inference] one",
     )
+    adapter_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="LoRA runs: the name its adapter is served under (`<name>@v<V>`); None: run-<run_id>",
+    )
     model_name: str | None = Field(None, description="served model name; None: ask /v1/models")
     env: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
     env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")

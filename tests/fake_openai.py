@@ -39,6 +39,8 @@ class FakeState:
     sglang_model: str | None = None  # None: no SGLang routes (404)
     sglang_loaded: list[str] = field(default_factory=list)
     sglang_refuse: str | None = None  # the next load fails with this message
+    adapters: list[str] = field(default_factory=list)  # LoRA adapters /v1/models lists first (as `parent`)
+    models_asked: list[str] = field(default_factory=list)  # each completion request's `model`
 
 
 def encode(text: str) -> list[int]:
@@ -56,7 +58,8 @@ def make_app(state: FakeState) -> Starlette:
 
     async def models(request: Request) -> JSONResponse:
         card = {"id": "fake", "object": "model", "created": 0, "owned_by": "tests"}
-        return JSONResponse({"object": "list", "data": [card]})
+        loras = [{**card, "id": name, "parent": "fake"} for name in state.adapters]
+        return JSONResponse({"object": "list", "data": [*loras, card]})
 
     async def tokenize(request: Request) -> JSONResponse:
         if state.tokenize_failures > 0:
@@ -67,6 +70,7 @@ def make_app(state: FakeState) -> Starlette:
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         state.requests += 1
+        state.models_asked.append(body.get("model"))
         track(+1)
         try:
             if state.mode == "fail":

@@ -52,8 +52,8 @@ class Recording(InferenceClient):
 
     calls: list[tuple[list[int], list[int], list[float]]] = []
 
-    async def complete(self, prompt, n, max_tokens, temperature):
-        out = await super().complete(prompt, n, max_tokens, temperature)
+    async def complete(self, prompt, n, max_tokens, temperature, model=None):
+        out = await super().complete(prompt, n, max_tokens, temperature, model)
         ids = prompt if isinstance(prompt, list) else out[0].prompt_ids
         Recording.calls += [(list(ids), c.token_ids, c.logprobs) for c in out]
         return out
@@ -88,7 +88,7 @@ def train(cfg: TriadConfig, flags: list[str], env, log: Path) -> None:
 async def orchestrate(cfg: TriadConfig, run_id: str, env) -> None:
     clients = [Recording(url, None, 120) for url in cfg.inference_urls()]
     try:
-        servers = await connect_servers(cfg, clients)
+        servers = await connect_servers(cfg, clients, "")
         await Orchestrator(cfg, run_id, ServerPool(servers, cfg.orchestrator), env).run()
     finally:
         for client in clients:
@@ -283,9 +283,9 @@ def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, s
 
 
 class Slow(InferenceClient):
-    async def complete(self, prompt, n, max_tokens, temperature):
+    async def complete(self, prompt, n, max_tokens, temperature, model=None):
         await asyncio.sleep(2)
-        return await super().complete(prompt, n, max_tokens, temperature)
+        return await super().complete(prompt, n, max_tokens, temperature, model)
 
 
 def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(tmp_path, chat_model, server):

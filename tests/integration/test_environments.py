@@ -72,7 +72,7 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
 
     async def run_one_batch() -> list[Group]:
         clients = [InferenceClient(u, None, 60) for u in cfg.inference_urls()]
-        servers = await connect_servers(cfg, clients)
+        servers = await connect_servers(cfg, clients, "")
         assert [s.backend.kind for s in servers] == ["none"]
         env = load_environment(cfg.orchestrator.env)
         orch = Orchestrator(cfg, run.run_id, ServerPool(servers, cfg.orchestrator), env)

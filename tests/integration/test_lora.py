@@ -1,9 +1,13 @@
 """LoRA RL on a real torchrun FSDP2 trainer and a real vLLM server with `--enable-lora`: each
-published adapter version, loaded by name, gives the trainer's logprobs."""
+published adapter version, loaded by name, gives the trainer's logprobs; two runs, each with
+its own orchestrator and trainer, share the server without failing each other's requests."""
 
 from __future__ import annotations
 
 import random
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -11,7 +15,7 @@ import pytest
 import torch
 
 from shared.rundir import RunDir
-from tests.helpers import Server
+from tests.helpers import REPO, Server, triad_cmd
 from tests.integration.test_trainer import make_batches, train
 
 pytestmark = pytest.mark.integration
@@ -32,7 +36,7 @@ def run_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(run_dir: Path, tiny_model: str, tmp_path_factory):
     log = tmp_path_factory.mktemp("lora-logs") / "inference.log"
-    lora_args = "inference.vllm_args=['--enable-lora','--max-lora-rank','8','--max-loras','2']"
+    lora_args = "inference.vllm_args=['--enable-lora','--max-lora-rank','8','--max-loras','4']"
     s = Server(run_dir, tiny_model, log, f"inference.admin_token={TOKEN}", lora_args)
     try:
         s.wait_healthy()
@@ -153,3 +157,102 @@ def test_a_resumed_lora_run_equals_a_straight_one_and_checkpoints_only_the_adapt
     checkpoint_bytes = sum(f.stat().st_size for f in state.rglob("*") if f.is_file())
     model_bytes = sum(f.stat().st_size for f in Path(tiny_model).glob("*.safetensors"))
     assert checkpoint_bytes < model_bytes / 4  # adapter and its Adam moments, not the base model
+
+
+SHARED_STEPS = 6
+
+
+def lora_run(run_dir: Path, tiny_model: str, server: Server, service: str, *extra: str) -> subprocess.Popen:
+    """`triad <service>` of a LoRA run in `run_dir` on the shared server, logging beside it."""
+    sets = [
+        f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={SHARED_STEPS}", "max_async_level=1", *LORA,
+        "trainer.optim.lr=1e-3", "trainer.checkpoint.every=0", "weights.keep=100",
+        "trainer.batch_timeout_s=240",
+        f"inference.admin_token={TOKEN}", f'orchestrator.inference_urls=["{server.url}"]',
+        "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=8",
+        "orchestrator.keep_rollouts=100", "orchestrator.inference_timeout_s=240", *extra,
+    ]  # fmt: skip
+    cmd = triad_cmd(service, *[f"--set={s}" for s in sets])
+    if service == "trainer":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", *cmd[1:]]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir.parent / f"{run_dir.name}-{service}.log", "ab")  # noqa: SIM115 (the child keeps it)
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(procs: dict[str, subprocess.Popen], root: Path) -> None:
+    for name, proc in procs.items():
+        try:
+            code = proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = "(killed after 600 s)"
+        log = (root / f"{name}.log").read_text(errors="replace")[-4000:]
+        assert code == 0, f"{name} exited {code}:\n{log}"
+
+
+def audit(run_dir: Path) -> list[int]:
+    """Every sample's lag (batch step - 1 - its policy version), over all batches."""
+    import pyarrow.parquet as pq
+
+    rundir = RunDir(run_dir)
+    lags = []
+    for step in range(1, SHARED_STEPS + 1):
+        versions = pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0).to_pylist()
+        lags += [step - 1 - v for v in versions]
+    return lags
+
+
+@pytest.mark.slow
+def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refused(
+    server: Server, run_dir: Path, tiny_model: str
+):
+    runs = {name: run_dir / name for name in ("a", "b")}
+    procs = {
+        f"{name}-{service}": lora_run(path, tiny_model, server, service)
+        for name, path in runs.items()
+        for service in ("orchestrator", "trainer")
+    }
+    try:
+        finish(procs, run_dir)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    run_ids = {name: RunDir(path).read_run().run_id for name, path in runs.items()}
+    loads = [r for r in RunDir(run_dir).metrics.rows("inference") if r.get("run_id")]
+    for name, path in runs.items():
+        lags = audit(path)
+        assert max(lags) <= 1 and min(lags) >= 0 and 1 in lags, (name, lags)
+        rows = RunDir(path).metrics.rows("orchestrator")
+        assert sum(r["requests_failed"] for r in rows) == 0 and sum(r["groups_failed"] for r in rows) == 0
+        mine = [r for r in loads if r["run_id"] == run_ids[name]]
+        versions = [r["version"] for r in mine]  # a version published right after another may be skipped
+        assert versions == sorted(set(versions)) and versions[-1] == SHARED_STEPS and len(versions) >= 3, mine
+        assert max(r["load_s"] for r in mine) < 0.5, mine
+    spans = [
+        s for r in RunDir(runs["a"]).metrics.rows("orchestrator") for s in r["request_spans"]
+    ]
+    b_loads = [(r["loaded_at"] - r["load_s"], r["loaded_at"]) for r in loads if r["run_id"] == run_ids["b"]]
+    overlapping = [
+        d for start, d in spans if any(start < end and start + d > begin for begin, end in b_loads)
+    ]
+    median = statistics.median(d for _, d in spans)
+    print(f"A: {len(spans)} requests, median {median:.3f} s; {len(overlapping)} overlapped a load of B")
+    if overlapping:
+        assert statistics.median(overlapping) <= 2 * median + 0.2, (overlapping, median)
+    third_sets = [
+        f"run_dir={run_dir / 'c'}", f"model={tiny_model}", "trainer.lora.rank=8",
+        f"inference.admin_token={TOKEN}",
+        f'orchestrator.inference_urls=["{server.url}"]', f"orchestrator.adapter_name=run-{run_ids['a']}",
+    ]  # fmt: skip
+    third = subprocess.run(
+        triad_cmd("orchestrator", *[f"--set={s}" for s in third_sets]),
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert third.returncode == 2, third.stderr[-3000:]
+    assert third.stderr.strip().splitlines()[-1] == (
+        f"triad orchestrator: error: {server.url}: adapter name 'run-{run_ids['a']}' is owned by run "
+        f"{run_ids['a']!r}, not this run {RunDir(run_dir / 'c').read_run().run_id!r}: set another "
+        "orchestrator.adapter_name"
+    ), third.stderr[-3000:]

@@ -66,8 +66,8 @@ def listed(manager: AdapterManager) -> dict[str, int]:
 
 
 def alive_before(version: int) -> list[str]:
-    """What loading "alive" up to `version` unloads: each previous version."""
-    return [f"alive@v{v}" for v in range(1, version)]
+    """What loading "alive" up to `version` unloads: each version before the one kept."""
+    return [f"alive@v{v}" for v in range(1, version - 1)]
 
 
 async def until(check, what: str, timeout: float = 10.0) -> None:
@@ -91,6 +91,7 @@ async def scenario(rundir: RunDir) -> None:
         assert time.monotonic() - started > IDLE_S * 1.5  # every sweep of that time has run
         assert listed(manager) == {"alive": 4}
         assert sorted(models.unloaded) == sorted(["dead@v1", *alive_before(4)])
+        assert manager.loaded["alive"].kept == ["alive@v3"] and {"alive@v3", "alive@v4"} <= models.served
         await until(lambda: listed(manager) == {}, '"alive" to be unloaded once it stops updating')
         # "slow"'s version 1 goes idle while its version 2 is loading: the sweeps that come
         # meanwhile wait for the load, and the new version is kept.
@@ -100,7 +101,8 @@ async def scenario(rundir: RunDir) -> None:
         loading = load(manager, rundir, "slow", 2)
         await asyncio.sleep(IDLE_S)
         models.gates["slow@v2"].set()
-        assert (await loading).version == 2 and "slow@v1" in models.unloaded
+        assert (await loading).version == 2 and "slow@v1" in models.served  # kept, for requests in flight
+        assert manager.loaded["slow"].kept == ["slow@v1"]
         await asyncio.sleep(IDLE_S / 2)  # two more sweeps: the new version is fresh
         assert listed(manager)["slow"] == 2 and "slow@v2" in models.served
         await until(lambda: listed(manager) == {}, '"slow" to be unloaded once idle')

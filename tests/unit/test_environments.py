@@ -10,6 +10,7 @@ from fractions import Fraction
 import pytest
 
 from orchestrator.advantages import has_signal, overlong_penalty
+from orchestrator.backends import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import eval_prompts, load_environment, score
 from orchestrator.envs.basic import ReverseText, positional_match
@@ -145,7 +146,7 @@ def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
         async def run():
             client = InferenceClient(fake.url, None, 5)
             client.model = "fake"
-            pool = ServerPool([Server(client, backend=None)], cfg.orchestrator)  # type: ignore[arg-type]
+            pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
             out = await rollout_group(env, prompt, pool, 3, env_timeout=5)
             await client.close()
             return out

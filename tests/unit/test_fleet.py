@@ -181,7 +181,7 @@ class FakeFleet(Fleet):
 
     backend = FakeBackend
 
-    async def reach(self, client: InferenceClient) -> Server:
+    async def reach(self, client: InferenceClient, run_id: str) -> Server:
         await client.wait_ready(5, None)
         return Server(client, self.backend())
 

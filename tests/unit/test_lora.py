@@ -120,18 +120,6 @@ def test_adapter_names_are_checked_before_anything_loads():
         LoadAdapterRequest(name="../evil", run_id="r1", version=1, path="some/dir")
 
 
-def test_the_orchestrator_refuses_a_lora_run_before_touching_anything(tmp_path):
-    """Until it loads adapters, it must not send adapter files where full weights go."""
-    import asyncio
-
-    from orchestrator.loop import orchestrate
-
-    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "trainer.lora.rank=4"])
-    with pytest.raises(TriadError, match=r"^trainer.lora.rank = 4: the orchestrator does not load LoRA"):
-        asyncio.run(orchestrate(cfg, env=None))
-    assert not (tmp_path / "run").exists()
-
-
 def test_a_lora_directory_sent_as_weights_is_refused_and_named(tmp_path):
     from inference.admin import AdminError, WeightManager
 

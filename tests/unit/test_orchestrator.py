@@ -49,6 +49,9 @@ class FakeBackend:
             self.loaded = self.digests.pop(0)
         return await self.current()
 
+    def model(self, version: int) -> str | None:
+        return None
+
 
 def make(tmp_path, urls: list[str], *sets: str) -> Orchestrator:
     cfg = load_config(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,32 +105,37 @@ def trained_steps(rundir: RunDir) -> list[int]:
     return [r["step"] for r in rundir.metrics.rows("trainer")]
 
 
+def write_config(path: Path, url: str, model: str, steps: int) -> Path:
+    path.write_text(
+        f'run_dir = "{url}"\nmodel = "{model}"\nmax_steps = {steps}\nmax_async_level = {ETA}\n'
+        f'[inference]\nhost = "{INFERENCE_IP}"\nport = 8000\nadmin_token = "{TOKEN}"\n'
+        "heartbeat_interval_s = 1\n"
+        f'[orchestrator]\ninference_urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
+        f"keep_rollouts = {steps}\n[trainer.optim]\nlr = 1e-3\n[trainer.checkpoint]\nevery = 2\n"
+    )
+    return path
+
+
+def commands(config: Path) -> dict[str, list[str]]:
+    """Each host's service: inference (joining the fleet), a 2-rank trainer, the orchestrator."""
+    py, cli, c = sys.executable, ["-m", "services.cli"], ["-c", str(config)]
+    return {
+        "inf": [py, *cli, "inference", *c, "--join"],
+        "trn": [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *cli, "trainer", *c],
+        "orc": [py, *cli, "orchestrator", *c],
+    }
+
+
 def test_three_hosts_share_only_a_bucket_and_ride_out_an_outage(
     hosts, store, tiny_model, tmp_path, monkeypatch
 ):
     url = f"s3://{BUCKET}/run"
-    config = tmp_path / "triad.toml"
-    config.write_text(
-        f'run_dir = "{url}"\nmodel = "{tiny_model}"\nmax_steps = {STEPS}\nmax_async_level = {ETA}\n'
-        f'[inference]\nhost = "{INFERENCE_IP}"\nport = 8000\nadmin_token = "{TOKEN}"\n'
-        "heartbeat_interval_s = 1\n"
-        f'[orchestrator]\ninference_urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
-        f"keep_rollouts = {STEPS}\n[trainer.optim]\nlr = 1e-3\n[trainer.checkpoint]\nevery = 2\n"
-    )
-    py = sys.executable
+    cmd = commands(write_config(tmp_path / "triad.toml", url, tiny_model, STEPS))
     env = {role: service_env(store, role, tmp_path / f"cache-{role}") for role in STORE_NET}
-    inference = start(
-        hosts["inf"], env["inf"], py, "-m", "services.cli", "inference", "-c", str(config), "--join",
-        log=tmp_path / "inf.log",
-    )  # fmt: skip
-    trainer = start(
-        hosts["trn"], env["trn"], py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        "-m", "services.cli", "trainer", "-c", str(config), log=tmp_path / "trn.log",
-    )  # fmt: skip
-    orchestrator = start(
-        hosts["orc"], env["orc"], py, "-m", "services.cli", "orchestrator", "-c", str(config),
-        log=tmp_path / "orc.log",
-    )  # fmt: skip
+    inference, trainer, orchestrator = (
+        start(hosts[role], env[role], *cmd[role], log=tmp_path / f"{role}.log")
+        for role in ("inf", "trn", "orc")
+    )
     for key, value in store.env().items():
         monkeypatch.setenv(key, value)
     rundir = RunDir(url, open_store(url, tmp_path / "audit-cache", timeout_s=60))
@@ -162,21 +168,55 @@ def test_three_hosts_share_only_a_bucket_and_ride_out_an_outage(
     assert not any(p.is_file() for p in (tmp_path / "cache-orc").rglob("*.parquet"))
 
 
-def audit(rundir: RunDir) -> None:
+def audit(rundir: RunDir, steps: int = STEPS) -> None:
     """From the store alone: steps 1..N trained once each, every sample within η, one of lag 1."""
     run_id = rundir.read_run().run_id
-    assert trained_steps(rundir) == list(range(1, STEPS + 1))
-    assert rundir.rollouts.done_steps(run_id)[-1] == STEPS
+    assert trained_steps(rundir) == list(range(1, steps + 1))
+    assert rundir.rollouts.done_steps(run_id)[-1] == steps
     lags = []
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         rows = load_batch(rundir, step).to_pylist()
         lags += [step - 1 - r["policy_version"] for r in rows]
     assert lags and all(0 <= lag <= ETA for lag in lags) and 1 in lags, lags
-    assert rundir.weights.newest(run_id) == STEPS
-    assert (
-        rundir.checkpoints.newest(run_id) == STEPS - STEPS % 2 or rundir.checkpoints.newest(run_id) == STEPS
-    )
-    assert rundir.metrics.rows("inference")[-1]["version"] == STEPS
+    assert rundir.weights.newest(run_id) == steps
+    assert rundir.checkpoints.newest(run_id) in (steps - steps % 2, steps)
+    assert max(r["version"] for r in rundir.metrics.rows("inference")) == steps
+
+
+# which host's service is killed once that many steps are trained
+KILLS = (("trn", 3), ("orc", 5), ("inf", 7))
+KILL_STEPS = 10
+
+
+def test_three_hosts_each_service_killed_and_restarted(hosts, store, tiny_model, tmp_path, monkeypatch):
+    """kill -9 of each host's whole service (torchrun with its ranks, vLLM with its engine) in
+    turn, then the same command again on that host: steps exactly 1..N, every batch within η,
+    all read from the store alone."""
+    url = f"s3://{BUCKET}/kills"
+    cmd = commands(write_config(tmp_path / "triad.toml", url, tiny_model, KILL_STEPS))
+    env = {role: service_env(store, role, tmp_path / f"cache-{role}") for role in STORE_NET}
+    procs = {role: start(hosts[role], env[role], *cmd[role], log=tmp_path / f"{role}.log") for role in cmd}
+    for key, value in store.env().items():
+        monkeypatch.setenv(key, value)
+    rundir = RunDir(url, open_store(url, tmp_path / "audit-cache", timeout_s=60))
+    logs = lambda: "\n".join(p.name + ":\n" + p.read_text()[-3000:] for p in sorted(tmp_path.glob("*.log")))  # noqa: E731
+    try:
+        for role, after in KILLS:
+            deadline = time.monotonic() + 400
+            while len(trained_steps(rundir)) < after:
+                assert time.monotonic() < deadline and procs["trn"].poll() is None, f"no progress:\n{logs()}"
+                time.sleep(0.5)
+            os.killpg(procs[role].pid, signal.SIGKILL)
+            procs[role].wait()
+            procs[role] = start(hosts[role], env[role], *cmd[role], log=tmp_path / f"{role}-again.log")
+        for role in ("orc", "trn"):
+            assert procs[role].wait(timeout=400) == 0, f"{role} failed:\n{logs()}"
+    finally:
+        for proc in procs.values():
+            stop(proc)
+    audit(rundir, KILL_STEPS)
+    assert "resumed from the checkpoint" in (tmp_path / "trn-again.log").read_text()
+    assert "is back, serving version" in (tmp_path / "orc-again.log").read_text()
 
 
 class StoreRun(Run):

@@ -13,8 +13,6 @@ from shared.errors import WaitTimeout
 T = TypeVar("T")
 log = logging.getLogger("triad.waiting")
 BACKOFF = 1.5  # each empty poll waits this much longer, from the floor up to `poll`
-
-
 MARKER_POLL_CAP_S = 0.1  # the longest interval between looks at a marker on the critical path
 
 

@@ -17,11 +17,12 @@ import json
 import os
 import uuid
 from argparse import Namespace
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
 from shared.fleet import Registration, default_url
@@ -59,7 +60,13 @@ def model_dtype(requested: str, model_path: str) -> str:
     return str(raw.get("dtype") or raw.get("torch_dtype") or "auto")
 
 
-def vllm_cli_args(cfg: TriadConfig, model_path: str) -> list[str]:
+def eager(requested: bool | str, cpu_build: Callable[[], bool]) -> bool:
+    return cpu_build() if requested == "auto" else bool(requested)
+
+
+def vllm_cli_args(
+    cfg: TriadConfig, model_path: str, cpu_build: Callable[[], bool] = on_cpu_build
+) -> list[str]:
     inf = cfg.inference
     return [
         "--model", model_path,
@@ -72,6 +79,7 @@ def vllm_cli_args(cfg: TriadConfig, model_path: str) -> list[str]:
         "--logprobs-mode", "processed_logprobs",
         "--disable-uvicorn-access-log",
         *(["--max-model-len", str(inf.max_model_len)] if inf.max_model_len else []),
+        *(["--enforce-eager"] if eager(inf.enforce_eager, cpu_build) else []),
         *inf.vllm_args,
     ]  # fmt: skip
 

@@ -50,6 +50,11 @@ class InferenceConfig(Table):
         description="CPU cores for inference under `triad up`; `auto`: without a GPU, the first half "
         "of this machine's cores (and the rest for the trainer, unless `trainer.cpus` says otherwise)",
     )
+    enforce_eager: bool | Literal["auto"] = Field(
+        "auto",
+        description="vLLM without torch.compile; auto: eager on a CPU build (its compile there "
+        "adds ~13 s to every start and made the tiny model's batches 1.16x slower), compiled on GPUs",
+    )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
     advertise_url: str | None = Field(
         None, description="the URL `--join` registers for the orchestrator; None: http://host:port"

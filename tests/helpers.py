@@ -67,7 +67,7 @@ def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256) -> list[str]
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
-        "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log",
+        "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log", "--enforce-eager",
     ]  # fmt: skip
 
 

@@ -230,9 +230,7 @@ def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refus
         versions = [r["version"] for r in mine]  # a version published right after another may be skipped
         assert versions == sorted(set(versions)) and versions[-1] == SHARED_STEPS and len(versions) >= 3, mine
         assert max(r["load_s"] for r in mine) < 0.5, mine
-    spans = [
-        s for r in RunDir(runs["a"]).metrics.rows("orchestrator") for s in r["request_spans"]
-    ]
+    spans = [s for r in RunDir(runs["a"]).metrics.rows("orchestrator") for s in r["request_spans"]]
     b_loads = [(r["loaded_at"] - r["load_s"], r["loaded_at"]) for r in loads if r["run_id"] == run_ids["b"]]
     overlapping = [
         d for start, d in spans if any(start < end and start + d > begin for begin, end in b_loads)

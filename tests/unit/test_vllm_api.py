@@ -83,3 +83,18 @@ def test_engine_check_names_the_missing_method():
                 setattr(engine, other, print)
         with pytest.raises(TriadError, match=f"Engine.{name}"):
             vllm_api.check_engine(engine)
+
+
+def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():
+    from inference.server import vllm_cli_args
+    from shared.config import load_config
+
+    def args(cpu: bool, *sets: str) -> list[str]:
+        return vllm_cli_args(load_config(None, list(sets)), "/m", cpu_build=lambda: cpu)
+
+    assert "--enforce-eager" in args(True)
+    assert "--enforce-eager" not in args(False)
+    assert "--enforce-eager" not in args(True, "inference.enforce_eager=false")
+    assert "--enforce-eager" in args(False, "inference.enforce_eager=true")
+    with pytest.raises(TriadError, match="enforce_eager"):
+        load_config(None, ["inference.enforce_eager=sometimes"])

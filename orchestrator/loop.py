@@ -39,6 +39,8 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
@@ -61,6 +63,18 @@ from shared.resume import discard_batches_after, newest_batch, newest_checkpoint
 from shared.rundir import EVAL, ORCHESTRATOR, RunDir
 
 log = logging.getLogger("triad.orchestrator")
+T = TypeVar("T")
+
+
+async def to_thread_to_completion(fn: Callable[..., T], *args: Any) -> T:
+    """`asyncio.to_thread`, except that a cancelled caller still waits for the thread: a batch
+    or metrics row being written is whole before a rewound run discards what follows it."""
+    done = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await asyncio.wait([done])
+        raise
 
 
 class Orchestrator:
@@ -194,7 +208,9 @@ class Orchestrator:
         """Publish batch `step` in a thread; its row has the phases since `last`: generate, assemble, write"""
         rows = self.builder.rows(step, batch)
         assembled = time.monotonic()
-        await asyncio.to_thread(publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature)
+        await to_thread_to_completion(
+            publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature
+        )
         written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
         fields = dict(
@@ -207,7 +223,7 @@ class Orchestrator:
             groups_filtered=filtered, groups_failed=self.failed_groups,
         )  # fmt: skip
         self.failed_groups = 0
-        row = await asyncio.to_thread(self.metrics.log, step, **fields)
+        row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
             step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.weights.served_version,

@@ -341,12 +341,18 @@ class ObjectStore:
         return sum(i.size for i in self._infos(key, recursive=True) if i.type == pafs.FileType.File)
 
     def remove(self, key: str) -> None:
+        """Gone afterwards, as `LocalStore.remove`: a key already missing, or removed by another
+        process between the lookup and the delete, is no error."""
+
         def remove() -> None:
             info = self.fs.get_file_info(self.path(key))
-            if info.type == pafs.FileType.File:
-                self.fs.delete_file(self.path(key))
-            elif info.type == pafs.FileType.Directory:
-                self.fs.delete_dir(self.path(key))
+            try:
+                if info.type == pafs.FileType.File:
+                    self.fs.delete_file(self.path(key))
+                elif info.type == pafs.FileType.Directory:
+                    self.fs.delete_dir(self.path(key))
+            except FileNotFoundError:
+                pass
 
         self.call(f"removing {key}", remove)
 

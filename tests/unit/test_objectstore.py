@@ -64,6 +64,31 @@ def test_keys_round_trip_list_size_and_remove(store):
     assert not store.exists("a/b.txt")
 
 
+class LosesTheRace:
+    """The store's filesystem, with another process deleting a file right after each lookup."""
+
+    def __init__(self, fs, other) -> None:
+        self.fs, self.other = fs, other
+
+    def get_file_info(self, path):
+        info = self.fs.get_file_info(path)
+        self.other.delete_file(path)
+        return info
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+
+def test_a_key_another_process_removes_between_lookup_and_delete_is_gone_not_an_error(store, tmp_path):
+    """An orchestrator discarding batches while something else removes the same marker."""
+    store.write_bytes("step/DONE", b"{}")
+    other = ObjectStore(store.url, tmp_path / "other", timeout_s=20)
+    store.fs = LosesTheRace(store.fs, other.fs)
+    store.remove("step/DONE")
+    store.fs = store.fs.fs
+    assert store.read_bytes("step/DONE") is None
+
+
 def test_append_rewrites_the_object_and_create_once_keeps_the_first(store):
     store.append("m.jsonl", b"1\n")
     store.append("m.jsonl", b"2\n")

@@ -14,7 +14,7 @@ from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient
 from orchestrator.environments import Prompt, load_environment
 from orchestrator.integrity import DigestMismatch
-from orchestrator.loop import Orchestrator
+from orchestrator.loop import Orchestrator, to_thread_to_completion
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.rollout import Sample, single_turn
 from shared.admin_api import WeightsInfo
@@ -478,3 +478,27 @@ def test_slow_store_calls_do_not_stall_the_event_loop(tmp_path):
         assert len(gaps) > 50 and max(gaps) < 0.15, max(gaps)
 
     asyncio.run(run())
+
+
+def test_a_cancelled_batch_write_finishes_before_the_cancellation_reaches_the_run():
+    """A rewound run discards the batches after the checkpoint only once no write is in flight
+    (before, the discard raced the abandoned thread: a killed-trainer test saw a marker vanish
+    under it, and a batch written after the discard would have survived it)."""
+    events: list[str] = []
+
+    def write() -> str:
+        time.sleep(0.3)
+        events.append("written")
+        return "batch"
+
+    async def main() -> None:
+        task = asyncio.create_task(to_thread_to_completion(write))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        events.append("cancelled")
+        assert await to_thread_to_completion(write) == "batch"
+
+    asyncio.run(main())
+    assert events == ["written", "cancelled", "written"]

@@ -53,7 +53,7 @@ class InferenceConfig(Table):
     enforce_eager: bool | Literal["auto"] = Field(
         "auto",
         description="vLLM without torch.compile; auto: eager on a CPU build (its compile there "
-        "adds ~13 s to every start and made the tiny model's batches 1.16x slower), compiled on GPUs",
+        "adds ~12 s to every start and made no batch faster), compiled on GPUs",
     )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
     advertise_url: str | None = Field(

@@ -212,6 +212,17 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def remove_path(fs: pafs.FileSystem, path: str) -> None:
+    info = fs.get_file_info(path)
+    try:
+        if info.type == pafs.FileType.File:
+            fs.delete_file(path)
+        elif info.type == pafs.FileType.Directory:
+            fs.delete_dir(path)
+    except FileNotFoundError:
+        pass  # removed by another process since the lookup
+
+
 class ObjectStore:
     """A run directory under `s3://bucket/prefix`; see the module docstring."""
 
@@ -343,18 +354,7 @@ class ObjectStore:
     def remove(self, key: str) -> None:
         """Gone afterwards, as `LocalStore.remove`: a key already missing, or removed by another
         process between the lookup and the delete, is no error."""
-
-        def remove() -> None:
-            info = self.fs.get_file_info(self.path(key))
-            try:
-                if info.type == pafs.FileType.File:
-                    self.fs.delete_file(self.path(key))
-                elif info.type == pafs.FileType.Directory:
-                    self.fs.delete_dir(self.path(key))
-            except FileNotFoundError:
-                pass
-
-        self.call(f"removing {key}", remove)
+        self.call(f"removing {key}", lambda: remove_path(self.fs, self.path(key)))
 
     def flush(self, key: str) -> None:
         """Nothing to do: an object is durable once its upload completed."""

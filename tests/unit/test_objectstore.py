@@ -81,12 +81,12 @@ class LosesTheRace:
 
 def test_a_key_another_process_removes_between_lookup_and_delete_is_gone_not_an_error(store, tmp_path):
     """An orchestrator discarding batches while something else removes the same marker."""
-    store.write_bytes("step/DONE", b"{}")
+    store.write_bytes("step/marker", b"{}")
     other = ObjectStore(store.url, tmp_path / "other", timeout_s=20)
     store.fs = LosesTheRace(store.fs, other.fs)
-    store.remove("step/DONE")
+    store.remove("step/marker")
     store.fs = store.fs.fs
-    assert store.read_bytes("step/DONE") is None
+    assert store.read_bytes("step/marker") is None
 
 
 def test_append_rewrites_the_object_and_create_once_keeps_the_first(store):

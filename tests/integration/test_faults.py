@@ -40,6 +40,14 @@ STEPS = 8
 ASYNC = 1
 
 
+def check_reads(audit: Path) -> None:
+    """Both readers (trainer, inference) opened steps, and none before its `DONE`."""
+    reads = [json.loads(line) for line in audit.read_text().splitlines()]
+    readers = {r["reader"] for r in reads}
+    assert readers == {"trainer", "inference"}, readers
+    assert all(r["done"] for r in reads), [r for r in reads if not r["done"]]
+
+
 class Run:
     def __init__(self, root: Path, model: str) -> None:
         self.root, self.model = root, model
@@ -109,10 +117,7 @@ class Run:
         for step in rundir.rollouts.steps():
             versions = pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0)
             assert all(0 <= step - 1 - v <= ASYNC for v in versions.to_pylist()), (step, versions)
-        reads = [json.loads(line) for line in self.audit.read_text().splitlines()]
-        readers = {r["reader"] for r in reads}
-        assert readers == {"trainer", "inference"}, readers
-        assert all(r["done"] for r in reads), [r for r in reads if not r["done"]]
+        check_reads(self.audit)
         assert rundir.read_run().run_id  # the run directory is still this run's
 
 

@@ -4,9 +4,9 @@ Each test runs the three services as separate processes on one run directory:
 
 - the trainer dies mid-step (after its backward pass, before the optimizer
   step); it resumes from its last checkpoint, and the orchestrator, seeing the
-  weights it followed disappear, starts over from there;
-- the orchestrator dies while writing a batch (the Parquet file written, its
-  `DONE` not); the restarted one rewrites that batch;
+  weights it followed disappear, starts over from there; later in the same run
+  the orchestrator dies while writing a batch (the Parquet file written, its
+  `DONE` not), and the restarted one rewrites that batch;
 - the inference server dies mid-generation; the orchestrator retries, takes it
   out, and when a new server answers on the same address gives it the current
   weights before it serves rollouts again.
@@ -132,12 +132,18 @@ def run(tmp_path, tiny_model, monkeypatch):
         r.stop()
 
 
-def test_trainer_killed_mid_step_resumes_and_the_orchestrator_follows(run):
-    run.start("orchestrator")
+def test_trainer_killed_mid_step_then_orchestrator_killed_mid_write_each_resumes(run):
+    """Two kills in one run: the trainer after step 5's backward pass, then the orchestrator
+    writing batch 7, which it can write only once the resumed trainer has rewound it."""
+    run.start("orchestrator", failpoint=f"{ORCHESTRATOR_BEFORE_MARKER}:7")
     run.start("trainer", failpoint=f"{TRAINER_MID_STEP}:5")
     assert run.wait("trainer") != 0  # killed by its own SIGKILL after the step-5 backward pass
-    assert [r["step"] for r in RunDir(run.run_dir).metrics.rows("trainer")] == [1, 2, 3, 4]
+    rundir = RunDir(run.run_dir)
+    assert [r["step"] for r in rundir.metrics.rows("trainer")] == [1, 2, 3, 4]
     run.start("trainer")
+    assert run.wait("orchestrator") != 0
+    assert rundir.batch_file(7).exists() and not rundir.rollouts.has_marker(7)  # half-written
+    run.start("orchestrator")
     run.finish()
     run.check()
     assert "resumed from the checkpoint after update 3" in run.log("trainer")
@@ -146,18 +152,7 @@ def test_trainer_killed_mid_step_resumes_and_the_orchestrator_follows(run):
     orchestrator = run.log("orchestrator")
     assert re.search(r"went back from version 4 to 3|version 4 was published again", orchestrator)
     assert "discarded weights" not in orchestrator  # the resumed trainer's versions are its own
-
-
-def test_orchestrator_killed_while_writing_a_batch_is_restarted(run):
-    run.start("trainer")
-    run.start("orchestrator", failpoint=f"{ORCHESTRATOR_BEFORE_MARKER}:5")
-    assert run.wait("orchestrator") != 0
-    rundir = RunDir(run.run_dir)
-    assert rundir.batch_file(5).exists() and not rundir.rollouts.has_marker(5)  # half-written
-    run.start("orchestrator")
-    run.finish()
-    run.check()
-    assert "resuming: batches 1..4 are already published" in run.log("orchestrator")
+    assert "resuming: batches 1..6 are already published" in orchestrator
 
 
 def test_inference_killed_mid_generation_is_re_detected_and_realigned(run):

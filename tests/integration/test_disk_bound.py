@@ -1,5 +1,6 @@
 """100 short steps of `triad up` (ten checkpoint cycles): the run directory stays under the bound
-docs/reliability.md states.
+docs/reliability.md states. The run is on-policy (max_async_level 0), so it also shows that guard
+over 100 batches: every sample's policy version is its step's previous one (lag 0).
 
 The bound, for weights.keep W, trainer.checkpoint.keep K, trainer.checkpoint.every E,
 orchestrator.keep_rollouts R and async level eta (weights of size S, a checkpoint about 3 S
@@ -17,6 +18,7 @@ import stat
 import threading
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from shared.rundir import TRAINER, RunDir, Steps
@@ -25,6 +27,7 @@ from tests.helpers import free_port, run_triad
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 100
 EVERY = 10
+ETA = 0
 MB = 1 << 20
 
 
@@ -68,7 +71,7 @@ def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
     sets = [
         f"run_dir={run_dir}", f"max_steps={STEPS}", f"inference.port={free_port()}",
         "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
-        "orchestrator.eval_every=0", f"trainer.checkpoint.every={EVERY}",
+        "orchestrator.eval_every=0", f"trainer.checkpoint.every={EVERY}", f"max_async_level={ETA}",
     ]  # fmt: skip
     rundir = RunDir(run_dir)
     sampler = Sampler(rundir)
@@ -85,7 +88,14 @@ def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
     weights_size = size(rundir.weights.path(STEPS))
     checkpoint_size = size(rundir.checkpoints.path(STEPS))
     batch_size = max(size(rundir.rollouts.path(s)) for s in rundir.rollouts.steps())
-    w, k, e, r, eta = 3, 2, EVERY, 4, 1  # the defaults and the settings above
+    lags = {
+        step - 1 - v
+        for step in rundir.rollouts.steps()
+        for v in pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0).to_pylist()
+    }
+    assert lags == {ETA}, lags  # the batches still kept (the newest R + E or so); for all of them:
+    assert [r["lag_max"] for r in rundir.metrics.rows("orchestrator")] == [ETA] * STEPS
+    w, k, e, r, eta = 3, 2, EVERY, 4, ETA  # the defaults and the settings above
     bound = {
         rundir.weights.kind: (w + k + 1) * weights_size,
         rundir.checkpoints.kind: (k + 1) * checkpoint_size,

@@ -43,7 +43,7 @@ from tests.containers import (
 from tests.helpers import REPO, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-STEPS = 60
+STEPS = 30
 CHECKPOINT_EVERY = 10
 KILL_AFTER = 12  # trainer updates seen on the volume before its container is killed
 ASYNC = 1  # the embedded default's max_async_level

@@ -16,7 +16,7 @@ from shared.waiting import wait_for
 from tests.helpers import free_port, processes_mentioning, run_triad, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-STEPS = 150
+STEPS = 100
 INTERRUPT_AFTER = 50  # checkpoint
 
 

@@ -2,7 +2,8 @@
 
 One plain vLLM server (no triad admin routes: the policy stays frozen, so every
 sample is of version 0 and the trainer's first update sees the sampler's weights)
-serves the embedded chat model `builtin:tiny-tools` to every test here. The
+serves the embedded chat model `builtin:tiny-tools` to every test here (the session's
+`chat_server`, which test_library_envs.py shares). The
 orchestrator runs in this process, with its inference client recording every
 completion vLLM returned, so batches can be checked against what was sampled.
 """
@@ -30,21 +31,10 @@ from orchestrator.tools import ToolRunner, parse_tool_calls, tool_schema
 from shared.batch import read_batch
 from shared.config import TriadConfig, load_config
 from shared.rundir import RunDir
-from tests.helpers import REPO, Server, run_triad
+from tests.helpers import REPO, run_triad
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, chat_model):
-    root = tmp_path_factory.mktemp("chat-vllm")
-    s = Server(root, chat_model, root / "vllm.log", plain=True, max_model_len=512)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
 
 
 class Recording(InferenceClient):
@@ -155,10 +145,10 @@ def parts_start(parts: list[tuple[bool, int, int]], end: int) -> tuple[int, int]
 
 
 def test_chat_tool_use_batches_hold_the_sampled_ids_and_mask_template_and_tool_tokens(
-    tmp_path, chat_model, server
+    tmp_path, chat_model, chat_server
 ):
     Recording.calls = []
-    cfg, flags = config(tmp_path / "run", chat_model, server.url, "calculator")
+    cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "calculator")
     train(cfg, flags, load_environment("calculator"), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
     recorded = recordings()
@@ -256,7 +246,7 @@ def sampled_replies(row: dict, tok) -> list[str]:
     return out
 
 
-def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, server):
+def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, chat_server):
     from collections import Counter
 
     from orchestrator.agents import normal
@@ -264,7 +254,7 @@ def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, s
     agent = CalculatorAgent
     agent.replies, agent.calls_per_conversation, agent.tool_calls_per_episode = [], [], []
     cfg, flags = config(
-        tmp_path / "run", chat_model, server.url, "tests.integration.test_chat:CalculatorAgent"
+        tmp_path / "run", chat_model, chat_server.url, "tests.integration.test_chat:CalculatorAgent"
     )
     train(cfg, flags, CalculatorAgent(), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
@@ -288,15 +278,17 @@ class Slow(InferenceClient):
         return await super().complete(prompt, n, max_tokens, temperature, model)
 
 
-def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(tmp_path, chat_model, server):
+def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
+    tmp_path, chat_model, chat_server
+):
     import httpx
 
     from orchestrator.proxy import AgentProxy
 
-    cfg, _ = config(tmp_path / "run", chat_model, server.url, "calculator")
+    cfg, _ = config(tmp_path / "run", chat_model, chat_server.url, "calculator")
 
     async def check() -> None:
-        client = Slow(server.url, None, 60)
+        client = Slow(chat_server.url, None, 60)
         await client.wait_ready(60, None)
         proxy = AgentProxy(ServerPool([_server(client)], cfg.orchestrator), cfg.orchestrator)
         await proxy.start()
@@ -337,7 +329,7 @@ def write_module(root: Path, name: str, source: str) -> None:
     (root / f"{name}.py").write_text(source)
 
 
-def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, server):
+def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, chat_server):
     write_module(tmp_path, "bad_envs", (
         "from orchestrator.environments import Prompt\n"
         "class Bad:\n"
@@ -347,7 +339,7 @@ def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, serv
         "    def reward(self, prompt, conversation):\n"
         "        return 0.0\n"
     ))  # fmt: skip
-    url = f'orchestrator.inference_urls=["{server.url}"]'
+    url = f'orchestrator.inference_urls=["{chat_server.url}"]'
     sets = [f"run_dir={tmp_path / 'run'}", f"model={chat_model}", url, 'orchestrator.env="bad_envs:Bad"']
     result = run_triad("orchestrator", *[f"--set={s}" for s in sets], timeout=120,
                        env={"PYTHONPATH": f"{tmp_path}:{REPO}"})  # fmt: skip
@@ -373,13 +365,15 @@ def conversation_of(row: dict, tok, user: str) -> list[dict]:
     return messages
 
 
-def test_a_template_that_rewrites_history_does_not_change_what_the_trainer_sees(tmp_path, chat_model, server):
+def test_a_template_that_rewrites_history_does_not_change_what_the_trainer_sees(
+    tmp_path, chat_model, chat_server
+):
     """Qwen3-style: each generation prompt opens an empty think block that a rendered history does not
     have, and earlier think blocks are dropped. The batch holds what was sampled and conditioned on;
     a re-rendered conversation would not; the trainer's logprobs equal vLLM's."""
     Recording.calls = []
     kwargs = "orchestrator.chat_template_kwargs={enable_thinking=false, drop_think=true}"
-    cfg, flags = config(tmp_path / "run", chat_model, server.url, "calculator", "max_steps=1", kwargs)
+    cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "calculator", "max_steps=1", kwargs)
     train(cfg, flags, ChatCalculator(), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
     recorded = recordings()

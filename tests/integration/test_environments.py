@@ -29,20 +29,9 @@ from orchestrator.pool import ServerPool
 from shared.batch import publish_batch, read_batch
 from shared.config import load_config
 from shared.rundir import RunDir
-from tests.helpers import REPO, Server, run_triad, triad_cmd, write_env_plugin
+from tests.helpers import REPO, run_triad, triad_cmd, write_env_plugin
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def plain_server(tmp_path_factory, tiny_model):
-    root = tmp_path_factory.mktemp("plain-vllm")
-    server = Server(root, tiny_model, root / "vllm.log", plain=True)
-    try:
-        server.wait_healthy()
-        yield server
-    finally:
-        server.stop()
 
 
 def runs_of(mask: list[bool], value: bool, start: int) -> list[tuple[int, int]]:

@@ -21,12 +21,10 @@ from transformers import AutoTokenizer
 from orchestrator.environments import load_environment
 from shared.batch import read_batch
 from shared.rundir import RunDir
-from tests.helpers import Server, write_verifiers_env
-from tests.integration import test_chat
+from tests.helpers import write_verifiers_env
 from tests.integration.test_chat import config, runs, train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-server = test_chat.server  # the chat model's plain vLLM server, one per module
 STEPS = 3
 # the learning config's task (configs/tiny-reasoning-gym.toml): sums the base model scores on
 ARITH = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"], "allow_parentheses": False,
@@ -46,17 +44,6 @@ def texts(row: dict, tok) -> tuple[str, list[str]]:
     return prompt, turns
 
 
-@pytest.fixture(scope="module")
-def text_server(tmp_path_factory, tiny_model):
-    root = tmp_path_factory.mktemp("library-envs-text-vllm")
-    s = Server(root, tiny_model, root / "vllm.log", plain=True)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
-
-
 @pytest.mark.parametrize("chat", [False, True], ids=["text-prompts", "chat-prompts"])
 def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     tmp_path, request, chat, chat_model, tiny_model
@@ -65,8 +52,8 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     chat prompts (the default) to the embedded chat model, rendered with its template."""
     import reasoning_gym as rg
 
-    model, url = (chat_model, request.getfixturevalue("server").url) if chat else (
-        tiny_model, request.getfixturevalue("text_server").url)  # fmt: skip
+    model, url = (chat_model, request.getfixturevalue("chat_server").url) if chat else (
+        tiny_model, request.getfixturevalue("plain_server").url)  # fmt: skip
     args = {"config": ARITH, "system_prompt": "none", "answer_tag": False, "size": 300, "chat": chat}
     config_toml = (
         'config={min_terms=2,max_terms=2,max_digits=1,operators=["+"],'
@@ -116,11 +103,13 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     assert [r["step"] for r in trainer_rows] == list(range(1, STEPS + 1))
 
 
-def test_a_verifiers_environment_runs_its_own_rollouts_and_rubric(tmp_path, chat_model, server, monkeypatch):
+def test_a_verifiers_environment_runs_its_own_rollouts_and_rubric(
+    tmp_path, chat_model, chat_server, monkeypatch
+):
     write_verifiers_env(tmp_path, "vf_two_turns")
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg, flags = config(
-        tmp_path / "run", chat_model, server.url, "verifiers:vf_two_turns", "orchestrator.max_tokens=24",
+        tmp_path / "run", chat_model, chat_server.url, "verifiers:vf_two_turns", "orchestrator.max_tokens=24",
         f"max_steps={STEPS}",
     )  # fmt: skip
     train(cfg, flags, load_environment(cfg.orchestrator.env), tmp_path / "trainer.log")

@@ -91,6 +91,19 @@ def test_published_adapter_is_a_peft_directory_giving_the_trainers_logits(tiny_m
     assert (expected - plain).abs().max() > 1e-3
 
 
+def test_an_adapter_on_lm_head_publishes_only_what_trains():
+    """peft would add lm_head's frozen base weight (vocabulary x hidden) to the adapter."""
+    from services.tiny_model import make_model, make_tokenizer
+    from trainer.lora import adapter_state, wrap_lora
+
+    base = make_model(make_tokenizer(), seed=0, untied=True)
+    assert base.lm_head.weight.data_ptr() != base.model.embed_tokens.weight.data_ptr()
+    model = wrap_lora(base, LoraConfig(rank=2, alpha=4, target_modules=["q_proj", "lm_head"]))
+    names = sorted(adapter_state(model, model.state_dict()))
+    assert "base_model.model.lm_head.lora_B.weight" in names, names
+    assert all(n.endswith((".lora_A.weight", ".lora_B.weight")) for n in names), names
+
+
 class NoLoraEngine:
     class vllm_config:  # noqa: N801 (vLLM's attribute names)
         lora_config = None

@@ -27,3 +27,11 @@ def chat_model(triad_cache) -> str:
     from services.models import resolve_model
 
     return resolve_model("builtin:tiny-tools")
+
+
+@pytest.fixture(scope="session")
+def untied_model(triad_cache) -> str:
+    """The embedded base model as Llama with its own lm_head (`builtin:tiny-addition-untied`)."""
+    from services.models import resolve_model
+
+    return resolve_model("builtin:tiny-addition-untied")

@@ -1,6 +1,10 @@
 """LoRA RL on a real torchrun FSDP2 trainer and a real vLLM server with `--enable-lora`: each
 published adapter version, loaded by name, gives the trainer's logprobs; two runs, each with
-its own orchestrator and trainer, share the server without failing each other's requests."""
+its own orchestrator and trainer, share the server without failing each other's requests.
+
+The server's model is the embedded one with its own lm_head (`untied_model`, Llama), and the
+adapters take lm_head too (what lets LoRA change the logits' scale); the resume test trains the
+tied Qwen2 one (`tiny_model`) on its inner linears."""
 
 from __future__ import annotations
 
@@ -24,8 +28,9 @@ STEPS = 3
 LORA = [
     "trainer.lora.rank=8",
     "trainer.lora.alpha=16",
-    "trainer.lora.target_modules=['q_proj','v_proj','o_proj']",
+    "trainer.lora.target_modules=['q_proj','v_proj','o_proj','lm_head']",
 ]
+LORA_TIED = [*LORA[:2], "trainer.lora.target_modules=['q_proj','v_proj','o_proj']"]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +39,10 @@ def run_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(run_dir: Path, tiny_model: str, tmp_path_factory):
+def server(run_dir: Path, untied_model: str, tmp_path_factory):
     log = tmp_path_factory.mktemp("lora-logs") / "inference.log"
     lora_args = "inference.vllm_args=['--enable-lora','--max-lora-rank','8','--max-loras','4']"
-    s = Server(run_dir, tiny_model, log, f"inference.admin_token={TOKEN}", lora_args)
+    s = Server(run_dir, untied_model, log, f"inference.admin_token={TOKEN}", lora_args)
     try:
         s.wait_healthy()
         yield s
@@ -68,34 +73,34 @@ def transformers_logprobs(model: torch.nn.Module, prompt: list[int], completion:
     return lps[len(prompt) :].tolist()
 
 
-def merged(tiny_model: str, adapter_dir: Path) -> torch.nn.Module:
+def merged(model: str, adapter_dir: Path) -> torch.nn.Module:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
 
 
 @pytest.mark.slow
 def test_each_adapter_version_on_vllm_gives_the_trainers_greedy_logprobs(
-    server: Server, run_dir: Path, tiny_model: str
+    server: Server, run_dir: Path, untied_model: str
 ):
-    make_batches(run_dir, tiny_model, range(1, STEPS + 1))
-    train(run_dir, tiny_model, 2, *LORA, "trainer.optim.lr=1e-2", f"max_steps={STEPS}")
+    make_batches(run_dir, untied_model, range(1, STEPS + 1))
+    train(run_dir, untied_model, 2, *LORA, "trainer.optim.lr=1e-2", f"max_steps={STEPS}")
     rundir = RunDir(run_dir)
     run_id = rundir.read_run().run_id
     rng = random.Random(3)
     prompts = [[rng.randrange(256) for _ in range(rng.randint(3, 8))] for _ in range(4)]
     from transformers import AutoModelForCausalLM
 
-    merged_base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    merged_base = AutoModelForCausalLM.from_pretrained(untied_model, dtype=torch.float32).eval()
     for version in range(1, STEPS + 1):
         marker = rundir.weights.marker(version, run_id)
         assert marker is not None and marker.adapter and marker.bytes < 200_000  # the adapter only
         r = load_adapter(server, "run-a", run_id, version, rundir.weights.relative(version))
         assert r.status_code == 200, r.text
         assert r.json()["served_as"] == f"run-a@v{version}" and r.json()["digest"] == marker.digest
-        model = merged(tiny_model, rundir.weights.path(version))
+        model = merged(untied_model, rundir.weights.path(version))
         gaps, moved = [], []
         for prompt in prompts:
             tokens, served = greedy(server.url, f"run-a@v{version}", prompt)
@@ -117,7 +122,7 @@ def test_each_adapter_version_on_vllm_gives_the_trainers_greedy_logprobs(
 
 
 @pytest.mark.slow
-def test_an_adapter_name_another_run_owns_is_refused(server: Server, run_dir: Path, tiny_model: str):
+def test_an_adapter_name_another_run_owns_is_refused(server: Server, run_dir: Path):
     rundir = RunDir(run_dir)
     if not rundir.weights.done_steps(rundir.read_run().run_id):
         pytest.skip("needs the adapters the first test published")
@@ -145,7 +150,7 @@ def test_a_resumed_lora_run_equals_a_straight_one_and_checkpoints_only_the_adapt
     straight, split = tmp_path / "straight", tmp_path / "split"
     for run_dir in (straight, split):
         make_batches(run_dir, tiny_model, range(1, 5))
-    sets = [*LORA, "trainer.optim.lr=1e-2", "trainer.checkpoint.every=2", "trainer.batch_timeout_s=20"]
+    sets = [*LORA_TIED, "trainer.optim.lr=1e-2", "trainer.checkpoint.every=2", "trainer.batch_timeout_s=20"]
     train(straight, tiny_model, 2, *sets, "max_steps=4")
     train(split, tiny_model, 2, *sets, "max_steps=2")
     for step in (1, 2):  # a trainer that did not resume would wait for these and time out
@@ -162,10 +167,10 @@ def test_a_resumed_lora_run_equals_a_straight_one_and_checkpoints_only_the_adapt
 SHARED_STEPS = 6
 
 
-def lora_run(run_dir: Path, tiny_model: str, server: Server, service: str, *extra: str) -> subprocess.Popen:
+def lora_run(run_dir: Path, model: str, server: Server, service: str, *extra: str) -> subprocess.Popen:
     """`triad <service>` of a LoRA run in `run_dir` on the shared server, logging beside it."""
     sets = [
-        f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={SHARED_STEPS}", "max_async_level=1", *LORA,
+        f"run_dir={run_dir}", f"model={model}", f"max_steps={SHARED_STEPS}", "max_async_level=1", *LORA,
         "trainer.optim.lr=1e-3", "trainer.checkpoint.every=0", "weights.keep=100",
         "trainer.batch_timeout_s=240",
         f"inference.admin_token={TOKEN}", f'orchestrator.inference_urls=["{server.url}"]',
@@ -219,11 +224,11 @@ def waits_on_loads(rows: list[dict], loads: list[dict], run_id: str) -> tuple[fl
 
 @pytest.mark.slow
 def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refused(
-    server: Server, run_dir: Path, tiny_model: str
+    server: Server, run_dir: Path, untied_model: str
 ):
     runs = {name: run_dir / name for name in ("a", "b")}
     procs = {
-        f"{name}-{service}": lora_run(path, tiny_model, server, service)
+        f"{name}-{service}": lora_run(path, untied_model, server, service)
         for name, path in runs.items()
         for service in ("orchestrator", "trainer")
     }
@@ -248,7 +253,7 @@ def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refus
     if waits is not None:
         assert waits[0] <= waits[1] + 0.2, waits
     third_sets = [
-        f"run_dir={run_dir / 'c'}", f"model={tiny_model}", "trainer.lora.rank=8",
+        f"run_dir={run_dir / 'c'}", f"model={untied_model}", "trainer.lora.rank=8",
         f"inference.admin_token={TOKEN}",
         f'orchestrator.inference_urls=["{server.url}"]', f"orchestrator.adapter_name=run-{run_ids['a']}",
     ]  # fmt: skip

@@ -65,8 +65,8 @@ def wrap_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
 
 def adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter's tensors of a (full) state dict of the wrapped model, under PEFT's saved names.
-    With `lm_head` or `embed_tokens` a target, peft would also save that layer's frozen base
-    weight (a vocabulary-sized copy of the base model's); the adapter is only what trains."""
+    With `lm_head` a target, peft would also save its frozen base weight (a vocabulary-sized
+    copy of the base model's); the adapter is only what trains."""
     from peft import get_peft_model_state_dict
 
     return get_peft_model_state_dict(

@@ -55,7 +55,7 @@ SETTINGS = {
     "TRIAD_WEIGHTS__KEEP": STEPS,
 }
 
-S3_STEPS = 20
+S3_STEPS = 10
 S3_SETTINGS = {"TRIAD_MAX_STEPS": S3_STEPS, "TRIAD_ORCHESTRATOR__KEEP_ROLLOUTS": S3_STEPS,
                "TRIAD_WEIGHTS__KEEP": S3_STEPS}  # fmt: skip
 S3_COMPOSE = REPO / "deploy" / "compose" / "compose.s3.yaml"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -210,3 +211,11 @@ def write_verifiers_env(root: Path, module: str) -> Path:
     path = root / f"{module}.py"
     path.write_text(VERIFIERS_ENV)
     return path
+
+
+def check_reads(audit: Path) -> None:
+    """Both readers (trainer, inference) opened steps, and none before its `DONE`."""
+    reads = [json.loads(line) for line in audit.read_text().splitlines()]
+    readers = {r["reader"] for r in reads}
+    assert readers == {"trainer", "inference"}, readers
+    assert all(r["done"] for r in reads), [r for r in reads if not r["done"]]

@@ -18,9 +18,9 @@ import stat
 import threading
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
+from shared.batch import load_batch
 from shared.rundir import TRAINER, RunDir, Steps
 from tests.helpers import free_port, run_triad
 
@@ -91,7 +91,7 @@ def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
     lags = {
         step - 1 - v
         for step in rundir.rollouts.steps()
-        for v in pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0).to_pylist()
+        for v in load_batch(rundir, step).column("policy_version").to_pylist()
     }
     assert lags == {ETA}, lags  # the batches still kept (the newest R + E or so); for all of them:
     assert [r["lag_max"] for r in rundir.metrics.rows("orchestrator")] == [ETA] * STEPS

@@ -18,7 +18,6 @@ batch obeys max_async_level, and no reader ever opened a step without `DONE`
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -33,19 +32,11 @@ from shared.errors import WaitTimeout
 from shared.faults import AUDIT_VAR, FAILPOINT_VAR, ORCHESTRATOR_BEFORE_MARKER, TRAINER_MID_STEP
 from shared.rundir import RunDir
 from shared.waiting import wait_for
-from tests.helpers import REPO, Server, triad_cmd
+from tests.helpers import REPO, Server, check_reads, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 8
 ASYNC = 1
-
-
-def check_reads(audit: Path) -> None:
-    """Both readers (trainer, inference) opened steps, and none before its `DONE`."""
-    reads = [json.loads(line) for line in audit.read_text().splitlines()]
-    readers = {r["reader"] for r in reads}
-    assert readers == {"trainer", "inference"}, readers
-    assert all(r["done"] for r in reads), [r for r in reads if not r["done"]]
 
 
 class Run:

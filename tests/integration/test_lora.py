@@ -25,12 +25,9 @@ from tests.integration.test_trainer import make_batches, train
 pytestmark = pytest.mark.integration
 TOKEN = "s3cret"
 STEPS = 3
-LORA = [
-    "trainer.lora.rank=8",
-    "trainer.lora.alpha=16",
-    "trainer.lora.target_modules=['q_proj','v_proj','o_proj','lm_head']",
-]
-LORA_TIED = [*LORA[:2], "trainer.lora.target_modules=['q_proj','v_proj','o_proj']"]
+RANK = ["trainer.lora.rank=8", "trainer.lora.alpha=16"]
+LORA = [*RANK, "trainer.lora.target_modules=['q_proj','v_proj','o_proj','lm_head']"]
+LORA_TIED = [*RANK, "trainer.lora.target_modules=['q_proj','v_proj','o_proj']"]  # the tied model's
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from shared.batch import load_batch
 from shared.faults import AUDIT_VAR
 from shared.rundir import RunDir
 from shared.storage import open_store
-from tests.integration.test_faults import check_reads
+from tests.helpers import check_reads
 from tests.integration.test_three_hosts import sh, stop
 from tests.s3 import MotoServer
 

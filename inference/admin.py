@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ValidationError
 from safetensors import safe_open
 
+from inference.vllm_api import pause_keeping_requests
 from shared.admin_api import (
     ADAPTERS_ROUTE,
     ADMIN_PREFIX,
@@ -184,7 +185,7 @@ class WeightManager:
     async def _swap(self, method: str, arg) -> list:
         """Run a weight-loading worker method with generation paused (requests kept); each
         worker's answer."""
-        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        await pause_keeping_requests(self.engine)
         try:
             answers = await self.engine.collective_rpc(method, args=(arg,))
             await self.engine.reset_prefix_cache(reset_running_requests=True)
@@ -261,7 +262,7 @@ class WeightManager:
         audit_read(path, RunDir.has_marker_at(path), INFERENCE)
 
     async def pause(self) -> PauseState:
-        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        await pause_keeping_requests(self.engine)
         return PauseState(paused=True)
 
     async def resume(self) -> PauseState:

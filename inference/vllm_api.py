@@ -28,9 +28,8 @@ LAUNCHER_ATTRIBUTES = (
     "vllm.entrypoints.launchers.launcher:setup_server",
     "vllm.entrypoints.serve.utils.api_utils:cli_env_setup",
 )
-ENGINE_METHODS = (
-    "get_supported_tasks", "pause_generation", "resume_generation", "collective_rpc", "reset_prefix_cache",
-)  # fmt: skip
+ENGINE_METHODS = ("get_supported_tasks", "resume_generation", "collective_rpc", "reset_prefix_cache")
+ENGINE_CORE_METHODS = ("pause_scheduler_async",)  # on the engine's core client, `engine.engine_core`
 CPU_REPACK = "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm"
 
 
@@ -62,6 +61,18 @@ def check_engine(engine: object) -> None:
     for name in ENGINE_METHODS:
         if not callable(getattr(engine, name, None)):
             raise missing(f"engine client method {type(engine).__name__}.{name}")
+    core = getattr(engine, "engine_core", None)
+    for name in ENGINE_CORE_METHODS:
+        if not callable(getattr(core, name, None)):
+            raise missing(f"engine core client method {type(engine).__name__}.engine_core.{name}")
+
+
+async def pause_keeping_requests(engine) -> None:
+    """Stop scheduling between two engine steps, requests in flight kept (they continue after
+    `resume_generation`). The engine client's own `pause_generation` makes the same call and
+    then sleeps 20 ms so that the final outputs of aborted requests reach their callers first;
+    keeping aborts none, and that sleep was 20 ms of idle engine on every weight load."""
+    await engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
 
 
 def check_worker(

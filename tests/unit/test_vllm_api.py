@@ -76,13 +76,27 @@ def test_engine_check_names_the_missing_method():
     class Engine:
         pass
 
-    for name in vllm_api.ENGINE_METHODS:
+    class Core:
+        pass
+
+    def engine_without(name: str | None) -> Engine:
         engine = Engine()
+        engine.engine_core = Core()
         for other in vllm_api.ENGINE_METHODS:
-            if other != name:
-                setattr(engine, other, print)
+            setattr(engine, other, print)
+        for other in vllm_api.ENGINE_CORE_METHODS:
+            setattr(engine.engine_core, other, print)
+        if name is not None:
+            delattr(engine.engine_core if name in vllm_api.ENGINE_CORE_METHODS else engine, name)
+        return engine
+
+    for name in vllm_api.ENGINE_METHODS:
         with pytest.raises(TriadError, match=f"Engine.{name}"):
-            vllm_api.check_engine(engine)
+            vllm_api.check_engine(engine_without(name))
+    for name in vllm_api.ENGINE_CORE_METHODS:
+        with pytest.raises(TriadError, match=f"Engine.engine_core.{name}"):
+            vllm_api.check_engine(engine_without(name))
+    vllm_api.check_engine(engine_without(None))
 
 
 def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():

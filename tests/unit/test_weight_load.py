@@ -40,19 +40,31 @@ class CachedStore:
         shutil.rmtree(self.cache / key, ignore_errors=True)
 
 
+class EngineCore:
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    async def pause_scheduler_async(self, mode: str, clear_cache: bool) -> None:
+        self.calls.append(f"pause {mode} clear_cache={clear_cache}")
+
+
 class Engine:
-    """vLLM's engine as far as a load goes; `during_load` runs inside the worker's load."""
+    """vLLM's engine as far as a load goes; `during_load` runs inside the worker's load, `calls`
+    records the order of the engine calls."""
 
     def __init__(self) -> None:
         self.during_load = lambda path: None
+        self.calls: list[str] = []
+        self.engine_core = EngineCore(self.calls)
 
-    async def pause_generation(self, **kw) -> None: ...
+    async def resume_generation(self) -> None:
+        self.calls.append("resume")
 
-    async def resume_generation(self) -> None: ...
-
-    async def reset_prefix_cache(self, **kw) -> None: ...
+    async def reset_prefix_cache(self, reset_running_requests: bool) -> None:
+        self.calls.append(f"reset running={reset_running_requests}")
 
     async def collective_rpc(self, method: str, args=()) -> list:
+        self.calls.append(method)
         self.during_load(args[0])
         return [None]
 
@@ -75,6 +87,19 @@ def setup(tmp_path):
 
 def post(client: TestClient, rundir: RunDir, version: int):
     return client.post("/admin/weights", json={"version": version, "path": rundir.weights.relative(version)})
+
+
+def test_a_load_runs_with_scheduling_paused_and_requests_kept_then_resets_the_cache(setup):
+    rundir, store, engine, manager, client = setup
+    assert post(client, rundir, 1).json()["version"] == 1
+    assert engine.calls == [
+        "pause keep clear_cache=False", "triad_load_weights", "reset running=True", "resume"
+    ]  # fmt: skip
+    engine.calls.clear()
+    engine.during_load = lambda path: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(manager.load(LoadWeightsRequest(version=2, path=rundir.weights.relative(2))))
+    assert engine.calls == ["pause keep clear_cache=False", "triad_load_weights", "resume"]  # resumed anyway
 
 
 def test_a_version_pruned_while_the_server_loads_it_is_a_400_naming_it(setup):

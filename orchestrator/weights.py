@@ -24,6 +24,7 @@ from shared.errors import TriadError
 from shared.resume import newest_checkpoint
 from shared.rundir import Marker, RunDir
 from shared.waiting import Backoff, async_wait_for, poll_cap
+from shared.watch import DirWatch
 
 log = logging.getLogger("triad.orchestrator")
 POLL_S = 0.1
@@ -167,11 +168,21 @@ class WeightFollower:
 
     async def follow(self) -> None:
         """Forever: take each newly published version to the servers, then prune consumed batches.
-        Looks for a new version from the store's `poll_floor_s` up to `poll_cap` of it (`Backoff`):
-        the next version usually comes one training step after the last. Store reads and writes
-        run in threads: a slow store call does not stall generation."""
+        Looks for a new version from the store's `poll_floor_s` up to `poll_cap` of it (`Backoff`),
+        and at once when a marker is written where the store can tell (`shared/watch.py`): the
+        next version usually comes one training step after the last. Store reads and writes run
+        in threads: a slow store call does not stall generation."""
+        watch = await asyncio.to_thread(self.rundir.weights.watch)
+        try:
+            await self._follow(watch)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def _follow(self, watch: DirWatch | None) -> None:
         floor = self.rundir.store.poll_floor_s
         intervals = Backoff(floor, poll_cap(floor))
+        sleep = asyncio.sleep if watch is None else watch.wait_async
         while True:
             if self.broadcast is not None:
                 await asyncio.to_thread(self.published.check_lineage, self.trainer_version,
@@ -182,7 +193,7 @@ class WeightFollower:
                     intervals.reset()  # its DONE comes once the trainer has sent it
             found = await asyncio.to_thread(self.newer_version)
             if found is None:  # none yet (or pruned or discarded between the two reads)
-                await asyncio.sleep(intervals.next())
+                await sleep(intervals.next())
                 continue
             intervals.reset()
             version, marker = found

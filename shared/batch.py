@@ -3,6 +3,7 @@ batch is published (rows, then the `DONE` marker) and waited for."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from shared.errors import TriadError
 from shared.faults import ORCHESTRATOR_BEFORE_MARKER, audit_read, failpoint
 from shared.rundir import Marker, RunDir
 from shared.waiting import poll_cap, wait_for
+from shared.watch import DirWatch
 
 BATCH_SCHEMA = pa.schema(
     [
@@ -85,14 +87,18 @@ def publish_batch(
     return tokens
 
 
-def wait_for_batch_marker(rundir: RunDir, step: int, run_id: str, timeout: float) -> Marker:
-    """Block until batch `step` of this run is published (polls from the store's floor up)."""
+def wait_for_batch_marker(
+    rundir: RunDir, step: int, run_id: str, timeout: float, watch: DirWatch | None = None
+) -> Marker:
+    """Block until batch `step` of this run is published (polls from the store's floor up;
+    `watch`, from `rundir.rollouts.watch()`, wakes the wait as soon as the marker is written)."""
     return wait_for(
         lambda: rundir.rollouts.marker(step, run_id),
         f"{rundir.rollouts.describe_marker(step)} from the orchestrator",
         timeout,
         poll=poll_cap(rundir.store.poll_floor_s),
         floor=rundir.store.poll_floor_s,
+        sleep=time.sleep if watch is None else watch.wait,
     )
 
 

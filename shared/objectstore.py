@@ -417,3 +417,6 @@ class ObjectStore:
         except OSError as e:
             where = f" at {endpoint()}" if endpoint() else ""
             raise TriadError(f"run directory {self.url}{where} is not writable: {short(e)}") from None
+
+    def watch(self, key: str) -> None:
+        """None: an object store sends no events, its waits poll."""

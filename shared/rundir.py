@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from shared.errors import TriadError
 from shared.metrics import MetricsWriter, parse_metrics
 from shared.storage import LocalStore, Storage, open_store
+from shared.watch import DirWatch
 
 log = logging.getLogger("triad.rundir")
 
@@ -137,6 +138,11 @@ class Steps:
     def describe_marker(self, step: int) -> str:
         """The marker's location, for messages about waiting on it."""
         return self.store.describe(self.key(step, _DONE))
+
+    def watch(self) -> DirWatch | None:
+        """What wakes a wait on a marker of this kind when it is written (None: poll only);
+        the caller closes it."""
+        return self.store.watch(self.kind)
 
     def steps(self) -> list[int]:
         """Step numbers of the directories of this kind (done or not), ascending."""

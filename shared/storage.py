@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from shared.errors import TriadError
+from shared.watch import DirWatch, open_watch
 
 TMP_PREFIX = ".tmp-"
 FILE_MODE = 0o644  # mkstemp's 0600 would hide published files from services running as other users
@@ -58,6 +59,8 @@ class Storage(Protocol):
     def flush(self, key: str) -> None: ...
 
     def check_writable(self) -> None: ...
+
+    def watch(self, key: str) -> DirWatch | None: ...
 
     def describe(self, key: str) -> str: ...
 
@@ -245,6 +248,10 @@ class LocalStore:
             probe.unlink()
         except OSError as e:
             raise TriadError(f"run directory {self.root} is not writable: {e.strerror or e}") from None
+
+    def watch(self, key: str) -> DirWatch | None:
+        """Wakes a wait when something is written into `key` or a directory in it."""
+        return open_watch(self.local_path(key))
 
 
 def open_store(root: str | os.PathLike, cache_dir: Path | None = None, timeout_s: float = 300.0) -> Storage:

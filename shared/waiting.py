@@ -64,14 +64,16 @@ def wait_for(
     poll: float = 0.1,
     log_every: float = 15.0,
     floor: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """Call `check` until it returns something other than None, or time out. Every `poll`
-    seconds, or with `floor` at intervals growing from `floor` to `poll` (`Backoff`)."""
+    seconds, or with `floor` at intervals growing from `floor` to `poll` (`Backoff`). `sleep`
+    may end an interval early (`shared/watch.py`'s `DirWatch.wait`)."""
     progress = _Progress(what, timeout, log_every)
     intervals = Backoff(poll if floor is None else floor, poll)
     while (result := check()) is None:
         progress.tick()
-        time.sleep(intervals.next())
+        sleep(intervals.next())
     return result
 
 

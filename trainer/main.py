@@ -31,6 +31,7 @@ from shared.config import TriadConfig
 from shared.faults import TRAINER_MID_STEP, failpoint
 from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import TRAINER, RunDir
+from shared.watch import DirWatch
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
 from trainer.drift import DriftAlarm, batch_servers
@@ -256,13 +257,14 @@ class Trainer:
         every = self.tc.checkpoint.every
         return every > 0 and (step % every == 0 or step == self.cfg.max_steps)
 
-    def run(self, run_id: str) -> None:
+    def run(self, run_id: str, batches: DirWatch | None = None) -> None:
+        """Train to `max_steps`; `batches` (`rundir.rollouts.watch()`) wakes each batch wait."""
         first = self.resume(run_id) + 1
         self.publisher.start_broadcasting(run_id, self.device)
         alarm = DriftAlarm(self.tc.max_mismatch_kl, self.tc.mismatch_kl_steps, speak=self.rank == 0)
         for step in range(first, self.cfg.max_steps + 1):
             t0 = time.monotonic()
-            marker = wait_for_batch_marker(self.rundir, step, run_id, self.tc.batch_timeout_s)
+            marker = wait_for_batch_marker(self.rundir, step, run_id, self.tc.batch_timeout_s, batches)
             t_read = time.monotonic()
             rows = read_batch_rows(self.rundir, step, TRAINER)
             t1 = time.monotonic()
@@ -297,12 +299,16 @@ def run_trainer(cfg: TriadConfig, model_path: str) -> None:
     if cfg.trainer.keep_freed_memory and not keep_freed_memory():
         log.info("trainer.keep_freed_memory: no glibc mallopt here; the allocator keeps its defaults")
     device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.collective_timeout_s)
+    batches = None
     try:
         rundir = RunDir.of(cfg)
         if dist.get_rank() == 0:
             rundir.ensure_run(cfg.public_dict())
         dist.barrier()
         run_id = rundir.read_run().run_id
-        Trainer(cfg, model_path, device, mesh).run(run_id)
+        batches = rundir.rollouts.watch()
+        Trainer(cfg, model_path, device, mesh).run(run_id, batches)
     finally:
+        if batches is not None:
+            batches.close()
         dist.destroy_process_group()

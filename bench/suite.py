@@ -415,16 +415,18 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
     return results
 
 
-def remeasure(workdir: Path, figure: str, steps: int) -> dict:
-    """The latest results with one figure measured again (on the same kind of machine)."""
+def remeasure(workdir: Path, figures: list[str], steps: int) -> dict:
+    """The latest results with some figures measured again, one after the other in this run
+    (on the same kind of machine)."""
     results = json.loads((RESULTS / "latest.json").read_text())
     if results["machine"] != machine():
         raise SystemExit(f"latest.json is from {results['machine']}, not {machine()}: run the whole suite")
-    if figure in TOGETHER:
-        results.update(TOGETHER[figure](workdir, steps))
-    else:
-        results[figure] = SEPARATE[figure](workdir)
-    results.setdefault("remeasured", {})[figure] = time.strftime("%Y-%m-%d %H:%M")
+    for figure in figures:
+        if figure in TOGETHER:
+            results.update(TOGETHER[figure](workdir, steps))
+        else:
+            results[figure] = SEPARATE[figure](workdir)
+        results.setdefault("remeasured", {})[figure] = time.strftime("%Y-%m-%d %H:%M")
     return results
 
 
@@ -433,7 +435,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip-transport", action="store_true", help="skip broadcast vs files (slow)")
     parser.add_argument("--skip-peer", action="store_true", help="skip the TRL comparison (slow)")
-    parser.add_argument("--only", choices=sorted([*SEPARATE, *TOGETHER]), help="measure one figure again")
+    parser.add_argument(
+        "--only", nargs="+", choices=sorted([*SEPARATE, *TOGETHER]), help="measure these figures again"
+    )
     args = parser.parse_args()
     random.seed(0)
     RESULTS.mkdir(parents=True, exist_ok=True)

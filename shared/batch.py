@@ -53,6 +53,12 @@ def write_batch(path: Path, rows: list[dict[str, Any]]) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), path)
 
 
+def load_batch_reader() -> None:
+    """Import what `pq.read_table` imports on its first call (`pyarrow.dataset`, which imports
+    pandas: 0.2-0.3 s), so that the first batch read does not."""
+    import pyarrow.dataset  # noqa: F401
+
+
 def read_batch(source: Path | pa.BufferReader, where: str | None = None) -> pa.Table:
     """Read a batch (a file, or its bytes from `where`) and check it has exactly the
     contract's columns and types."""

@@ -67,6 +67,14 @@ def _row_col_kernel() -> Any:
     return row_col_sums
 
 
+def load_cpu_kernel() -> None:
+    """Load (or compile) the CPU kernel now, off the hand-off's path: from numba's cache it
+    takes about 0.5 s, which the first publish would otherwise spend."""
+    import numpy as np
+
+    _row_col_kernel()(np.zeros(WIDTH, dtype=np.int64))
+
+
 def _cpu_sums(raw: Any) -> tuple[int, int]:
     """R and C of a CPU tensor's bytes, on this thread, without a copy."""
     import numpy as np

@@ -84,6 +84,14 @@ def vllm_cli_args(
     ]  # fmt: skip
 
 
+def eager_env(args: Namespace, cpu_build: Callable[[], bool] = on_cpu_build) -> dict[str, str]:
+    """Eager on a CPU build compiles nothing: vLLM's sampler would still compile its logprob-rank
+    helper with inductor on the first request that asks for logprobs (1.8 s of the first batch
+    here), so its processes run it as plain torch. `TORCHDYNAMO_DISABLE=0` in the environment
+    keeps the compiled helper."""
+    return {"TORCHDYNAMO_DISABLE": "1"} if args.enforce_eager and cpu_build() else {}
+
+
 def parse_vllm_args(argv: list[str]) -> Namespace:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -163,6 +171,8 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
+    for name, value in eager_env(args).items():  # read by the engine and worker processes at start
+        os.environ.setdefault(name, value)
     check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())
     join_as = advertised_url(cfg, args) if join else None
     if join_as is not None:

@@ -53,7 +53,8 @@ class InferenceConfig(Table):
     enforce_eager: bool | Literal["auto"] = Field(
         "auto",
         description="vLLM without torch.compile; auto: eager on a CPU build (its compile there "
-        "adds ~12 s to every start and made no batch faster), compiled on GPUs",
+        "adds ~12 s to every start and made no batch faster; there the sampler's compiled "
+        "logprob helper runs as plain torch too, see `inference/server.py` eager_env), compiled on GPUs",
     )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
     advertise_url: str | None = Field(

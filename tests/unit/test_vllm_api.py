@@ -99,6 +99,16 @@ def test_engine_check_names_the_missing_method():
     vllm_api.check_engine(engine_without(None))
 
 
+def test_eager_on_a_cpu_build_also_runs_the_samplers_compiled_helpers_as_plain_torch():
+    from argparse import Namespace
+
+    from inference.server import eager_env
+
+    assert eager_env(Namespace(enforce_eager=True), cpu_build=lambda: True) == {"TORCHDYNAMO_DISABLE": "1"}
+    assert eager_env(Namespace(enforce_eager=True), cpu_build=lambda: False) == {}  # GPUs keep them
+    assert eager_env(Namespace(enforce_eager=False), cpu_build=lambda: True) == {}
+
+
 def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():
     from inference.server import vllm_cli_args
     from shared.config import load_config

@@ -17,8 +17,9 @@ import logging
 import os
 import select
 import struct
-import sys
 from pathlib import Path
+
+from shared.libc import libc_function
 
 log = logging.getLogger("triad.watch")
 
@@ -29,27 +30,17 @@ EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then `len` bytes of name
 READ_BYTES = 64 * 1024
 
 
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    return libc if hasattr(libc, "inotify_init1") and hasattr(libc, "inotify_add_watch") else None
-
-
 class DirWatch:
     """An inotify instance watching `root` and each directory directly in it (those there at
     the start and those created later). `wait(timeout)` and `wait_async(timeout)` return when
     something was written into one of them, or when `timeout` seconds have passed."""
 
-    def __init__(self, libc, fd: int, root: Path) -> None:
-        self.libc, self.fd, self.root = libc, fd, root
+    def __init__(self, fd: int, root: Path, add_watch) -> None:
+        self.fd, self.root, self.add_watch = fd, root, add_watch
         self.dirs: dict[int, Path] = {}
 
     def add(self, path: Path) -> bool:
-        wd = self.libc.inotify_add_watch(self.fd, os.fsencode(path), WRITTEN | IN_ONLYDIR)
+        wd = self.add_watch(self.fd, os.fsencode(path), WRITTEN | IN_ONLYDIR)
         if wd < 0:
             code = ctypes.get_errno()
             if code not in (errno.ENOENT, errno.ENOTDIR):  # gone again: nothing to watch
@@ -99,15 +90,16 @@ class DirWatch:
 def open_watch(root: Path) -> DirWatch | None:
     """A watch on `root` (created if missing) and its directories; None where inotify is
     not available (the waits then poll only)."""
-    libc = _libc()
-    if libc is None:
+    init = libc_function("inotify_init1", [ctypes.c_int])
+    add_watch = libc_function("inotify_add_watch", [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32])
+    if init is None or add_watch is None:
         return None
     root.mkdir(parents=True, exist_ok=True)
-    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
     if fd < 0:
         log.warning("inotify unavailable (%s): polling %s only", os.strerror(ctypes.get_errno()), root)
         return None
-    watch = DirWatch(libc, fd, root)
+    watch = DirWatch(fd, root, add_watch)
     if not watch.add(root):
         watch.close()
         return None

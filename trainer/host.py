@@ -15,31 +15,20 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
-import sys
+
+from shared.libc import libc_function
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
 PR_SET_PDEATHSIG = 1  # from linux/prctl.h
 
 
-def _libc_function(name: str):
-    """`name` from the C library, or None where there is none (not Linux, or musl's stubs)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True), name)
-    except (OSError, AttributeError):
-        return None
-
-
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
     """Set glibc's malloc thresholds for this process; False where that is not possible."""
-    mallopt = _libc_function("mallopt")
+    mallopt = libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
     if mallopt is None:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
 
 
@@ -48,10 +37,9 @@ def die_with_launcher(launcher_pid: int) -> bool:
     `launcher_pid` dies, and exit at once if it already has. False where not applicable."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
-    prctl = _libc_function("prctl")
+    prctl = libc_function("prctl", [ctypes.c_int, ctypes.c_ulong])
     if prctl is None:
         return False
-    prctl.argtypes, prctl.restype = [ctypes.c_int, ctypes.c_ulong], ctypes.c_int
     if prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
         return False
     if os.getppid() != launcher_pid:  # it died before the request took effect

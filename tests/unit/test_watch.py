@@ -64,9 +64,15 @@ def test_an_async_wait_ends_when_a_marker_is_written_not_at_its_timeout(tmp_path
     watch.close()
 
 
-def test_a_blocking_wait_returns_at_its_timeout_when_nothing_is_written(tmp_path):
+def test_a_blocking_wait_returns_at_its_timeout_or_when_something_is_written(tmp_path):
     watch = open_watch(tmp_path)
     assert watch is not None
     watch.wait(0.01)
     assert watch.drain() is False
+
+    waiter = threading.Thread(target=watch.wait, args=(600,))
+    waiter.start()
+    (tmp_path / "marker").write_bytes(b"{}")
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()  # woken by the write, not by its 600 s timeout
     watch.close()

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import httpx
 
-from orchestrator.client import InferenceClient
+from orchestrator.client import InferenceClient, ServerUnreachable
 from shared.admin_api import AdapterInfo, LoadAdapterRequest, WeightsInfo, served_adapter_name
 from shared.config import TriadConfig
 from shared.errors import TriadError
@@ -99,6 +99,8 @@ class SGLangUpdate:
         url = self.client.base_url + route
         try:
             r = await self.client.http.request(method, route, timeout=self.timeout, **kwargs)
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"{method} {url} failed: {e!r}") from None
         except httpx.HTTPError as e:
             raise TriadError(f"{method} {url} failed: {e!r}") from None
         if r.status_code != 200:

@@ -37,6 +37,10 @@ class RequestRejected(TriadError):
     """The server refused the request itself (4xx): retrying elsewhere will not help."""
 
 
+class ServerUnreachable(TriadError):
+    """No answer at all (refused, name not resolved, timed out): the server may come back."""
+
+
 @dataclass(frozen=True)
 class Completion:
     prompt_ids: list[int]
@@ -205,6 +209,8 @@ class InferenceClient:
     async def _admin(self, method: str, route: str = WEIGHTS_ROUTE, **kwargs) -> httpx.Response:
         try:
             return await self.http.request(method, ADMIN_PREFIX + route, **kwargs)
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"{method} {self.base_url}{ADMIN_PREFIX}{route} failed: {e!r}") from None
         except httpx.HTTPError as e:
             raise TriadError(f"{method} {self.base_url}{ADMIN_PREFIX}{route} failed: {e!r}") from None
 

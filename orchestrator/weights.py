@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from orchestrator.broadcasting import BroadcastCoordinator
+from orchestrator.client import ServerUnreachable
 from orchestrator.integrity import DigestMismatch, mismatch
 from orchestrator.pool import Server, ServerPool
 from orchestrator.published import PublishedWeights
@@ -97,12 +98,18 @@ class WeightFollower:
 
     async def check_received(self, server: Server, version: int, files: bool) -> None:
         """A version that came by broadcast: compare the server's digests with the marker's;
-        on a mismatch reload from files if there are any, else stop the run."""
+        on a mismatch reload from files if there are any, else stop the run. A server that
+        does not answer is taken out unchecked: the health watcher aligns it when back."""
         async with server.loading:
             if server.version != version:
                 return
             marker = await asyncio.to_thread(self.rundir.weights.marker, version, self.run_id)
-            problem = mismatch(marker, await server.backend.current())
+            try:
+                problem = mismatch(marker, await server.backend.current())
+            except ServerUnreachable as e:
+                server.version = -1  # what it holds is unverified: `align` loads it again
+                self.pool.take_out(server, f"could not check version {version} it received: {e}")
+                return
             if problem is None:
                 return
             if not files:
@@ -136,11 +143,17 @@ class WeightFollower:
             server.version = newest
 
     async def connect(self) -> None:
-        """Align every server; what each holds was loaded before this orchestrator started."""
+        """Align every server; what each holds was loaded before this orchestrator started.
+        One that does not answer is taken out of rotation, not the run: the health watcher aligns
+        it when it answers again (after a trainer rewind, it may be out already); with none
+        healthy for `inference_timeout_s` the run stops naming each (`ServerPool.pick`)."""
         for server in self.pool.servers:
             if server.backend.updates:
                 server.version = -1
-            await self.align(server)
+            try:
+                await self.align(server)
+            except ServerUnreachable as e:
+                self.pool.take_out(server, f"could not give it this run's weights: {e}")
         if self.frozen:
             log.warning(
                 "the inference backend cannot load weights: the policy stays frozen at the served model; "

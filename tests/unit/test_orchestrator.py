@@ -10,8 +10,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from orchestrator.backends import TriadAdmin
 from orchestrator.batch_builder import Group
-from orchestrator.client import Completion, InferenceClient
+from orchestrator.client import Completion, InferenceClient, ServerUnreachable
 from orchestrator.environments import Prompt, load_environment
 from orchestrator.integrity import DigestMismatch
 from orchestrator.loop import Orchestrator, to_thread_to_completion
@@ -22,6 +23,7 @@ from shared.batch import publish_batch
 from shared.config import load_config
 from shared.digest import version_digest
 from shared.errors import TriadError, WaitTimeout
+from shared.net import free_port
 from shared.rundir import RunDir
 from tests.fake_openai import FakeServer
 
@@ -257,6 +259,76 @@ def test_a_version_after_the_checkpoint_held_from_before_is_reloaded_on_connect(
     assert asyncio.run(run(checkpoint=3)) == ([], 3)
 
 
+class UnreachableBackend(FakeBackend):
+    """Answers like the real client while `down`: no connection (a restart, a DNS blip)."""
+
+    down = True
+
+    async def current(self) -> WeightsInfo:
+        if self.down:
+            raise ServerUnreachable("GET http://inference:8000/admin/weights failed: ConnectError()")
+        return await super().current()
+
+
+def test_a_server_that_does_not_answer_on_connect_is_taken_out_and_realigned_when_back(tmp_path):
+    """An orchestrator restarting after a trainer rewind used to stop the run when a server
+    did not answer at that moment; the server is taken out and the health watcher gives it
+    the run's newest weights once it answers. An answer that is an error still stops the run."""
+    with FakeServer() as fake:
+
+        async def run() -> None:
+            orch = make(tmp_path, [fake.url], "orchestrator.health_interval_s=0.05")
+            rundir = RunDir(tmp_path)
+            for v in (1, 2):
+                rundir.weights.write_marker(v, orch.run_id, version=v, files=True)
+            server = orch.pool.servers[0]
+            server.backend = backend = UnreachableBackend()
+            await orch.weights.connect()
+            assert not server.healthy and "ConnectError" in server.why_out and backend.loads == []
+            watcher = asyncio.create_task(orch.pool.watch_health(orch.weights.align))
+            backend.down = False
+            await wait_until(lambda: server.healthy, "the server back in rotation")
+            assert (server.version, backend.loads) == (2, [2])
+            await stop(watcher)
+
+            backend.current = refuse  # answers, with an error: not a server to wait for
+            with pytest.raises(TriadError, match="answered 500"):
+                await orch.weights.connect()
+            await close(orch)
+
+        asyncio.run(run())
+
+
+async def refuse() -> WeightsInfo:
+    raise TriadError("GET http://inference:8000/admin/weights answered 500: boom")
+
+
+async def wait_until(check, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        await asyncio.sleep(0.02)
+
+
+def test_the_admin_client_tells_no_answer_from_an_error_answer(tmp_path):
+    with FakeServer() as fake:
+
+        async def run() -> None:
+            closed = InferenceClient(f"http://127.0.0.1:{free_port()}", None, 5)
+            answering = InferenceClient(fake.url, None, 5)
+            try:
+                with pytest.raises(ServerUnreachable, match="GET http://127.0.0.1:.*/admin/weights failed"):
+                    await TriadAdmin(closed, 5).current()
+                with pytest.raises(TriadError, match="answered 404") as raised:  # the fake: no admin routes
+                    await TriadAdmin(answering, 5).load(1, "some/path")
+                assert not isinstance(raised.value, ServerUnreachable)
+            finally:
+                await closed.close()
+                await answering.close()
+
+        asyncio.run(run())
+
+
 def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):
     """Groups made by version 0 wait in the queue while the trainer moves on: batch 4 drops them."""
     with FakeServer() as fake:
@@ -437,6 +509,20 @@ def test_a_broadcast_version_with_other_bytes_stops_or_reloads_from_files(tmp_pa
                 assert server.backend.loads == []
         finally:
             await close(orch)
+
+    asyncio.run(run())
+
+
+def test_a_server_that_does_not_answer_the_broadcast_check_is_taken_out_unchecked(tmp_path):
+    async def run() -> None:
+        orch = make(tmp_path, ["http://127.0.0.1:9"])
+        publish_with_digests(orch, 1, files=False)
+        server = orch.pool.servers[0]
+        server.backend = UnreachableBackend()
+        server.version = 1  # as a broadcast receive leaves it
+        await orch.weights.check_received(server, 1, files=False)
+        assert (server.healthy, server.version) == (False, -1) and "check version 1" in server.why_out
+        await close(orch)
 
     asyncio.run(run())
 

@@ -199,6 +199,9 @@ class HealthChecks:
         self.log.close()
 
 
+TAIL_LINES = 40
+
+
 class Compose:
     """docker-compose for one project name against a podman socket."""
 
@@ -247,8 +250,10 @@ class Compose:
 
         try:
             return wait_for(exited, f"the {service} container to exit", timeout, poll=1, log_every=60)
-        except WaitTimeout as e:
-            raise AssertionError(f"{e}:\n{self.logs(service)[-4000:]}") from None
+        except WaitTimeout as e:  # every service's last lines: the one waited on may wait on another
+            self.run("logs", "--no-color", "--timestamps", check=False)  # whole, into the project's log file
+            tails = self.run("logs", "--no-color", f"--tail={TAIL_LINES}", check=False).stdout
+            raise AssertionError(f"{e}; the services' last {TAIL_LINES} lines each:\n{tails}") from None
 
     def leftovers(self) -> dict[str, list[str]]:
         """Containers, networks and volumes podman still holds for this project."""

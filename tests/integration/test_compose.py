@@ -164,8 +164,9 @@ def test_compose_up_trains_survives_a_killed_trainer_and_comes_down_clean(compos
     assert compose.container("inference")["State"]["Running"]
 
     compose.run("up", "--detach", "--no-build", timeout=600)  # starts the killed trainer again
-    assert compose.exit_code("trainer", timeout=600) == 0, compose.logs("trainer")[-4000:]
-    assert compose.exit_code("orchestrator", timeout=120) == 0, compose.logs("orchestrator")[-4000:]
+    # the orchestrator first: a trainer outlives a failed orchestrator by its batch timeout
+    assert compose.exit_code("orchestrator", timeout=600) == 0, compose.logs("orchestrator")[-4000:]
+    assert compose.exit_code("trainer", timeout=120) == 0, compose.logs("trainer")[-4000:]
     resumed = re.search(r"resumed from the checkpoint after update (\d+)", compose.logs("trainer"))
     assert resumed, compose.logs("trainer")[-4000:]
     checkpoint = int(resumed.group(1))

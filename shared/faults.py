@@ -2,7 +2,8 @@
 
 - `TRIAD_FAILPOINT=<name>:<step>` makes the process kill itself with SIGKILL when it
   reaches that point (e.g. `orchestrator.before_marker:5`: batch 5 written, its
-  `DONE` not yet), so a test can crash a service at an exact, otherwise unlikely moment.
+  `DONE` not yet), so a test can crash a service at an exact, otherwise unlikely moment;
+  `hold` points pause there instead, and `trainer.corrupt_bucket` flips a bit.
 - `TRIAD_AUDIT_READS=<file>` appends one JSON line per step payload a service opens
   (a batch, a weights directory), saying whether its `DONE` marker was there.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 FAILPOINT_VAR = "TRIAD_FAILPOINT"
@@ -19,6 +21,8 @@ AUDIT_VAR = "TRIAD_AUDIT_READS"
 ORCHESTRATOR_BEFORE_MARKER = "orchestrator.before_marker"
 TRAINER_MID_STEP = "trainer.mid_step"
 TRAINER_CORRUPT_BUCKET = "trainer.corrupt_bucket"
+TRAINER_HOLD_BROADCAST = "trainer.hold_broadcast"
+HOLD_S = 3.0
 
 
 def armed(name: str, step: int) -> bool:
@@ -28,6 +32,13 @@ def armed(name: str, step: int) -> bool:
 def failpoint(name: str, step: int) -> None:
     if armed(name, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hold(name: str, step: int, seconds: float = HOLD_S) -> None:
+    """Pause `seconds` at that point: a window in which a test acts (kills a peer, say)
+    at a moment that otherwise lasts milliseconds."""
+    if armed(name, step):
+        time.sleep(seconds)
 
 
 def audit_read(step_dir: Path, done: bool, reader: str) -> None:

@@ -30,7 +30,7 @@ from shared.broadcast import (
 from shared.config import BroadcastConfig
 from shared.digest import tensor_digest
 from shared.errors import TriadError
-from shared.faults import TRAINER_CORRUPT_BUCKET, armed
+from shared.faults import TRAINER_CORRUPT_BUCKET, TRAINER_HOLD_BROADCAST, armed, hold
 from shared.process_group import generation_store, make_group
 from shared.rundir import Handshake, RunDir
 from trainer.parallel import full_tensor
@@ -117,6 +117,8 @@ class WeightSender:
                     (specs[i].name, tensor_digest(part)) for i, part in zip(bucket, parts, strict=True)
                 )
                 self.digest_s += time.monotonic() - digest_started
+                if index == 0:
+                    hold(TRAINER_HOLD_BROADCAST, version)  # tests only: a receiver is killed meanwhile
                 ok[0] = self.broadcast(self.bucket(parts, version, index), version)
         dist.broadcast_object_list(ok, src=0)
         if ok[0] and self.rank == 0:

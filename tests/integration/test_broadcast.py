@@ -9,8 +9,9 @@
    reloads one server from the files, and stops on the other as it would
    without files.
 2. A real run (orchestrator, trainer, two servers) in which one server is
-   killed during an update: the update falls back to files, it is logged, and
-   the run finishes on the other server.
+   killed during an update (between the orchestrator's answer and the trainer's
+   send, which a failpoint holds open for a few seconds): the update falls back
+   to files, it is logged, and the run finishes on the other server.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pytest
 from shared.admin_api import ADMIN_PREFIX, BROADCAST_INIT_ROUTE, BROADCAST_RECEIVE_ROUTE
 from shared.broadcast import Receiving, SendReady, plan_buckets, read_handshake, write_handshake
 from shared.digest import first_difference
-from shared.faults import FAILPOINT_VAR, TRAINER_CORRUPT_BUCKET
+from shared.faults import FAILPOINT_VAR, TRAINER_CORRUPT_BUCKET, TRAINER_HOLD_BROADCAST
 from shared.rundir import Handshake, RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, Server, free_port, triad_cmd
@@ -212,17 +213,21 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
                     "-m", "services.cli", "trainer", *flags],
     }  # fmt: skip
     logs = {n: open(tmp_path / f"{n}.out", "wb") for n in commands}  # noqa: SIM115
+    # the trainer holds its send of version 3 for HOLD_S once the orchestrator has answered: the
+    # send took milliseconds, and a kill that came after it was not seen by the trainer
+    held = {**os.environ, FAILPOINT_VAR: f"{TRAINER_HOLD_BROADCAST}:3"}
+    env = {"orchestrator": os.environ, "trainer": held}
     procs = {
-        n: subprocess.Popen(cmd, cwd=REPO, stdout=logs[n], stderr=subprocess.STDOUT)
+        n: subprocess.Popen(cmd, cwd=REPO, stdout=logs[n], stderr=subprocess.STDOUT, env=env[n])
         for n, cmd in commands.items()
     }
     rundir = RunDir(run_dir)
     try:
         wait_while_running(
-            lambda: rundir.has_handshake(3, Handshake.SEND_READY), "an update in flight", procs["trainer"],
+            lambda: rundir.has_handshake(3, Handshake.RECEIVING), "an update in flight", procs["trainer"],
             timeout=300,
         )  # fmt: skip
-        servers[1].kill()  # while version 3 is being handed over
+        servers[1].kill()  # while version 3 is being handed over: before the trainer sends it
         codes = {n: p.wait(timeout=400) for n, p in procs.items()}
         text = {n: (tmp_path / f"{n}.out").read_text(errors="replace") for n in logs}
         assert codes == {"orchestrator": 0, "trainer": 0}, text

@@ -25,6 +25,7 @@ from shared.digest import version_digest
 from shared.errors import TriadError, WaitTimeout
 from shared.net import free_port
 from shared.rundir import RunDir
+from shared.waiting import async_wait_for
 from tests.fake_openai import FakeServer
 
 
@@ -283,11 +284,15 @@ def test_a_server_that_does_not_answer_on_connect_is_taken_out_and_realigned_whe
                 rundir.weights.write_marker(v, orch.run_id, version=v, files=True)
             server = orch.pool.servers[0]
             server.backend = backend = UnreachableBackend()
+
+            async def back_in_rotation() -> bool | None:
+                return server.healthy or None
+
             await orch.weights.connect()
             assert not server.healthy and "ConnectError" in server.why_out and backend.loads == []
             watcher = asyncio.create_task(orch.pool.watch_health(orch.weights.align))
             backend.down = False
-            await wait_until(lambda: server.healthy, "the server back in rotation")
+            await async_wait_for(back_in_rotation, "the server back in rotation", timeout=10, poll=0.02)
             assert (server.version, backend.loads) == (2, [2])
             await stop(watcher)
 
@@ -301,13 +306,6 @@ def test_a_server_that_does_not_answer_on_connect_is_taken_out_and_realigned_whe
 
 async def refuse() -> WeightsInfo:
     raise TriadError("GET http://inference:8000/admin/weights answered 500: boom")
-
-
-async def wait_until(check, what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
-        await asyncio.sleep(0.02)
 
 
 def test_the_admin_client_tells_no_answer_from_an_error_answer(tmp_path):

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
+from shared.families import chat_template_of, parsers_for
 from shared.fleet import Registration, default_url
 from shared.logs import restore_root_levels, root_levels
 from shared.rundir import INFERENCE, RunDir
@@ -64,6 +65,31 @@ def eager(requested: bool | str, cpu_build: Callable[[], bool]) -> bool:
     return cpu_build() if requested == "auto" else bool(requested)
 
 
+def parser_args(cfg: TriadConfig, model_path: str) -> list[str]:
+    """vLLM's tool-call and reasoning parsers for the model (`orchestrator.tool_parser` and
+    `reasoning_parser`, `auto` by its chat template), which `/v1/chat/completions/derender` applies."""
+    oc = cfg.orchestrator
+    tool, reasoning = parsers_for(chat_template_of(Path(model_path)), oc.tool_parser, oc.reasoning_parser)
+    args = ["--enable-auto-tool-choice", "--tool-call-parser", tool] if tool else []
+    return args + (["--reasoning-parser", reasoning] if reasoning else [])
+
+
+def check_parsers(args: Namespace) -> None:
+    """Unknown parser names fail here in one line, not inside vLLM's start."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    for option, name, manager, known in (
+        ("tool_parser", args.tool_call_parser, ToolParserManager, "tool_parsers"),
+        ("reasoning_parser", args.reasoning_parser, ReasoningParserManager, "reasoning_parsers"),
+    ):
+        names = sorted(manager.list_registered())
+        if name and name not in names:
+            raise TriadError(
+                f"orchestrator.{option} = {name!r} is not one of this vLLM's {known}: {', '.join(names)}"
+            )
+
+
 def vllm_cli_args(
     cfg: TriadConfig, model_path: str, cpu_build: Callable[[], bool] = on_cpu_build
 ) -> list[str]:
@@ -78,6 +104,8 @@ def vllm_cli_args(
         "--worker-extension-cls", WORKER_EXTENSION,
         "--logprobs-mode", "processed_logprobs",
         "--disable-uvicorn-access-log",
+        "--enable-scale-out",  # render, derender: chat rollouts in the model's own formats
+        *parser_args(cfg, model_path),
         *(["--max-model-len", str(inf.max_model_len)] if inf.max_model_len else []),
         *(["--enforce-eager"] if eager(inf.enforce_eager, cpu_build) else []),
         *inf.vllm_args,
@@ -171,6 +199,7 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
+    check_parsers(args)
     for name, value in eager_env(args).items():  # read by the engine and worker processes at start
         os.environ.setdefault(name, value)
     check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())

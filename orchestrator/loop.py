@@ -45,14 +45,13 @@ from typing import Any, TypeVar
 from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
-from orchestrator.chat_rollout import episodes_for
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
+from orchestrator.episodes import episodes_for
 from orchestrator.evaluation import evaluate_and_log
 from orchestrator.fleet import Fleet
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
-from orchestrator.rollout import rollout_group
 from orchestrator.staleness import is_fresh, oldest_allowed_version, step_for_next_group
 from orchestrator.stats import LoopLag, rates, summarize
 from orchestrator.weights import WeightFollower
@@ -88,7 +87,7 @@ class Orchestrator:
         self.env = env
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
-        self.episodes = episodes_for(env, pool, self.oc)  # chat or agent episodes; None: text
+        self.episodes = episodes_for(env, pool, self.oc)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
@@ -158,9 +157,7 @@ class Orchestrator:
 
     async def generate_group(self, prompt: Prompt) -> None:
         try:
-            samples = await rollout_group(
-                self.env, prompt, self.pool, self.oc.group_size, self.oc.env_timeout_s, self.episodes
-            )
+            samples = await self.episodes.group(prompt, self.oc.group_size)
         except RolloutFailed as e:
             self.pending -= 1
             self.failed_groups += 1
@@ -239,9 +236,9 @@ class Orchestrator:
             await self.finish_step(step, batch, dropped, filtered, last, time.monotonic())
             last = time.monotonic()
             if held_out and (step % self.oc.eval_every == 0 or step == self.cfg.max_steps):
-                oc = self.oc
-                evaluation = evaluate_and_log(step, self.env, held_out, self.pool, oc.eval_k,
-                                              oc.env_timeout_s, self.eval_metrics, self.episodes)  # fmt: skip
+                evaluation = evaluate_and_log(
+                    step, held_out, self.pool, self.oc.eval_k, self.eval_metrics, self.episodes
+                )
                 evals.create_task(evaluation)
 
     # -- the whole run ------------------------------------------------------
@@ -249,9 +246,6 @@ class Orchestrator:
         await self.weights.connect()
         urls = ", ".join(s.url for s in self.pool.servers)
         log.info("connected to inference at %s, serving version %d", urls, self.weights.served_version)
-        if self.episodes is None:
-            await self.run_tasks()
-            return
         # a model without a (usable) chat template fails here, before any rollout
         await self.episodes.start(self.env.sample(random.Random(self.cfg.seed)))
         try:

@@ -95,18 +95,33 @@ class OrchestratorConfig(Table):
     env: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
     env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")
     env_timeout_s: float = Field(60, gt=0, description="bound on one reward, respond or tool call")
+    max_tool_result_chars: int = Field(
+        8192, ge=1, description="a tool's result is cut to this many characters before the model sees it"
+    )
     chat: bool = Field(
         False, description="send text prompts as a user message with the model's chat template"
     )
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="options of the chat template, e.g. {enable_thinking = false}"
     )
-    tool_parser: Literal["hermes"] = Field("hermes", description="format of the model's tool calls")
+    tool_parser: str = Field(
+        "auto",
+        pattern=r"^[a-z0-9_]+$",
+        description="vLLM's tool-call parser (`--tool-call-parser`); auto: by the chat template; none: none",
+    )
+    reasoning_parser: str = Field(
+        "auto",
+        pattern=r"^[a-z0-9_]+$",
+        description="vLLM's reasoning parser (`--reasoning-parser`); auto: by the chat template; none: none",
+    )
     agent_timeout_s: float = Field(600, gt=0, description="bound on one agent episode (agent environments)")
     proxy_host: str = Field(
         "127.0.0.1", description="where agent environments reach the orchestrator's proxy"
     )
     proxy_port: int = Field(0, ge=0, le=65535, description="the agent proxy's port; 0: any free port")
+    proxy_token: SecretStr | None = Field(
+        None, description="bearer token the agent proxy requires; needed on an address other than loopback"
+    )
     backend: Literal["auto", "triad", "sglang", "none"] = Field(
         "auto", description="how servers load new weights; none: the policy stays frozen"
     )

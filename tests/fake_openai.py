@@ -41,6 +41,9 @@ class FakeState:
     sglang_refuse: str | None = None  # the next load fails with this message
     adapters: list[str] = field(default_factory=list)  # LoRA adapters /v1/models lists first (as `parent`)
     models_asked: list[str] = field(default_factory=list)  # each completion request's `model`
+    max_model_len: int | None = None  # as vLLM: in /v1/models, and a longer request is answered 400
+    max_tokens_asked: list[int] = field(default_factory=list)
+    fail_after: int | None = None  # completion requests after this many answer 500
 
 
 def encode(text: str) -> list[int]:
@@ -58,6 +61,8 @@ def make_app(state: FakeState) -> Starlette:
 
     async def models(request: Request) -> JSONResponse:
         card = {"id": "fake", "object": "model", "created": 0, "owned_by": "tests"}
+        if state.max_model_len is not None:
+            card["max_model_len"] = state.max_model_len
         loras = [{**card, "id": name, "parent": "fake"} for name in state.adapters]
         return JSONResponse({"object": "list", "data": [*loras, card]})
 
@@ -67,10 +72,27 @@ def make_app(state: FakeState) -> Starlette:
             return JSONResponse({"error": {"message": "connection reset"}}, status_code=500)
         return JSONResponse({"tokens": encode((await request.json())["prompt"])})
 
+    async def render(request: Request) -> JSONResponse:
+        """A ChatML-like rendering over bytes: `role: content` lines (not vLLM's template)."""
+        body = await request.json()
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in body["messages"])
+        return JSONResponse(
+            {"token_ids": encode(text + ("assistant: " if body["add_generation_prompt"] else ""))}
+        )
+
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         state.requests += 1
         state.models_asked.append(body.get("model"))
+        state.max_tokens_asked.append(body.get("max_tokens"))
+        prompt = body["prompt"]
+        asked = len(prompt) if isinstance(prompt, list) else len(encode(prompt))
+        length = asked + body.get("max_tokens", 16)
+        if state.max_model_len is not None and length > state.max_model_len:
+            message = f"This model's maximum context length is {state.max_model_len} tokens"
+            return JSONResponse({"error": {"message": message}}, status_code=400)
+        if state.fail_after is not None and state.requests > state.fail_after:
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         track(+1)
         try:
             if state.mode == "fail":
@@ -126,6 +148,7 @@ def make_app(state: FakeState) -> Starlette:
             Route("/health", health),
             Route("/v1/models", models),
             Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/chat/completions/render", render, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
         ]
     )

@@ -193,7 +193,7 @@ def test_verifiers_reward_and_metrics_come_from_the_rollout_output(vf_env_module
     from orchestrator.agents import AgentEpisode
     from orchestrator.batch_builder import env_metric_means, sample_metrics
     from orchestrator.environments import env_metrics
-    from orchestrator.rollout import Sample
+    from orchestrator.sample import Sample
 
     env = load_environment(f"verifiers:{vf_env_module}")
     p = env.sample(random.Random(0))

@@ -18,7 +18,7 @@ from orchestrator.envs.calculator import TextCalculator, evaluate
 from orchestrator.envs.grade_school import GradeSchoolMath, extract_answer, is_correct
 from orchestrator.evaluation import pass_at_k
 from orchestrator.pool import Server, ServerPool
-from orchestrator.rollout import rollout_group
+from orchestrator.rollout import TextRollouts
 from orchestrator.stats import percentile
 from shared.config import load_config
 from shared.errors import TriadError
@@ -147,7 +147,7 @@ def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
             client = InferenceClient(fake.url, None, 5)
             client.model = "fake"
             pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
-            out = await rollout_group(env, prompt, pool, 3, env_timeout=5)
+            out = await TextRollouts(env, pool, cfg.orchestrator).group(prompt, 3)
             await client.close()
             return out
 

@@ -17,7 +17,8 @@ from orchestrator.environments import Prompt, load_environment
 from orchestrator.integrity import DigestMismatch
 from orchestrator.loop import Orchestrator, to_thread_to_completion
 from orchestrator.pool import RolloutFailed, Server, ServerPool
-from orchestrator.rollout import Sample, single_turn
+from orchestrator.rollout import single_turn
+from orchestrator.sample import Sample
 from shared.admin_api import WeightsInfo
 from shared.batch import publish_batch
 from shared.config import load_config

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.environments import Prompt, load_environment
 from orchestrator.envs import BUILTIN
 from orchestrator.envs.calculator import ChatCalculator, TextCalculator, calculate
-from orchestrator.tools import ToolCall, parse_tool_calls
+from orchestrator.tool_calls import ToolCall, parse_tool_calls
 from services.tiny_model import (
     CHAT_SHAPE,
     RECIPES,
@@ -32,13 +32,13 @@ def user(content: str) -> dict:
 QUESTION = user("12*34+5=?")
 
 
-def call(expression: str, as_string: bool = True, call_id: str = "call_0") -> dict:
+def call(expression: str, as_string: bool = True, call_id: str = "call00000") -> dict:
     arguments = {"expression": expression}
     function = {"name": "calculate", "arguments": json.dumps(arguments) if as_string else arguments}
     return {"id": call_id, "type": "function", "function": function}
 
 
-def tool(content: str, call_id: str = "call_0") -> dict:
+def tool(content: str, call_id: str = "call00000") -> dict:
     return {"role": "tool", "tool_call_id": call_id, "name": "calculate", "content": content}
 
 
@@ -87,7 +87,7 @@ def test_the_template_renders_tools_calls_and_results_exactly(tok):
     assert render(tok, [system, QUESTION], tools=()) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n12*34+5=?<|im_end|>\n"
     )
-    two_calls = assistant("Let me check.", call("1+1"), call("2*3", call_id="call_1"))
+    two_calls = assistant("Let me check.", call("1+1"), call("2*3", call_id="call00001"))
     assert render(tok, [two_calls], tools=()) == (
         "<|im_start|>assistant\nLet me check.\n"
         '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}}\n</tool_call>\n'
@@ -101,13 +101,13 @@ def test_the_template_renders_tools_calls_and_results_exactly(tok):
 
 
 def test_the_parser_reads_what_the_template_writes(tok):
-    text = render(tok, [assistant("thinking", call("12*34+5"), call("7", call_id="call_1"))], tools=())
+    text = render(tok, [assistant("thinking", call("12*34+5"), call("7", call_id="call00001"))], tools=())
     turn = text.removeprefix("<|im_start|>assistant\n").removesuffix("<|im_end|>\n")
     parsed = parse_tool_calls(turn)
     assert parsed.content == "thinking" and not parsed.errors
     assert parsed.calls == [
-        ToolCall("call_0", "calculate", {"expression": "12*34+5"}),
-        ToolCall("call_1", "calculate", {"expression": "7"}),
+        ToolCall("call00000", "calculate", {"expression": "12*34+5"}),
+        ToolCall("call00001", "calculate", {"expression": "7"}),
     ]
 
 

@@ -24,12 +24,12 @@ advantages are taken over the samples of the prompt's group.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import untrusted
 from orchestrator.chat import ChatRenderer, check_messages
 from orchestrator.pool import ServerPool
 from orchestrator.rollout import Sample
@@ -180,9 +180,7 @@ class EpisodeRecorder:
 async def run_agent(env, prompt, base_url: str, model: str, timeout: float) -> Any:
     """The environment's agent program, bounded by `timeout`; a plain function runs in a thread."""
     async with asyncio.timeout(timeout):
-        if inspect.iscoroutinefunction(env.run_agent):
-            return await env.run_agent(prompt, base_url, model)
-        return await asyncio.to_thread(env.run_agent, prompt, base_url, model)
+        return await untrusted.call(env.run_agent, prompt, base_url, model)
 
 
 def check_tools(raw: Any) -> list[dict] | None:

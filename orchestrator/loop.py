@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from orchestrator import untrusted
 from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
@@ -311,6 +312,7 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
+    untrusted.configure(cfg.orchestrator)
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
     token = cfg.inference.token()

@@ -196,7 +196,7 @@ class AgentRollouts:
         rewards = await asyncio.gather(*(score(self.env, prompt, e, self.oc.env_timeout_s) for e in episodes))
         samples = []
         for episode, reward in zip(episodes, rewards, strict=True):
-            metrics = env_metrics(self.env, prompt, episode)
+            metrics = await env_metrics(self.env, prompt, episode, self.oc.env_timeout_s)
             for sample in episode.samples:
                 sample.reward, sample.metrics = reward, metrics
                 samples.append(sample)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import untrusted
 from shared.errors import TriadError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -314,10 +315,7 @@ class ToolRunner:
         return bound, None
 
     async def _invoke(self, fn: Callable[..., Any], bound: inspect.BoundArguments) -> Any:
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*bound.args, **bound.kwargs)
-        result = await asyncio.to_thread(fn, *bound.args, **bound.kwargs)
-        return await result if inspect.isawaitable(result) else result
+        return await untrusted.call(fn, *bound.args, **bound.kwargs)
 
     async def _content(self, call: ToolCall) -> str:
         if call.name not in self._tools:

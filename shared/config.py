@@ -95,6 +95,9 @@ class OrchestratorConfig(Table):
     env: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
     env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")
     env_timeout_s: float = Field(60, gt=0, description="bound on one reward, respond or tool call")
+    max_stuck_calls: int = Field(
+        32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls fail"
+    )
     chat: bool = Field(
         False, description="send text prompts as a user message with the model's chat template"
     )

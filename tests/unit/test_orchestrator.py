@@ -15,7 +15,7 @@ from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient, ServerUnreachable
 from orchestrator.environments import Prompt, load_environment
 from orchestrator.integrity import DigestMismatch
-from orchestrator.loop import Orchestrator, to_thread_to_completion
+from orchestrator.loop import FailedGroups, Orchestrator, first_user_error, to_thread_to_completion
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.rollout import Sample, single_turn
 from shared.admin_api import WeightsInfo
@@ -209,6 +209,41 @@ def test_when_every_server_fails_the_group_is_dropped_then_the_run_stops(tmp_pat
 
         asyncio.run(run())
     assert bad.state.requests == 2
+
+
+def test_the_run_stops_after_max_failed_groups_in_a_row_naming_the_last_cause(tmp_path):
+    """Every group failing (a server that answers 500 but stays in rotation) used to loop for ever."""
+    with FakeServer() as bad:
+        bad.state.mode = "fail"
+
+        async def run() -> BaseException:
+            orch = make(tmp_path, [bad.url], "orchestrator.max_failed_groups=5", "orchestrator.max_retries=0",
+                        "orchestrator.max_server_failures=1000", "orchestrator.max_inflight=1")  # fmt: skip
+            try:
+                async with asyncio.timeout(10):
+                    await orch.produce()
+            except BaseExceptionGroup as group:
+                return first_user_error(group)
+            finally:
+                await close(orch)
+            raise AssertionError("produce() returned")
+
+        error = asyncio.run(run())
+    assert isinstance(error, TriadError) and "\n" not in str(error)
+    assert str(error).startswith("5 groups failed in a row (orchestrator.max_failed_groups); the last: ")
+    assert "500" in str(error) and bad.state.requests == 5
+
+
+def test_a_group_that_succeeds_restarts_the_count_of_failures_in_a_row():
+    failures, cause = FailedGroups(limit=3), RolloutFailed("completion failed")
+    for _ in range(2):
+        failures.failed(cause)
+    failures.succeeded()
+    for _ in range(2):
+        failures.failed(cause)
+    with pytest.raises(TriadError, match="^3 groups failed in a row .*; the last: completion failed$"):
+        failures.failed(cause)
+    assert failures.take() == 5 and failures.take() == 0  # per step, for groups_failed
 
 
 def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_path):

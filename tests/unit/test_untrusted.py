@@ -21,10 +21,14 @@ class Gate:
     """A sync function that blocks its thread until its event is set (5 s at most)."""
 
     def __init__(self) -> None:
-        self.event, self.calls = threading.Event(), 0
+        self.event, self.entered = threading.Event(), []
+
+    @property
+    def calls(self) -> int:
+        return len(self.entered)
 
     def wait_here(self) -> str:
-        self.calls += 1
+        self.entered.append(threading.get_ident())
         self.event.wait(timeout=5)
         return "opened"
 
@@ -59,6 +63,23 @@ def test_stuck_workers_are_capped_and_counted_until_they_return():
         await async_wait_for(
             lambda: asyncio.sleep(0, workers.stuck == 0 or None), "the last stuck worker", 5, poll=0.01
         )
+
+    asyncio.run(main())
+
+
+def test_workers_are_reused_and_a_call_never_waits_for_a_busy_one():
+    async def main() -> None:
+        workers, gate = Workers(max_stuck=4), Gate()
+        for n in range(20):
+            assert await workers.run(lambda n=n: n * 2) == n * 2
+        assert workers.threads == 1
+        calls = [asyncio.create_task(workers.run(gate.wait_here)) for _ in range(3)]
+        await async_wait_for(
+            lambda: asyncio.sleep(0, gate.calls == 3 or None), "three calls to run at once", 5, poll=0.01
+        )
+        gate.event.set()
+        assert await asyncio.gather(*calls) == ["opened"] * 3
+        assert workers.threads == 3 and len(set(gate.entered)) == 3 and workers.stuck == 0
 
     asyncio.run(main())
 

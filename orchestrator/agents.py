@@ -24,12 +24,12 @@ advantages are taken over the samples of the prompt's group.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import untrusted
 from orchestrator.chat import ChatRenderer
 from orchestrator.client import RequestRejected
 from orchestrator.environments import env_metrics, score
@@ -204,9 +204,7 @@ class EpisodeRecorder:
 async def run_agent(env, prompt, base_url: str, model: str, timeout: float) -> Any:
     """The environment's agent program, bounded by `timeout`; a plain function runs in a thread."""
     async with asyncio.timeout(timeout):
-        if inspect.iscoroutinefunction(env.run_agent):
-            return await env.run_agent(prompt, base_url, model)
-        return await asyncio.to_thread(env.run_agent, prompt, base_url, model)
+        return await untrusted.call(env.run_agent, prompt, base_url, model)
 
 
 class AgentRollouts:
@@ -257,7 +255,7 @@ class AgentRollouts:
         rewards = await asyncio.gather(*(score(self.env, prompt, e, self.oc.env_timeout_s) for e in episodes))
         samples = []
         for episode, reward in zip(episodes, rewards, strict=True):
-            metrics = env_metrics(self.env, prompt, episode)
+            metrics = await env_metrics(self.env, prompt, episode, self.oc.env_timeout_s)
             for sample in episode.samples:
                 sample.reward, sample.metrics = reward, metrics
                 samples.append(sample)

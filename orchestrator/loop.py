@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from orchestrator import untrusted
 from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
@@ -76,6 +77,32 @@ async def to_thread_to_completion(fn: Callable[..., T], *args: Any) -> T:
         raise
 
 
+class FailedGroups:
+    """Groups whose rollout failed: counted for the step's metrics, and in a row, so that a run
+    in which every group fails stops instead of retrying for ever."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_a_row = 0
+        self.since_step = 0
+
+    def failed(self, error: RolloutFailed) -> None:
+        self.in_a_row += 1
+        self.since_step += 1
+        if self.in_a_row >= self.limit:
+            raise TriadError(
+                f"{self.in_a_row} groups failed in a row (orchestrator.max_failed_groups); the last: {error}"
+            )
+
+    def succeeded(self) -> None:
+        self.in_a_row = 0
+
+    def take(self) -> int:
+        """The groups failed since the last call."""
+        count, self.since_step = self.since_step, 0
+        return count
+
+
 class Orchestrator:
     """The scheduler: a producer of groups, an assembler of batches, and the weight follower."""
 
@@ -101,7 +128,7 @@ class Orchestrator:
         self.accepted = 0  # groups accepted into the batch being assembled
         self.pending = 0  # groups generating or queued
         self.dropped_total = 0
-        self.failed_groups = 0  # since the last step's metrics
+        self.failures = FailedGroups(self.oc.max_failed_groups)
         self.loop_lag = LoopLag()
 
     # -- shared state -------------------------------------------------------
@@ -160,10 +187,11 @@ class Orchestrator:
             samples = await self.episodes.group(prompt, self.oc.group_size)
         except RolloutFailed as e:
             self.pending -= 1
-            self.failed_groups += 1
             log.warning("dropped a group of %d samples: %s", self.oc.group_size, e)
+            self.failures.failed(e)
             await self.notify()
             return
+        self.failures.succeeded()
         await self.queue.put(Group(uuid.uuid4().hex[:12], prompt, samples))
 
     # -- assembler ----------------------------------------------------------
@@ -217,9 +245,8 @@ class Orchestrator:
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
             **self.loop_lag.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
-            groups_filtered=filtered, groups_failed=self.failed_groups,
+            groups_filtered=filtered, groups_failed=self.failures.take(),
         )  # fmt: skip
-        self.failed_groups = 0
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
@@ -305,6 +332,7 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
+    untrusted.configure(cfg.orchestrator)
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
     token = cfg.inference.token()

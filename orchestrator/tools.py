@@ -15,6 +15,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator import untrusted
 from orchestrator.tool_calls import JSON_TYPES, ParsedTurn, ToolCall, json_type_of, one_line
 from shared.errors import TriadError
 
@@ -145,10 +146,7 @@ class ToolRunner:
         return bound, None
 
     async def _invoke(self, fn: Callable[..., Any], bound: inspect.BoundArguments) -> Any:
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*bound.args, **bound.kwargs)
-        result = await asyncio.to_thread(fn, *bound.args, **bound.kwargs)
-        return await result if inspect.isawaitable(result) else result
+        return await untrusted.call(fn, *bound.args, **bound.kwargs)
 
     async def _content(self, call: ToolCall) -> str:
         if call.name not in self._tools:

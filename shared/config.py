@@ -98,6 +98,9 @@ class OrchestratorConfig(Table):
     max_tool_result_chars: int = Field(
         8192, ge=1, description="a tool's result is cut to this many characters before the model sees it"
     )
+    max_stuck_calls: int = Field(
+        32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls fail"
+    )
     chat: bool = Field(
         False, description="send text prompts as a user message with the model's chat template"
     )
@@ -136,6 +139,9 @@ class OrchestratorConfig(Table):
     max_retries: int = Field(3, ge=0, description="retries of a failed request, on another server")
     retry_backoff_s: float = Field(0.5, ge=0, description="first backoff; doubles per retry")
     max_server_failures: int = Field(3, ge=1, description="failures in a row that take a server out")
+    max_failed_groups: int = Field(
+        50, ge=1, description="groups failed in a row (each after every retry) that stop the run"
+    )
     health_interval_s: float = Field(5, gt=0)
     fleet_poll_s: float = Field(
         2,

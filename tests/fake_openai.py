@@ -2,14 +2,14 @@
 
 Tokens are the prompt's bytes (as with the tiny models' byte-level tokenizer).
 Each server's behaviour is switched through its `state`: answer normally after
-`delay`, fail with 500, hang (to make clients time out), or report unhealthy.
+`delay` (or once a test opens its `gate`), fail with 500, hang (to make clients
+time out), or report unhealthy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -31,7 +31,7 @@ class FakeState:
     inflight: int = 0
     peak: int = 0
     requests: int = 0
-    busy_since: list[tuple[float, int]] = field(default_factory=list)  # (time, inflight) at each change
+    gate: threading.Semaphore | None = None  # if set, each completion waits to acquire it (`gate.release()`)
     tokenize_failures: int = 0  # the next N /tokenize requests answer 500
     # SGLang's weight routes, as its http_server documents them: GET /get_model_info ->
     # {"model_path", ...}; POST /update_weights_from_disk {"model_path"} -> 200 {"success": true,
@@ -54,7 +54,6 @@ def make_app(state: FakeState) -> Starlette:
     def track(delta: int) -> None:
         state.inflight += delta
         state.peak = max(state.peak, state.inflight)
-        state.busy_since.append((time.monotonic(), state.inflight))
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({}, status_code=200 if state.healthy else 503)
@@ -98,6 +97,8 @@ def make_app(state: FakeState) -> Starlette:
             if state.mode == "fail":
                 return JSONResponse({"error": {"message": "boom"}}, status_code=500)
             await asyncio.sleep(3600 if state.mode == "hang" else state.delay)
+            while state.gate is not None and not state.gate.acquire(blocking=False):
+                await asyncio.sleep(0.002)
         finally:
             track(-1)
         prompt = body["prompt"]

@@ -114,8 +114,9 @@ def _id_order(message: dict[str, str]) -> tuple[int, str]:
 class ToolRunner:
     """Runs a turn's tool calls against a fixed set of tools, each call bounded by `timeout` s.
 
-    Sync tools run in a thread (asyncio.to_thread) so that a slow one cannot block the event
-    loop; one that times out is answered at once, though its thread runs until the tool returns."""
+    Sync tools run in the bounded executor for untrusted code (`untrusted.py`), so that a slow one
+    cannot block the event loop; one that times out is answered at once, though its worker runs
+    until the tool returns and counts as stuck meanwhile."""
 
     def __init__(self, tools: list[Callable[..., Any]], timeout: float, max_result_chars: int = 8192):
         self.timeout, self.max_result_chars = timeout, max_result_chars

@@ -107,8 +107,11 @@ class OrchestratorConfig(Table):
         "127.0.0.1", description="where agent environments reach the orchestrator's proxy"
     )
     proxy_port: int = Field(0, ge=0, le=65535, description="the agent proxy's port; 0: any free port")
-    backend: Literal["auto", "triad", "sglang", "none"] = Field(
-        "auto", description="how servers load new weights; none: the policy stays frozen"
+    backend: Literal["auto", "triad", "vllm", "sglang", "none"] = Field(
+        "auto",
+        description="how servers load new weights: triad (triad's launcher, /admin with its token), "
+        "vllm (a stock `vllm serve` with its unauthenticated RL routes, loopback only; `triad "
+        "inference` then starts one), sglang, none (the policy stays frozen); auto: ask the server",
     )
     batch_size: int = Field(8, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=1, description="completions per prompt")

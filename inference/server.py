@@ -110,7 +110,22 @@ def stock_vllm_cmd(
     return [*serve, *args, "--weight-transfer-config", STOCK_ENGINE]
 
 
+def check_plugin_installed() -> None:
+    """vLLM finds the engine through this distribution's entry point: an install without it
+    (an older `pip install -e .`) would fail only at the first weight update."""
+    from importlib.metadata import entry_points
+
+    from inference.vllm_engine import ENGINE_NAME
+
+    if ENGINE_NAME not in entry_points(group="vllm.general_plugins").names:
+        raise TriadError(
+            f"orchestrator.backend = 'vllm' needs triad's vLLM plugin {ENGINE_NAME!r}, which is not "
+            "installed: run `pip install -e .` in triad's checkout again (pyproject's vllm.general_plugins)"
+        )
+
+
 def run_stock_vllm(cfg: TriadConfig, model_path: str, join: bool) -> None:
+    check_plugin_installed()
     if join:
         raise TriadError("--join needs triad's launcher: backend 'vllm' servers are local only")
     cmd = stock_vllm_cmd(cfg, model_path)

@@ -19,6 +19,7 @@ picks `triad-lora` for a LoRA run.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from typing import Protocol
@@ -122,11 +123,17 @@ async def call(client: InferenceClient, method: str, route: str, timeout: float,
     return r
 
 
+NO_BYTES = hashlib.sha256(b"").hexdigest()  # vLLM's checksum of a parameter with no elements
+
+
 def skipped_parameters(before: dict[str, str], after: dict[str, str]) -> list[str]:
     """Parameters a reload left as they were while others changed (`/weight_checker` checksums of
-    two consecutive versions); none if nothing changed (a version equal to the one before)."""
-    same = sorted(name for name, checksum in after.items() if before.get(name) == checksum)
-    return same if len(same) < len(after) else []
+    two consecutive versions); none if nothing changed (a version equal to the one before).
+    Parameters with no bytes are not checked: vLLM's CPU build moves each linear layer's weight
+    into a prepacked copy that the checksums do not cover, leaving an empty parameter."""
+    held = {name: checksum for name, checksum in after.items() if checksum != NO_BYTES}
+    same = sorted(name for name, checksum in held.items() if before.get(name) == checksum)
+    return same if len(same) < len(held) else []
 
 
 class VLLMRoutes:

@@ -1,6 +1,7 @@
 """The SGLang weight backend against a fake that follows SGLang's documented routes."""
 
 import asyncio
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,8 @@ def test_skipped_parameters_are_those_unchanged_while_others_changed():
     assert skipped_parameters(before, {"a": "9", "b": "2", "c": "8"}) == ["b"]
     assert skipped_parameters(before, dict(before)) == []  # the same version again: nothing skipped
     assert skipped_parameters(before, {"a": "9", "b": "8", "c": "7"}) == []
+    empty = hashlib.sha256(b"").hexdigest()  # a CPU build's prepacked linear weight: not checked
+    assert skipped_parameters({**before, "w": empty}, {"a": "9", "b": "8", "c": "7", "w": empty}) == []
 
 
 @pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://0.0.0.0:8000", "http://example.com:8000"])

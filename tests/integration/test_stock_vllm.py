@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from statistics import mean
 
+import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file, save_file
 
 from orchestrator.backends import VLLMRoutes, detect
 from orchestrator.client import InferenceClient
 from orchestrator.integrity import DigestMismatch
-from tests.helpers import Server
+from shared.rundir import RunDir
+from tests.helpers import Server, free_port, run_triad
 
 pytestmark = pytest.mark.integration
 STEPS = 50

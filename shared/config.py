@@ -319,6 +319,11 @@ class TriadConfig(BaseSettings):
             raise ValueError(
                 f"inference.advertise_url: {self.inference.advertise_url!r} is not an http(s) URL"
             )
+        if self.orchestrator.backend in ("vllm", "sglang") and self.weights.transport == "broadcast":
+            raise ValueError(
+                f"weights.transport = 'broadcast' needs triad's launcher, not orchestrator.backend = "
+                f"{self.orchestrator.backend!r}: use transport 'filesystem'"
+            )
         timeout, interval = self.orchestrator.heartbeat_timeout_s, self.inference.heartbeat_interval_s
         if timeout <= 2 * interval:
             raise ValueError(

@@ -79,7 +79,7 @@ def test_triad_up_on_stock_vllm_learns_within_eta(tmp_path: Path, tiny_model: st
     assert result.returncode == 0, f"triad up failed:\n{result.stdout}\n{result.stderr}\n{logs}"
     rows = rundir.metrics.rows("orchestrator")
     served = [r["served_version"] for r in rows]
-    assert served == sorted(served) and served[-1] >= STEPS - 1, served  # stock vLLM served new weights
+    assert served == sorted(served) and served[-1] >= STEPS - 2, served  # new weights, eta 1
     for step in range(1, STEPS + 1):
         versions = pq.read_table(rundir.batch_file(step), columns=["policy_version"]).column(0).to_pylist()
         assert all(0 <= step - 1 - v <= 1 for v in versions), (step, versions)  # within eta = 1

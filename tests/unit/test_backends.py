@@ -70,9 +70,9 @@ def test_stock_vllm_backend_drives_its_rl_routes_and_reports_vllms_version(tmp_p
                 assert isinstance(backend, VLLMRoutes) and backend.updates
                 assert (await backend.current()).version == 0  # vLLM's "default": the model it started with
                 fake.state.vllm_calls.clear()
-                info = await backend.load(1, "weights/v1")
-                assert (info.version, info.path) == (1, "weights/v1")
-                target = str(tmp_path.resolve() / "weights/v1")
+                info = await backend.load(1, "published/v1")
+                assert (info.version, info.path) == (1, "published/v1")
+                target = str(tmp_path.resolve() / "published/v1")
                 assert fake.state.vllm_calls == [
                     "/init_weight_transfer_engine {'init_info': {}}",
                     "/pause {'mode': 'keep'}",
@@ -97,11 +97,11 @@ def test_a_parameter_the_reload_skipped_is_caught_by_the_weight_checker(tmp_path
             client = InferenceClient(fake.url, None, 30)
             try:
                 backend = await detect(client, "vllm", tmp_path, timeout=30)
-                await backend.load(1, "weights/v1")
-                await backend.load(2, "weights/v2")  # every parameter changed: fine
+                await backend.load(1, "published/v1")
+                await backend.load(2, "published/v2")  # every parameter changed: fine
                 fake.state.vllm_skip = {"b"}
                 with pytest.raises(DigestMismatch, match=r"version 3 but 1 of 3 parameters .*\['b'\]"):
-                    await backend.load(3, "weights/v3")
+                    await backend.load(3, "published/v3")
             finally:
                 await client.close()
 

@@ -72,6 +72,7 @@ def test_triad_up_on_stock_vllm_learns_within_eta(tmp_path: Path, tiny_model: st
         f"max_steps={STEPS}",
         f"inference.port={free_port()}",
         "orchestrator.backend=vllm",
+        f"orchestrator.keep_rollouts={2 * STEPS}",
     ]
     result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900)
     rundir = RunDir(run_dir)

@@ -4,8 +4,8 @@
 
 Each server serves the embedded default model (`builtin:tiny-addition`) alone on this machine:
 
-- hand-off: versions 1..6 (the base model's tensors moved, written as safetensors in the run
-  directory) loaded through the orchestrator's own weight backend for that server (`triad`:
+- hand-off: versions 1..6 (the base model with noise, published as the trainer publishes)
+  loaded through the orchestrator's own weight backend for that server (`triad`:
   `/admin/weights`; `vllm`: pause, start, update, finish, resume and the `/weight_checker`
   checksums; `sglang`: `/update_weights_from_disk`), each from the request to the server
   reporting the version; median over versions 2..6, in ms.
@@ -38,24 +38,25 @@ ROUNDS = 6
 PROMPTS, GROUP, TOKENS = 16, 8, 8
 
 
-def write_versions(base: Path, run_dir: Path) -> None:
-    from safetensors.torch import load_file, save_file
+def write_versions(model: str, run_dir: Path) -> list[str]:
+    """Versions 1..VERSIONS published as the trainer publishes them; their paths in the run directory."""
+    from shared.rundir import RunDir
+    from tests.integration.test_weight_reload import perturbed_weights
 
+    rundir = RunDir(run_dir)
     for v in range(1, VERSIONS + 1):
-        target = run_dir / "w" / f"v{v}"
-        target.mkdir(parents=True)
-        for file in base.glob("*.safetensors"):
-            save_file({k: t + 0.001 * v for k, t in load_file(file).items()}, target / file.name)
+        perturbed_weights(model, rundir, version=v, seed=v)
+    return [rundir.weights.relative(v) for v in range(1, VERSIONS + 1)]
 
 
-async def hand_off(url: str, kind: str, run_dir: Path) -> list[float]:
+async def hand_off(url: str, kind: str, run_dir: Path, paths: list[str]) -> list[float]:
     client = InferenceClient(url, None, 600)
     try:
         backend = await detect(client, kind, run_dir, 600)
         times = []
         for v in range(1, VERSIONS + 1):
             start = time.perf_counter()
-            info = await backend.load(v, f"w/v{v}")
+            info = await backend.load(v, paths[v - 1])
             times.append(time.perf_counter() - start)
             assert info.version == v, (kind, v, info)
         return times
@@ -98,7 +99,7 @@ def measure(kind: str, workdir: Path, model: str, sglang_python: str | None) -> 
 
     run_dir = workdir / kind
     run_dir.mkdir(parents=True)
-    write_versions(Path(model), run_dir)
+    paths = write_versions(model, run_dir)
     if kind == "sglang":
         port = free_port()
         proc = sglang_server(sglang_python, model, run_dir, port)
@@ -120,7 +121,7 @@ def measure(kind: str, workdir: Path, model: str, sglang_python: str | None) -> 
         server.wait_healthy(600)
         url, stop = server.url, server.stop
     try:
-        times = asyncio.run(hand_off(url, kind, run_dir))
+        times = asyncio.run(hand_off(url, kind, run_dir, paths))
         rate = asyncio.run(samples_per_s(url))
     finally:
         stop()

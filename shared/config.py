@@ -125,8 +125,11 @@ class OrchestratorConfig(Table):
     proxy_token: SecretStr | None = Field(
         None, description="bearer token the agent proxy requires; needed on an address other than loopback"
     )
-    backend: Literal["auto", "triad", "sglang", "none"] = Field(
-        "auto", description="how servers load new weights; none: the policy stays frozen"
+    backend: Literal["auto", "triad", "vllm", "sglang", "none"] = Field(
+        "auto",
+        description="how servers load new weights: triad (triad's launcher, /admin with its token), "
+        "vllm (a stock `vllm serve` with its unauthenticated RL routes, loopback only; `triad "
+        "inference` then starts one), sglang, none (the policy stays frozen); auto: ask the server",
     )
     batch_size: int = Field(8, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=1, description="completions per prompt")
@@ -336,6 +339,11 @@ class TriadConfig(BaseSettings):
         ):
             raise ValueError(
                 f"inference.advertise_url: {self.inference.advertise_url!r} is not an http(s) URL"
+            )
+        if self.orchestrator.backend in ("vllm", "sglang") and self.weights.transport == "broadcast":
+            raise ValueError(
+                f"weights.transport = 'broadcast' needs triad's launcher, not orchestrator.backend = "
+                f"{self.orchestrator.backend!r}: use transport 'filesystem'"
             )
         timeout, interval = self.orchestrator.heartbeat_timeout_s, self.inference.heartbeat_interval_s
         if timeout <= 2 * interval:

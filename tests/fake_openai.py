@@ -39,6 +39,14 @@ class FakeState:
     sglang_model: str | None = None  # None: no SGLang routes (404)
     sglang_loaded: list[str] = field(default_factory=list)
     sglang_refuse: str | None = None  # the next load fails with this message
+    # vLLM's RL routes (`VLLM_SERVER_DEV_MODE=1`, vllm/entrypoints/rl/online/api_router.py): pause,
+    # resume, init/start/update/finish weight update, /weight_info, /weight_checker. Each load
+    # changes every parameter's checksum except those in `vllm_skip` (a reload that skipped them).
+    vllm_routes: bool = False
+    vllm_version: str = "default"
+    vllm_checksums: dict[str, str] = field(default_factory=lambda: {"a": "a0", "b": "b0", "c": "c0"})
+    vllm_skip: set[str] = field(default_factory=set)
+    vllm_calls: list[str] = field(default_factory=list)  # each RL route called, with its payload
     adapters: list[str] = field(default_factory=list)  # LoRA adapters /v1/models lists first (as `parent`)
     models_asked: list[str] = field(default_factory=list)  # each completion request's `model`
     max_model_len: int | None = None  # as vLLM: in /v1/models, and a longer request is answered 400
@@ -142,8 +150,31 @@ def make_app(state: FakeState) -> Starlette:
         return JSONResponse({"success": True, "message": "Succeeded to update model weights.",
                              "num_paused_requests": 0})  # fmt: skip
 
+    async def vllm_rl(request: Request) -> JSONResponse:
+        if not state.vllm_routes:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        route = request.url.path
+        body = await request.json() if request.method == "POST" and await request.body() else {}
+        state.vllm_calls.append(f"{route} {body or dict(request.query_params) or ''}".strip())
+        if route == "/update_weights":
+            path = body["update_info"]["path"]
+            for name in state.vllm_checksums:
+                if name not in state.vllm_skip:
+                    state.vllm_checksums[name] = f"{name}:{path}"
+        if route == "/finish_weight_update":
+            state.vllm_version = body.get("weight_version") or state.vllm_version
+        if route == "/weight_info":
+            return JSONResponse({"weight_version": state.vllm_version})
+        if route == "/weight_checker":
+            return JSONResponse({"checksums": dict(state.vllm_checksums)})
+        return JSONResponse({"message": "ok"})
+
+    rl_routes = ("/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update",
+                 "/update_weights", "/finish_weight_update", "/weight_checker")  # fmt: skip
     return Starlette(
         routes=[
+            *(Route(route, vllm_rl, methods=["POST"]) for route in rl_routes),
+            Route("/weight_info", vllm_rl),
             Route("/get_model_info", model_info),
             Route("/update_weights_from_disk", update_from_disk, methods=["POST"]),
             Route("/health", health),

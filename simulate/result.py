@@ -1,0 +1,104 @@
+"""What a simulation measured: per-step times, throughput as triad's metrics measure it, where
+the trainer's time went (the critical path), and the inference servers' utilisation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simulate.server import Server
+    from simulate.setup import Setup
+
+WARMUP_FRACTION = 0.2  # steps left out of the steady-state rates (the pipeline filling)
+
+
+@dataclass
+class Result:
+    setup: Setup
+    trained: int = 0
+    generated_at: dict[int, float] = field(default_factory=dict)  # the batch's last group came
+    written_at: dict[int, float] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+    samples: dict[int, int] = field(default_factory=dict)
+    # (step, start, trained, published)
+    train_spans: list[tuple[int, float, float, float]] = field(default_factory=list)
+    load_spans: list[tuple[int, float, float]] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    dropped: int = 0
+    server_busy_s: float = 0.0
+    server_frozen_s: float = 0.0
+    end: float = 0.0
+
+    def generated(self, step: int, now: float) -> None:
+        self.generated_at[step] = now
+
+    def written(self, step: int, now: float, tokens: int, samples: int) -> None:
+        self.written_at[step], self.tokens[step], self.samples[step] = now, tokens, samples
+
+    def trainer_step(self, step: int, start: float, trained: float, published: float) -> None:
+        self.train_spans.append((step, start, trained, published))
+        self.trained = step
+
+    def load(self, version: int, start: float, end: float) -> None:
+        self.load_spans.append((version, start, end))
+
+    def group_latency(self, seconds: float) -> None:
+        self.latencies.append(seconds)
+
+    def finish(self, servers: list[Server], dropped: int) -> None:
+        self.dropped = dropped
+        self.end = max(p for _, _, _, p in self.train_spans) if self.train_spans else 0.0
+        self.server_busy_s = sum(s.busy_s for s in servers)
+        self.server_frozen_s = sum(s.frozen_s for s in servers)
+
+    # -- what it shows ---------------------------------------------------------------
+    def first_counted(self) -> int:
+        return max(1, int(len(self.written_at) * WARMUP_FRACTION))
+
+    def samples_per_s(self) -> float:
+        """Samples of batches k+1..N over the time between batch k's and batch N's writes
+        (what triad's orchestrator rows give: samples over the time since the previous batch)."""
+        k, n = self.first_counted(), max(self.written_at)
+        span = self.written_at[n] - self.written_at[k]
+        return sum(self.samples[s] for s in range(k + 1, n + 1)) / span if span > 0 else 0.0
+
+    def tokens_per_s(self) -> float:
+        k, n = self.first_counted(), max(self.written_at)
+        span = self.written_at[n] - self.written_at[k]
+        return sum(self.tokens[s] for s in range(k + 1, n + 1)) / span if span > 0 else 0.0
+
+    def step_s(self) -> float:
+        k, n = self.first_counted(), max(self.written_at)
+        return (self.written_at[n] - self.written_at[k]) / max(n - k, 1)
+
+    def critical_path(self) -> dict[str, float]:
+        """Shares of the trainer's wall time over the counted steps: training, publishing, and
+        waiting for a batch (generation, its tail, the η guard and the weight loads behind it)."""
+        k = self.first_counted()
+        spans = [s for s in self.train_spans if s[0] > k]
+        if not spans:
+            return {}
+        begin, end = spans[0][1], spans[-1][3]
+        train = sum(t - s for _, s, t, _ in spans)
+        publish = sum(p - t for _, _, t, p in spans)
+        total = max(end - begin, 1e-12)
+        waited = 1 - (train + publish) / total
+        return {"train": train / total, "publish": publish / total, "wait for batch": waited}
+
+    def utilisation(self) -> dict[str, float]:
+        servers = self.setup.servers
+        wall = max(self.end, 1e-12) * servers
+        return {
+            "inference decoding": self.server_busy_s / wall,
+            "inference held (prefill, loads)": min(self.server_frozen_s / wall, 1.0),
+            "trainer busy": sum(p - s for _, s, _, p in self.train_spans) / max(self.end, 1e-12),
+        }
+
+    def concurrency(self) -> float:
+        """Requests on the servers, on average over the run."""
+        return sum(self.latencies) / max(self.end, 1e-12)
+
+    def lag_median_s(self) -> float:
+        return median(self.latencies) if self.latencies else 0.0

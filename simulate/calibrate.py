@@ -87,12 +87,13 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     samples = sum(r["samples"] for r in orch)
     lengths = fit_lengths(sum(r["tokens"] for r in orch) / samples, mean(r["truncated_frac"] for r in orch),
                           oc["max_tokens"])  # fmt: skip
+    load_s = median(loads) if loads else 0.0
     mfu = 6 * TINY_PARAMS / (CPU_PEAK_FLOPS * per_token) if per_token > 0 else 1.0
     setup = Setup(
         servers=max(len(cfg.get("inference_urls") or oc.get("inference_urls") or []), 1),
         train_gpus=1,
         inference=Inference(iter_base_s=0.01, iter_per_seq_s=0.0, iter_per_kv_token_s=0.0,
-                            max_seqs=1 << 20, prefill_tokens_per_s=1e12, load_s=median(loads) if loads else 0.0),
+                            max_seqs=1 << 20, prefill_tokens_per_s=1e12, load_s=load_s),
         trainer=Trainer(params=TINY_PARAMS, peak_flops=CPU_PEAK_FLOPS, mfu=mfu, overhead_s=overhead,
                         handoff_bytes_per_s=1e18, publish_overhead_s=mean(r["publish_s"] for r in trainer)),
         lengths=lengths, prompt_tokens=8, batch_size=oc["batch_size"], group_size=oc["group_size"],

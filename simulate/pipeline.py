@@ -129,7 +129,8 @@ class Pipeline:
 
     def on_written(self, now: float) -> None:
         tokens = sum(g.tokens for g in self.batch)
-        self.r.written(self.step, now, tokens, self.s.batch_size * self.s.group_size)
+        busy = sum(server.busy_s for server in self.servers)
+        self.r.written(self.step, now, tokens, self.s.batch_size * self.s.group_size, busy)
         self.ready.append((self.step, tokens))
         self.step, self.accepted, self.batch, self.writing = self.step + 1, 0, [], False
         self.train(now)

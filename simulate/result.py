@@ -30,12 +30,27 @@ class Result:
     server_busy_s: float = 0.0
     server_frozen_s: float = 0.0
     end: float = 0.0
+    busy_at: dict[int, float] = field(
+        default_factory=dict
+    )  # servers' decoding seconds when batch n was written
 
     def generated(self, step: int, now: float) -> None:
         self.generated_at[step] = now
 
-    def written(self, step: int, now: float, tokens: int, samples: int) -> None:
+    def written(self, step: int, now: float, tokens: int, samples: int, busy_s: float) -> None:
         self.written_at[step], self.tokens[step], self.samples[step] = now, tokens, samples
+        self.busy_at[step] = busy_s
+
+    def step_utilisation(self) -> list[tuple[int, float, float]]:
+        """(step, inference decoding share, trainer busy share) over each batch's interval."""
+        out, steps = [], sorted(self.written_at)
+        for a, b in zip(steps, steps[1:], strict=False):
+            wall = max(self.written_at[b] - self.written_at[a], 1e-12)
+            busy = (self.busy_at[b] - self.busy_at[a]) / (wall * self.setup.servers)
+            lo, hi = self.written_at[a], self.written_at[b]
+            train = sum(max(0.0, min(p, hi) - max(s, lo)) for _, s, _, p in self.train_spans)
+            out.append((b, min(busy, 1.0), min(train / wall, 1.0)))
+        return out
 
     def trainer_step(self, step: int, start: float, trained: float, published: float) -> None:
         self.train_spans.append((step, start, trained, published))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -26,10 +27,13 @@ ETAS = (0, 1, 2)
 def predict(calibration_run: str) -> None:
     rundir = RunDir(calibration_run)
     setup = calibrate(rundir)
-    predicted = {eta: simulate(setup.with_(max_async_level=eta, max_steps=60)).samples_per_s() for eta in ETAS}
+    predicted = {
+        eta: simulate(setup.with_(max_async_level=eta, max_steps=60)).samples_per_s() for eta in ETAS
+    }
     out = {
         "made_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "calibrated_on": calibration_run,
+        "load_average": os.getloadavg(),
         "calibration_run_samples_per_s": measured_samples_per_s(rundir),
         "setup": setup.describe(),
         "predicted_samples_per_s": {str(k): v for k, v in predicted.items()},
@@ -50,12 +54,12 @@ def compare(runs: list[str]) -> None:
         rows.append({"eta": eta, "run": run, "predicted": predicted, "measured": measured,
                      "ratio": predicted / measured})  # fmt: skip
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    (RESULTS / "simulate_measured.json").write_text(
-        json.dumps({"predicted_at": prediction["made_at"], "measured_at": made, "rows": rows}, indent=1) + "\n"
-    )
+    record = {"predicted_at": prediction["made_at"], "measured_at": made, "rows": rows,
+              "load_average": os.getloadavg()}  # fmt: skip
+    (RESULTS / "simulate_measured.json").write_text(json.dumps(record, indent=1) + "\n")
     lines = [
         f"# triad simulate against the embedded default here (predicted {prediction['made_at']}, "
-        f"measured {made})",
+        f"measured {made}; load average then {os.getloadavg()[0]:.1f} on 2 cores)",
         "",
         "| η | predicted samples/s | measured samples/s | predicted / measured |",
         "| --- | --- | --- | --- |",
@@ -69,4 +73,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["predict"]:
         predict(sys.argv[2])
     else:
-        compare(sys.argv[2:5])
+        compare(sys.argv[2:5])  # η=2 needs weights.keep >= 4: `--set weights.keep=4`

@@ -92,10 +92,11 @@ class Result:
         """Shares of the trainer's wall time over the counted steps: training, publishing, and
         waiting for a batch (generation, its tail, the η guard and the weight loads behind it)."""
         k = self.first_counted()
+        before = [p for step, _, _, p in self.train_spans if step == k]
         spans = [s for s in self.train_spans if s[0] > k]
-        if not spans:
+        if not spans or not before:
             return {}
-        begin, end = spans[0][1], spans[-1][3]
+        begin, end = before[0], spans[-1][3]  # from update k's end: whole periods
         train = sum(t - s for _, s, t, _ in spans)
         publish = sum(p - t for _, _, t, p in spans)
         total = max(end - begin, 1e-12)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from simulate.setup import Inference
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Group:
     """`group_size` samples of one prompt: one request with n samples, on one server."""
 
@@ -27,7 +27,7 @@ class Group:
     server: int = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class Seq:
     group: Group
     tokens: int

@@ -25,13 +25,10 @@ class Lengths:
     max_tokens: int
     empirical: tuple[int, ...] = ()
 
-    def sampler(self, seed: int) -> random.Random:
-        return random.Random(seed)
-
     def draw(self, rng: random.Random) -> int:
         if self.empirical:
             return rng.choice(self.empirical)
-        return max(1, min(self.max_tokens, int(rng.lognormvariate(math.log(self.median_tokens), self.sigma))))
+        return max(1, min(self.max_tokens, int(self.median_tokens * math.exp(rng.gauss(0.0, self.sigma)))))
 
     def mean(self, n: int = 20000) -> float:
         rng = random.Random(1)

@@ -27,13 +27,16 @@ def steady(rows: list[dict]) -> list[dict]:
     return rows[max(1, int(len(rows) * WARMUP_FRACTION)) :]
 
 
-def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least squares y = a + b x; a flat line through the mean when x does not vary."""
+def line_fit(xs: list[float], ys: list[float], min_spread: float = 0.2) -> tuple[float, float]:
+    """Least squares y = a + b x with a, b >= 0; a flat line through the mean when x spreads less than
+    `min_spread` of its mean (the slope would be noise: a batch's tokens hardly vary in most runs)."""
     mx, my = mean(xs), mean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    if var == 0:
+    if max(xs) - min(xs) <= min_spread * abs(mx):
         return my, 0.0
+    var = sum((x - mx) ** 2 for x in xs)
     b = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var, 0.0)
+    if my - b * mx < 0:
+        return 0.0, my / mx
     return my - b * mx, b
 
 

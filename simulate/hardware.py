@@ -46,14 +46,22 @@ def tp_for(params: float, gpu: Gpu) -> int:
     return 8
 
 
-def inference_for(params: float, gpu: Gpu, tp: int | None = None) -> Inference:
+def kv_capacity_tokens(params: float, gpu: Gpu, tp: int) -> float:
+    """Tokens the KV cache holds on a server: 90% of its memory less the weights (vLLM's default)."""
+    return max(0.9 * gpu.memory_bytes * tp - 2 * params, 0.0) / kv_bytes_per_token(params)
+
+
+def inference_for(params: float, gpu: Gpu, tp: int | None = None, mean_context: float = 0.0) -> Inference:
+    """`mean_context` (prompt and mean completion): running sequences are held to what the KV cache
+    holds at that context (vLLM admits no more than fit; the model has no preemption)."""
     tp = tp or tp_for(params, gpu)
+    fit = int(kv_capacity_tokens(params, gpu, tp) / mean_context) if mean_context else gpu.max_seqs
     bw = gpu.hbm_bytes_per_s * gpu.hbm_efficiency * tp
     return Inference(
         iter_base_s=gpu.launch_s + 2 * params / bw,
         iter_per_seq_s=2 * params / (gpu.peak_flops * gpu.compute_efficiency * tp),
         iter_per_kv_token_s=kv_bytes_per_token(params) / bw,
-        max_seqs=gpu.max_seqs,
+        max_seqs=max(1, min(gpu.max_seqs, fit)),
         prefill_tokens_per_s=gpu.peak_flops * gpu.compute_efficiency * tp / (2 * params),
         load_s=gpu.load_s,
         tp=tp,

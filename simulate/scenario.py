@@ -47,9 +47,12 @@ class Scenario:
 
     def setup(self, servers: int, train_gpus: int, eta: int, mode: str, inflight: int,
               lengths: Lengths | None, colocated: bool = False) -> Setup:  # fmt: skip
+        lengths = lengths or self.lengths()
+        context = self.prompt_tokens + lengths.mean(4000)
         return Setup(
-            servers=servers, train_gpus=train_gpus, inference=inference_for(self.params, self.gpu),
-            trainer=trainer_for(self.params, self.gpu, colocated), lengths=lengths or self.lengths(),
+            servers=servers, train_gpus=train_gpus,
+            inference=inference_for(self.params, self.gpu, mean_context=context),
+            trainer=trainer_for(self.params, self.gpu, colocated), lengths=lengths,
             prompt_tokens=self.prompt_tokens, batch_size=self.batch_prompts, group_size=self.group_size,
             max_inflight=inflight, max_async_level=eta, max_steps=self.steps, mode=mode, batch_overhead_s=0.5,
         )  # fmt: skip

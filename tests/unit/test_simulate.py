@@ -118,6 +118,8 @@ def test_the_staleness_bound_is_the_orchestrators():
 def test_line_fit_and_lengths_fit():
     assert line_fit([1, 2, 3], [3, 5, 7]) == pytest.approx((1.0, 2.0))
     assert line_fit([2, 2], [1.0, 3.0]) == (2.0, 0.0)
+    assert line_fit([100, 105, 110], [0.5, 0.1, 0.6]) == (0.4, 0.0)  # 10% spread: noise, not a slope
+    assert line_fit([1, 2, 3], [0.0, 0.0, 3.0]) == pytest.approx((0.0, 0.5))  # never a negative overhead
     lengths = Lengths(4000, 0.8, 16000)
     tail = 1 - 0.5 * math.erfc(-(math.log(16000) - math.log(4000)) / 0.8 / math.sqrt(2))
     fitted = fit_lengths(capped_mean(4000, 0.8, 16000), tail, 16000)

@@ -19,7 +19,7 @@ from simulate.scenario import Scenario
 
 RESULTS = Path(__file__).with_name("results")
 TOLERANCE = 0.15
-STEPS = 12  # steps per simulation: the first fifth is the pipeline filling and is not counted
+STEPS = 30  # steps per simulation: the first fifth is the pipeline filling and is not counted
 
 # what each paper states; the rest are the shared assumptions
 AREAL_15B = Scenario(gpus=128, params=1.5e9, max_tokens=27648, batch_prompts=512, group_size=16, steps=STEPS)

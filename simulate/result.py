@@ -70,7 +70,9 @@ class Result:
 
     # -- what it shows ---------------------------------------------------------------
     def first_counted(self) -> int:
-        return max(1, int(len(self.written_at) * WARMUP_FRACTION))
+        """The batch the counted window starts after: past the first fifth, and past the η + 1
+        batches that all start at once when the run begins (the pipeline filling)."""
+        return max(1, int(len(self.written_at) * WARMUP_FRACTION), self.setup.max_async_level + 1)
 
     def samples_per_s(self) -> float:
         """Samples of batches k+1..N over the time between batch k's and batch N's writes

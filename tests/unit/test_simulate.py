@@ -76,7 +76,7 @@ def test_eta_zero_has_no_overlap():
     assert r1.samples_per_s() > 1.5 * r.samples_per_s()
 
 
-@pytest.mark.parametrize(("eta", "expected"), [(0, 8.0), (4, 16.0), (8, 16.0)])
+@pytest.mark.parametrize(("eta", "expected"), [(0, 8.0), (3, 16.0), (5, 16.0)])
 def test_an_infinitely_fast_trainer_leaves_the_servers_the_bound(eta, expected):
     # 2 servers, 8 groups in flight allowed: 16 sequences at once, 1 s each, so 16 samples/s; with
     # eta = 0 the guard lets only one batch (4 groups) run at a time: 8 samples/s. (At eta = 1 two

@@ -86,8 +86,8 @@ class Pipeline:
             group = Group(self.target(), now, self.s.group_size, self.served)
             server = self.pick()
             group.server = server.idx
-            lengths = self.s.lengths
-            seqs = [Seq(group, lengths.draw(self.rng), self.served) for _ in range(self.s.group_size)]
+            lengths = self.s.lengths.draws(self.rng, self.s.group_size)
+            seqs = [Seq(group, n, self.served) for n in lengths]
             server.admit(now, seqs)
             heapq.heapreplace(self.least, (server.groups, server.idx))
             self.schedule(server, now)

@@ -59,11 +59,12 @@ class Server:
         return self.inf.iter_base_s + self.inf.iter_per_seq_s * b + self.inf.iter_per_kv_token_s * kv
 
     def advance(self, now: float) -> None:
-        start = max(self.t, self.frozen_until)
+        start = self.t if self.t > self.frozen_until else self.frozen_until
         if now > start and self.running:
             self.v += (now - start) / self.iteration_s()
             self.busy_s += now - start
-        self.t = max(self.t, now)
+        if now > self.t:
+            self.t = now
 
     def freeze(self, now: float, seconds: float) -> None:
         self.advance(now)
@@ -90,8 +91,9 @@ class Server:
     def next_end(self, now: float) -> float | None:
         if not self.running:
             return None
-        left = max(self.running[0][0] - self.v, 0.0)
-        return max(now, self.frozen_until) + left * self.iteration_s()
+        left = self.running[0][0] - self.v
+        begin = now if now > self.frozen_until else self.frozen_until
+        return begin + (left if left > 0.0 else 0.0) * self.iteration_s()
 
     def finish(self, now: float) -> list[Seq]:
         """The sequences done by `now`; waiting ones take their places."""

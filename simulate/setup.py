@@ -9,9 +9,12 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
+from statistics import NormalDist
 
 from shared.errors import TriadError
 
+QUANTILES = 4096
 MODES = ("keep", "abort")  # in-flight update: pause and keep the KV cache / abort and resubmit
 
 
@@ -25,10 +28,29 @@ class Lengths:
     max_tokens: int
     empirical: tuple[int, ...] = ()
 
-    def draw(self, rng: random.Random) -> int:
+    @cached_property
+    def table(self) -> tuple[int, ...]:
+        """The distribution at QUANTILES evenly spaced quantiles (or the empirical lengths): a draw
+        is one pick from it, `n` draws one call."""
         if self.empirical:
-            return rng.choice(self.empirical)
-        return max(1, min(self.max_tokens, int(self.median_tokens * math.exp(rng.gauss(0.0, self.sigma)))))
+            return self.empirical
+        z = NormalDist()
+        return tuple(
+            max(
+                1,
+                min(
+                    self.max_tokens,
+                    int(self.median_tokens * math.exp(self.sigma * z.inv_cdf((i + 0.5) / QUANTILES))),
+                ),
+            )
+            for i in range(QUANTILES)
+        )
+
+    def draws(self, rng: random.Random, n: int) -> list[int]:
+        return rng.choices(self.table, k=n)
+
+    def draw(self, rng: random.Random) -> int:
+        return rng.choice(self.table)
 
     def mean(self, n: int = 20000) -> float:
         rng = random.Random(1)

@@ -143,3 +143,16 @@ def test_cli_advice_and_its_errors(tmp_path):
     assert out.stat().st_size > 10_000
     r = run_triad("simulate")
     assert r.returncode == 2 and "give --gpus N" in r.stderr
+
+
+def test_the_simulator_imports_no_service_and_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, simulate.advise, simulate.calibrate, simulate.plot, simulate.pipeline\n"
+        "top = {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(top & {'torch', 'orchestrator', 'trainer', 'inference', 'services', 'vllm'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -91,7 +91,7 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     lengths = fit_lengths(sum(r["tokens"] for r in orch) / samples, mean(r["truncated_frac"] for r in orch),
                           oc["max_tokens"])  # fmt: skip
     load_s = median(loads) if loads else 0.0
-    mfu = 6 * TINY_PARAMS / (CPU_PEAK_FLOPS * per_token) if per_token > 0 else 1.0
+    mfu = 6 * TINY_PARAMS / (CPU_PEAK_FLOPS * per_token) if per_token > 0 else math.inf  # no per-token term
     setup = Setup(
         servers=max(len(cfg.get("inference_urls") or oc.get("inference_urls") or []), 1),
         train_gpus=1,

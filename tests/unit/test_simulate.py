@@ -4,6 +4,7 @@ and its calibration pieces."""
 from __future__ import annotations
 
 import math
+from statistics import mean
 
 import pytest
 
@@ -156,3 +157,44 @@ def test_the_simulator_imports_no_service_and_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def synthetic_run(path) -> None:
+    """A run directory with 30 steps of known phase times (16 x 8 samples of ~7 tokens, 0.2 s a step)."""
+    from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
+
+    rundir = RunDir(path)
+    oc = {"batch_size": 16, "group_size": 8, "max_inflight": 16, "max_tokens": 8}
+    config = {"max_async_level": 1, "inference_urls": ["http://a"], "orchestrator": oc}
+    rundir.ensure_run(config)
+    orch, trainer = rundir.metrics.writer(ORCHESTRATOR), rundir.metrics.writer(TRAINER)
+    inference = rundir.metrics.writer(INFERENCE, "abc123")
+    for step in range(1, 31):
+        t = 100 + 0.2 * step
+        spans = [[t - 0.2 + 0.1 * k, 0.1] for k in range(2) for _ in range(16)]  # 16 in flight throughout
+        orch.log(step, time=t, samples=128, tokens=860 + step % 3, truncated_frac=0.01,
+                 request_latency_s_p50=0.1, assemble_s=0.001, write_batch_s=0.015, request_spans=spans)  # fmt: skip
+        trainer.log(step, time=t + 0.15, tokens=860 + step % 3, read_s=0.01, train_s=0.09, publish_s=0.04)
+        inference.log(step, time=t + 0.18, version=step, load_s=0.03)
+
+
+def test_calibration_reads_the_phases_of_a_run(tmp_path):
+    from shared.rundir import RunDir
+    from simulate.calibrate import calibrate, measured_concurrency, measured_samples_per_s
+
+    synthetic_run(tmp_path)
+    rundir = RunDir(tmp_path)
+    assert measured_samples_per_s(rundir) == pytest.approx(640.0)
+    assert measured_concurrency(rundir) == pytest.approx(16.0)
+    s = calibrate(rundir)
+    assert s.trainer.train_s(860, 1) == pytest.approx(0.1) and s.trainer.train_s(5000, 1) == pytest.approx(
+        0.1
+    )
+    assert s.trainer.publish_s() == pytest.approx(0.04)
+    assert s.inference.load_s == pytest.approx(0.03) and s.batch_overhead_s == pytest.approx(0.016)
+    assert (s.servers, s.batch_size, s.group_size, s.max_async_level) == (1, 16, 8, 1)
+    assert s.group_overhead_s == pytest.approx(0.0, abs=0.005)  # every slot was on a server
+    assert mean(simulate(s).latencies) == pytest.approx(0.1, rel=0.05)
+    r = run_triad("simulate", "--from", str(tmp_path), "--steps", "20")
+    assert r.returncode == 0, r.stderr
+    assert "measured 640.0 samples/s at η=1" in r.stdout and "η=2:" in r.stdout

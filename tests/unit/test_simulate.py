@@ -172,8 +172,8 @@ def synthetic_run(path) -> None:
     for step in range(1, 31):
         t = 100 + 0.2 * step
         spans = [[t - 0.2 + 0.1 * k, 0.1] for k in range(2) for _ in range(16)]  # 16 in flight throughout
-        orch.log(step, time=t, samples=128, tokens=860 + step % 3, truncated_frac=0.01,
-                 request_latency_s_p50=0.1, assemble_s=0.001, write_batch_s=0.015, request_spans=spans)  # fmt: skip
+        phases = dict(request_latency_s_p50=0.1, assemble_s=0.001, write_batch_s=0.015, request_spans=spans)
+        orch.log(step, time=t, samples=128, tokens=860 + step % 3, truncated_frac=0.01, **phases)
         trainer.log(step, time=t + 0.15, tokens=860 + step % 3, read_s=0.01, train_s=0.09, publish_s=0.04)
         inference.log(step, time=t + 0.18, version=step, load_s=0.03)
 

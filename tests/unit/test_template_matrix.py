@@ -175,8 +175,9 @@ class Routes:
             raise RequestRejected(f"POST /v1/chat/completions/render answered 400: {e}") from None
 
     async def derender(self, token_ids, finish_reason, messages, tools, options, prompt_ids):
-        """The planned reply, as the server's parsers split the sampled ids."""
-        return self.planned.pop(0)
+        """The planned reply, as the server's parsers split the sampled ids (vLLM's own parsers of these
+        formats: test_tool_parsers.py); before the episode, no derender, as on a server without it."""
+        return self.planned.pop(0) if self.planned else None
 
 
 @dataclass
@@ -259,7 +260,7 @@ def refused(cell: Cell) -> str | None:
 def test_the_trainer_gets_the_ids_sampled_plus_the_ids_the_template_appends(cell: Cell):
     env = Env(cell)
     template = Template(cell)
-    routes = Routes(template, cell.replies())
+    routes = Routes(template, [])
     pool = Pool(Server(Client(routes)), [])
     oc = load_config(None, []).orchestrator.model_copy(update={"chat_template_kwargs": cell.kwargs})
     rollouts = ChatRollouts(env, pool, oc)
@@ -271,6 +272,7 @@ def test_the_trainer_gets_the_ids_sampled_plus_the_ids_the_template_appends(cell
             asyncio.run(rollouts.start(prompt))
         return
     asyncio.run(rollouts.start(prompt))
+    routes.planned = cell.replies()
     sampled, following = planned_ids(cell, template)
     pool.turns = [list(ids) for ids in sampled]
     sample = asyncio.run(rollouts.episode(prompt))

@@ -155,3 +155,22 @@ def test_the_engine_registers_once_however_often_vllm_loads_the_plugin():
     register()
     register()
     assert WeightTransferEngineFactory._registry[ENGINE_NAME]() is DiskWeightTransferEngine
+
+
+def test_unknown_parser_names_fail_in_one_line_naming_the_option():
+    from argparse import Namespace
+
+    from inference.server import check_parsers
+
+    check_parsers(Namespace(tool_call_parser="hermes", reasoning_parser="qwen3"))
+    check_parsers(Namespace(tool_call_parser=None, reasoning_parser=None))
+    with pytest.raises(
+        TriadError,
+        match=r"^orchestrator.tool_parser = 'hermse' is not one of this vLLM's tool_parsers: .*hermes",
+    ):
+        check_parsers(Namespace(tool_call_parser="hermse", reasoning_parser=None))
+    with pytest.raises(
+        TriadError,
+        match=r"^orchestrator.reasoning_parser = 'qwen4' is not one of this vLLM's reasoning_parsers",
+    ):
+        check_parsers(Namespace(tool_call_parser=None, reasoning_parser="qwen4"))

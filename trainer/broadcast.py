@@ -114,7 +114,8 @@ class WeightSender:
             if self.rank == 0 and ok[0]:
                 digest_started = time.monotonic()
                 digests.update(
-                    (specs[i].name, tensor_digest(part)) for i, part in zip(bucket, parts, strict=True)
+                    (specs[i].name, tensor_digest(part.view(specs[i].shape)))  # the shape is in the digest
+                    for i, part in zip(bucket, parts, strict=True)
                 )
                 self.digest_s += time.monotonic() - digest_started
                 if index == 0:

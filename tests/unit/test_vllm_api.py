@@ -122,3 +122,36 @@ def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():
     assert "--enforce-eager" in args(False, "inference.enforce_eager=true")
     with pytest.raises(TriadError, match="enforce_eager"):
         load_config(None, ["inference.enforce_eager=sometimes"])
+
+
+def test_the_reload_still_reports_skipped_parameters():
+    vllm_api.check_reload_report()  # the installed vLLM
+
+    def silent_reload(*args) -> None: ...
+
+    module, attribute = vllm_api.RELOAD.split(":")
+    fake = {module: types.SimpleNamespace(**{attribute: silent_reload})}
+    with pytest.raises(TriadError, match="report of skipped parameters"):
+        vllm_api.check_reload_report(fake.__getitem__)
+
+
+def test_a_parameter_the_reload_skipped_is_an_error_at_any_log_level():
+    import logging
+
+    from inference.worker_extension import every_parameter_loaded
+
+    logger = logging.getLogger(vllm_api.SKIPPED_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # VLLM_LOGGING_LEVEL=ERROR must not silence the check
+    try:
+        with every_parameter_loaded("weights/step_3"):
+            logger.info("Reloading weights inplace...")
+        with pytest.raises(RuntimeError) as e, every_parameter_loaded("weights/step_3"):
+            logger.warning(vllm_api.SKIPPED_MESSAGE + ": %s", {"model.norm.weight", "lm_head.weight"})
+        assert str(e.value) == (
+            "loading weights/step_3 left 2 parameter(s) of the model without a value: "
+            "lm_head.weight, model.norm.weight (publish every parameter)"
+        )
+        assert logger.level == logging.ERROR and not logger.handlers
+    finally:
+        logger.setLevel(level)

@@ -33,8 +33,8 @@ from shared.errors import TriadError
 from shared.faults import TRAINER_CORRUPT_BUCKET, TRAINER_HOLD_BROADCAST, armed, hold
 from shared.process_group import generation_store, make_group
 from shared.rundir import Handshake, RunDir
+from trainer.exported import published_parameters
 from trainer.parallel import full_tensor
-from trainer.publish import published_parameters
 
 log = logging.getLogger("triad.trainer")
 POLL_S = 0.02

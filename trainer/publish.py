@@ -20,25 +20,11 @@ from shared.config import TriadConfig
 from shared.digest import tensor_digest, version_digest
 from shared.resume import checkpointed_steps
 from shared.rundir import RunDir
+from trainer.exported import export_state_dict, published_parameters
 from trainer.parallel import full_tensor
 from trainer.phases import BROADCAST, GATHER_FOR_PUBLISH, PUBLISH_BARRIER, collective_phase
 
 log = logging.getLogger("triad.trainer")
-
-
-def export_state_dict(state: dict[str, torch.Tensor], tied_embeddings: bool, dtype: torch.dtype) -> dict:
-    """Contiguous CPU tensors in the published dtype; a tied head is stored once."""
-    out = {}
-    for name, tensor in state.items():
-        if tied_embeddings and name == "lm_head.weight":
-            continue
-        out[name] = tensor.detach().to("cpu", dtype).contiguous()
-    return out
-
-
-def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.nn.Parameter]]:
-    """Parameters under their Hugging Face names; a tied head is published once, as the embedding."""
-    return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
 
 
 def timed_digests(state: dict[str, torch.Tensor]) -> tuple[dict[str, str], float]:

@@ -27,9 +27,13 @@ class MetricsWriter:
     The part to continue is found at the first row (after a restart's `drop_after`)."""
 
     def __init__(
-        self, store: Storage, key: str, part_rows: int = 0,
-        part_key: Callable[[int], str] | None = None, last_part: Callable[[], int] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        store: Storage,
+        key: str,
+        part_rows: int = 0,
+        part_key: Callable[[int], str] | None = None,
+        last_part: Callable[[], int] | None = None,
+    ) -> None:
         self.store, self.key, self.part_rows = store, key, part_rows
         self.part_key, self.last_part = part_key, last_part
         self.part: int | None = None

@@ -94,7 +94,7 @@ def make_app(state: FakeState) -> Starlette:
                 },
                 "prompt_token_ids": prompt_ids,
                 "token_ids": ids,
-            }  # fmt: skip
+            }
             for i in range(body.get("n", 1))
         ]
         return JSONResponse(
@@ -104,8 +104,9 @@ def make_app(state: FakeState) -> Starlette:
     async def model_info(request: Request) -> JSONResponse:
         if state.sglang_model is None:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
-        return JSONResponse({"model_path": state.sglang_model, "tokenizer_path": state.sglang_model,
-                             "is_generation": True})  # fmt: skip
+        return JSONResponse(
+            {"model_path": state.sglang_model, "tokenizer_path": state.sglang_model, "is_generation": True}
+        )
 
     async def update_from_disk(request: Request) -> JSONResponse:
         if state.sglang_model is None:
@@ -116,8 +117,9 @@ def make_app(state: FakeState) -> Starlette:
             return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, 400)
         state.sglang_loaded.append(path)
         state.sglang_model = path
-        return JSONResponse({"success": True, "message": "Succeeded to update model weights.",
-                             "num_paused_requests": 0})  # fmt: skip
+        return JSONResponse(
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        )
 
     return Starlette(
         routes=[

@@ -66,10 +66,24 @@ def run_triad(
 def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256) -> list[str]:
     """vLLM's own OpenAI server, without triad's admin routes."""
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
-        "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log", "--enforce-eager",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(max_model_len),
+        "--disable-uvicorn-access-log",
+        "--enforce-eager",
+    ]
 
 
 class Server:
@@ -77,9 +91,16 @@ class Server:
     in a subprocess, logging to a file."""
 
     def __init__(
-        self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False, port: int = 0,
-        max_model_len: int = 256, join: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        run_dir: Path,
+        model: str,
+        log_path: Path,
+        *extra: str,
+        plain: bool = False,
+        port: int = 0,
+        max_model_len: int = 256,
+        join: bool = False,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path

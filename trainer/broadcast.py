@@ -55,8 +55,9 @@ def bound_store(host: str, port: int, timeout: timedelta):
         raise TriadError(
             f"cannot listen on weights.broadcast.host:port = {host}:{port} for the broadcast group: {e}"
         ) from None
-    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
-                    master_listen_fd=sock.detach())  # fmt: skip
+    return TCPStore(
+        host, port, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=sock.detach()
+    )
 
 
 def hosted_store(bc: BroadcastConfig, token: str | None, run_id: str, timeout: timedelta):

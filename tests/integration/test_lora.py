@@ -167,13 +167,24 @@ SHARED_STEPS = 6
 def lora_run(run_dir: Path, model: str, server: Server, service: str, *extra: str) -> subprocess.Popen:
     """`triad <service>` of a LoRA run in `run_dir` on the shared server, logging beside it."""
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={SHARED_STEPS}", "max_async_level=1", *LORA,
-        "trainer.optim.lr=1e-3", "trainer.checkpoint.every=0", "weights.keep=100",
+        f"run_dir={run_dir}",
+        f"model={model}",
+        f"max_steps={SHARED_STEPS}",
+        "max_async_level=1",
+        *LORA,
+        "trainer.optim.lr=1e-3",
+        "trainer.checkpoint.every=0",
+        "weights.keep=100",
         "trainer.batch_timeout_s=240",
-        f"inference.admin_token={TOKEN}", f'orchestrator.inference_urls=["{server.url}"]',
-        "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=8",
-        "orchestrator.keep_rollouts=100", "orchestrator.inference_timeout_s=240", *extra,
-    ]  # fmt: skip
+        f"inference.admin_token={TOKEN}",
+        f'orchestrator.inference_urls=["{server.url}"]',
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.max_tokens=8",
+        "orchestrator.keep_rollouts=100",
+        "orchestrator.inference_timeout_s=240",
+        *extra,
+    ]
     cmd = triad_cmd(service, *[f"--set={s}" for s in sets])
     if service == "trainer":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", *cmd[1:]]
@@ -252,14 +263,20 @@ def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refus
     assert beyond and calm, f"no request of A overlapped a load of B ({len(calm)} others): nothing was shared"
     assert statistics.median(beyond) <= statistics.median(calm) + 0.2, (beyond, calm)
     third_sets = [
-        f"run_dir={run_dir / 'c'}", f"model={untied_model}", "trainer.lora.rank=8",
+        f"run_dir={run_dir / 'c'}",
+        f"model={untied_model}",
+        "trainer.lora.rank=8",
         f"inference.admin_token={TOKEN}",
-        f'orchestrator.inference_urls=["{server.url}"]', f"orchestrator.adapter_name=run-{run_ids['a']}",
-    ]  # fmt: skip
+        f'orchestrator.inference_urls=["{server.url}"]',
+        f"orchestrator.adapter_name=run-{run_ids['a']}",
+    ]
     third = subprocess.run(
         triad_cmd("orchestrator", *[f"--set={s}" for s in third_sets]),
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert third.returncode == 2, third.stderr[-3000:]
     assert third.stderr.strip().splitlines()[-1] == (
         f"triad orchestrator: error: {server.url}: adapter name 'run-{run_ids['a']}' is owned by run "

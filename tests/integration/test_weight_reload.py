@@ -88,8 +88,10 @@ def test_reloaded_weights_match_a_fresh_server(server: Server, run_dir: Path, ti
     assert r.status_code == 200, r.text
     info = admin(server, "GET").json()
     assert {k: info[k] for k in ("version", "path", "base_path")} == {
-        "version": 1, "path": relative, "base_path": tiny_model,
-    }  # fmt: skip
+        "version": 1,
+        "path": relative,
+        "base_path": tiny_model,
+    }
     marker = rundir.weights.marker(1, "test-run")
     assert info["digest"] == marker.digest and info["tensor_digests"] == marker.tensor_digests
     reloaded = greedy_logprobs(server.url, model_id(server.url))

@@ -69,8 +69,9 @@ def rundir(tmp_path) -> RunDir:
 
 
 def load(manager: AdapterManager, rundir: RunDir, name: str, version: int):
-    request = LoadAdapterRequest(name=name, run_id=f"run-{name}", version=version,
-                                 path=rundir.weights.relative(version))  # fmt: skip
+    request = LoadAdapterRequest(
+        name=name, run_id=f"run-{name}", version=version, path=rundir.weights.relative(version)
+    )
     return asyncio.create_task(manager.load(request))
 
 

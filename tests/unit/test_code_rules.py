@@ -45,8 +45,11 @@ def python_files() -> list[Path]:
     """The repository's tracked and untracked-but-not-ignored Python files."""
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [REPO / line for line in out.splitlines() if (REPO / line).is_file()]
 
 
@@ -101,11 +104,17 @@ def test_run_directory_names_live_in_rundir_only():
 @pytest.mark.parametrize(
     "text, found",
     [
-        ("DONE", ["DONE"]), ("x/batch.parquet", ["batch.parquet"]), ("step_{}", ["step_"]),
-        ("weights/step_000003", ["weights", "step_"]), ("rollouts", ["rollouts"]),
-        ("step_time_s", []), ("reward_mean", []), ("the weights are loaded", []), ("logs are here", []),
+        ("DONE", ["DONE"]),
+        ("x/batch.parquet", ["batch.parquet"]),
+        ("step_{}", ["step_"]),
+        ("weights/step_000003", ["weights", "step_"]),
+        ("rollouts", ["rollouts"]),
+        ("step_time_s", []),
+        ("reward_mean", []),
+        ("the weights are loaded", []),
+        ("logs are here", []),
     ],
-)  # fmt: skip
+)
 def test_the_name_rule_finds_names_not_words(text, found):
     assert sorted(names_in(text)) == sorted(found)
 

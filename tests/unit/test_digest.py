@@ -138,8 +138,13 @@ def test_a_rectangle_of_plus_and_minus_x_changes_the_digest():
 
 def test_a_dtype_reinterpretation_or_a_reshape_changes_the_digest():
     rng = random.Random(4)
-    others = {torch.float32: torch.int32, torch.int32: torch.float32, torch.bfloat16: torch.float16,
-              torch.float16: torch.bfloat16, torch.uint8: torch.int8}  # fmt: skip
+    others = {
+        torch.float32: torch.int32,
+        torch.int32: torch.float32,
+        torch.bfloat16: torch.float16,
+        torch.float16: torch.bfloat16,
+        torch.uint8: torch.int8,
+    }
     for _ in range(CASES):
         t = random_tensor(rng)
         same_bytes = t.view(others[t.dtype])
@@ -192,7 +197,7 @@ def test_cpu_kernel_and_torch_reductions_agree_on_every_layout():
         bucket[3:2003],  # misaligned view
         torch.randn(3, 130, generator=gen).T,  # not contiguous
         torch.zeros(0),
-    ]  # fmt: skip
+    ]
     for t in cases:
         raw = _bytes(t)
         assert _cpu_sums(raw) == _device_sums(raw), (t.shape, t.dtype)

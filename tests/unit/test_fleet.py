@@ -188,9 +188,12 @@ class FakeFleet(Fleet):
 
 def fleet_of(tmp_path, fixed_url: str) -> tuple[FakeFleet, RunDir, str]:
     orch = make(
-        tmp_path, [fixed_url], "inference.heartbeat_interval_s=0.05", "orchestrator.heartbeat_timeout_s=0.5",
+        tmp_path,
+        [fixed_url],
+        "inference.heartbeat_interval_s=0.05",
+        "orchestrator.heartbeat_timeout_s=0.5",
         "orchestrator.fleet_poll_s=0.02",
-    )  # fmt: skip
+    )
     for version in (1, 2):
         orch.rundir.weights.write_marker(version, orch.run_id)
     orch.weights.trainer_version = 2

@@ -1,6 +1,6 @@
 """Metrics as JSON lines under `run_dir/metrics/`, through the run directory's store.
 
-Each writer has files of its own (`shared/rundir.py` names them: one per service, and one per
+Each writer has files of its own (`shared/rundir/` names them: one per service, and one per
 inference server, since several servers may serve one run). On a local store rows are appended
 in place; on an object store, where an object cannot be appended to, each row rewrites the
 writer's current part, which is rotated every `part_rows` rows so a rewrite stays small.

@@ -243,9 +243,10 @@ class WeightManager:
             return
         why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
         raise AdminError(
-            400, f"weights version {request.version} at {request.path} was pruned from the run directory "
+            400,
+            f"weights version {request.version} at {request.path} was pruned from the run directory "
             f"while this server fetched or loaded it ({why}): load a newer version",
-        ) from None  # fmt: skip
+        ) from None
 
     def _check_pulled(self, served: str, path: Path, version: int) -> None:
         try:

@@ -20,25 +20,11 @@ from shared.config import TriadConfig
 from shared.digest import tensor_digest, version_digest
 from shared.resume import checkpointed_steps
 from shared.rundir import RunDir
+from trainer.exported import export_state_dict, published_parameters
 from trainer.parallel import full_tensor
 from trainer.phases import BROADCAST, GATHER_FOR_PUBLISH, PUBLISH_BARRIER, collective_phase
 
 log = logging.getLogger("triad.trainer")
-
-
-def export_state_dict(state: dict[str, torch.Tensor], tied_embeddings: bool, dtype: torch.dtype) -> dict:
-    """Contiguous CPU tensors in the published dtype; a tied head is stored once."""
-    out = {}
-    for name, tensor in state.items():
-        if tied_embeddings and name == "lm_head.weight":
-            continue
-        out[name] = tensor.detach().to("cpu", dtype).contiguous()
-    return out
-
-
-def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.nn.Parameter]]:
-    """Parameters under their Hugging Face names; a tied head is published once, as the embedding."""
-    return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
 
 
 def timed_digests(state: dict[str, torch.Tensor]) -> tuple[dict[str, str], float]:
@@ -75,9 +61,14 @@ class Metadata:
 
 
 def write_weights(
-    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor],
-    metadata: Metadata, keep_last: int, protect: frozenset[int] = frozenset(),
-) -> tuple[float, float]:  # fmt: skip
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    state: dict[str, torch.Tensor],
+    metadata: Metadata,
+    keep_last: int,
+    protect: frozenset[int] = frozenset(),
+) -> tuple[float, float]:
     """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE` with the
     tensors' digests; returns the seconds the writing (digests included) and the digests took."""
     started = time.monotonic()
@@ -111,9 +102,15 @@ def mark_broadcast(
 
 
 def finish_shards(
-    rundir: RunDir, run_id: str, version: int, names: list[str], world: int, keep_last: int,
-    protect: frozenset[int], digests: dict[str, str],
-) -> None:  # fmt: skip
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    names: list[str],
+    world: int,
+    keep_last: int,
+    protect: frozenset[int],
+    digests: dict[str, str],
+) -> None:
     """The Hugging Face index (which shard holds each tensor), then `DONE`."""
     size = rundir.tensor_bytes(version)
     weight_map = {name: rundir.shard_name(i % world, world) for i, name in enumerate(names)}
@@ -128,8 +125,15 @@ class Publisher:
     """Hands each version of the (FSDP2-sharded) model to inference. Collective: every rank
     calls `publish` and `publish_files` together."""
 
-    def __init__(self, cfg: TriadConfig, rundir: RunDir, model: torch.nn.Module, tokenizer,
-                 tied: bool, dtype: torch.dtype) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TriadConfig,
+        rundir: RunDir,
+        model: torch.nn.Module,
+        tokenizer,
+        tied: bool,
+        dtype: torch.dtype,
+    ) -> None:
         self.wc, self.rundir, self.model, self.tokenizer = cfg.weights, rundir, model, tokenizer
         self.tied, self.dtype = tied, dtype
         self.timeout_s = cfg.trainer.collective_timeout_s
@@ -252,9 +256,14 @@ class Publisher:
 
 
 def write_adapter(
-    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor], config: dict,
-    keep_last: int, protect: frozenset[int] = frozenset(),
-) -> float:  # fmt: skip
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    state: dict[str, torch.Tensor],
+    config: dict,
+    keep_last: int,
+    protect: frozenset[int] = frozenset(),
+) -> float:
     """Write `weights/step_V/` as a PEFT adapter, then its `DONE` (`adapter: true`) with the
     tensors' digests; returns the seconds the digests took."""
     rundir.weights.clear(version)

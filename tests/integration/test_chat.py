@@ -52,19 +52,35 @@ class Recording(InferenceClient):
 
 def config(run_dir: Path, model: str, url: str, env: str, *extra: str) -> tuple[TriadConfig, list[str]]:
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}",
-        f'orchestrator.inference_urls=["{url}"]', f'orchestrator.env="{env}"',
-        "orchestrator.batch_size=4", "orchestrator.group_size=4",
-        "orchestrator.max_tokens=96", "trainer.optim.lr=1e-4", "trainer.batch_timeout_s=300",
-        "orchestrator.weights_timeout_s=300", *extra,
-    ]  # fmt: skip
+        f"run_dir={run_dir}",
+        f"model={model}",
+        f"max_steps={STEPS}",
+        f'orchestrator.inference_urls=["{url}"]',
+        f'orchestrator.env="{env}"',
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.max_tokens=96",
+        "trainer.optim.lr=1e-4",
+        "trainer.batch_timeout_s=300",
+        "orchestrator.weights_timeout_s=300",
+        *extra,
+    ]
     return load_config(None, sets), [f"--set={s}" for s in sets]
 
 
 def train(cfg: TriadConfig, flags: list[str], env, log: Path) -> None:
     """The orchestrator here (recording), a 1-rank torchrun trainer beside it, until both are done."""
-    trainer_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-                   "-m", "services.cli", "trainer", *flags]  # fmt: skip
+    trainer_cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        "-m",
+        "services.cli",
+        "trainer",
+        *flags,
+    ]
     with open(log, "w") as out:
         trainer = subprocess.Popen(trainer_cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -130,8 +146,10 @@ def check_row(row: dict, tok, recorded: dict, thinking: bool = True) -> int:
             answers = recorded[tuple(ids[:a])]  # the group's episodes share their first prompt
             match = [lps for sampled, lps in answers if sampled == ids[a:b]]
             assert match, "the batch holds other ids than vLLM sampled for this prompt"
-            assert any(all(math.isclose(x, y, abs_tol=1e-6) for x, y in zip(logprobs[a:b], lps, strict=True))
-                       for lps in match)  # fmt: skip
+            assert any(
+                all(math.isclose(x, y, abs_tol=1e-6) for x, y in zip(logprobs[a:b], lps, strict=True))
+                for lps in match
+            )
             turns += 1
         else:
             assert all(x == 0.0 for x in logprobs[a:b])
@@ -333,19 +351,24 @@ def write_module(root: Path, name: str, source: str) -> None:
 
 
 def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, chat_server):
-    write_module(tmp_path, "bad_envs", (
-        "from orchestrator.environments import Prompt\n"
-        "class Bad:\n"
-        "    name = 'bad'\n"
-        "    def sample(self, rng):\n"
-        "        return Prompt(messages=[{'content': 'no role'}], answer='1')\n"
-        "    def reward(self, prompt, conversation):\n"
-        "        return 0.0\n"
-    ))  # fmt: skip
+    write_module(
+        tmp_path,
+        "bad_envs",
+        (
+            "from orchestrator.environments import Prompt\n"
+            "class Bad:\n"
+            "    name = 'bad'\n"
+            "    def sample(self, rng):\n"
+            "        return Prompt(messages=[{'content': 'no role'}], answer='1')\n"
+            "    def reward(self, prompt, conversation):\n"
+            "        return 0.0\n"
+        ),
+    )
     url = f'orchestrator.inference_urls=["{chat_server.url}"]'
     sets = [f"run_dir={tmp_path / 'run'}", f"model={chat_model}", url, 'orchestrator.env="bad_envs:Bad"']
-    result = run_triad("orchestrator", *[f"--set={s}" for s in sets], timeout=120,
-                       env={"PYTHONPATH": f"{tmp_path}:{REPO}"})  # fmt: skip
+    result = run_triad(
+        "orchestrator", *[f"--set={s}" for s in sets], timeout=120, env={"PYTHONPATH": f"{tmp_path}:{REPO}"}
+    )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
@@ -386,9 +409,12 @@ def test_a_template_that_rewrites_history_does_not_change_what_the_trainer_sees(
         turns = check_row(row, tok, recorded, thinking=False)
         user = tok.decode(row["input_ids"]).split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
         again = tok.apply_chat_template(
-            conversation_of(row, tok, user), tools=[tool_schema(calculate)], tokenize=False,
-            enable_thinking=False, drop_think=True,
-        )  # fmt: skip
+            conversation_of(row, tok, user),
+            tools=[tool_schema(calculate)],
+            tokenize=False,
+            enable_thinking=False,
+            drop_think=True,
+        )
         again = tok(again, add_special_tokens=False).input_ids
         if turns >= 2:
             assert list(again) != row["input_ids"][: len(again)], "a re-render would have given the same ids"

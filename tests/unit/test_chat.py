@@ -114,7 +114,7 @@ def test_a_template_that_hides_assistant_content_is_refused():
         ([USER, {"role": "tool", "content": None}], "message 1 (tool) has neither content nor tool_calls"),
         (["user: hi"], "message 0 is malformed"),
     ],
-)  # fmt: skip
+)
 def test_malformed_messages_get_one_line_naming_the_message(messages, message):
     with pytest.raises(TriadError) as e:
         check_messages(messages, "environment 'x': prompt")
@@ -181,7 +181,7 @@ def test_a_call_extends_the_chain_only_after_the_previous_messages_and_reply():
         ({"messages": [USER], "max_tokens": 0}, "max_tokens must be a positive integer"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "tools must be a list"),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_are_named(body, message):
     with pytest.raises(TriadError, match=message):
         check_request(body, 32)

@@ -158,9 +158,11 @@ def test_metrics_of_several_servers_rotate_into_parts_and_merge(store, monkeypat
         a.log(version, version=version)
     b.log(4, version=4)
     assert [k.split("/")[-1] for _, _, k in rundir.metrics.files("inference")] == [
-        "inference-aaa1.jsonl", "inference-aaa1.00001.jsonl", "inference-aaa1.00002.jsonl",
+        "inference-aaa1.jsonl",
+        "inference-aaa1.00001.jsonl",
+        "inference-aaa1.00002.jsonl",
         "inference-bbb2.jsonl",
-    ]  # fmt: skip
+    ]
     rows = rundir.metrics.rows("inference")
     assert [(r["server"], r["version"]) for r in rows] == [("aaa1", v) for v in range(5)] + [("bbb2", 4)]
     # a restarted writer continues the last part; a rewind drops rows and the parts it empties

@@ -13,9 +13,9 @@ on success. Readers that need a real path (weights for inference, a checkpoint t
 from) `fetch` a copy into the cache, which they drop when done. Both move a directory's
 objects concurrently (`shared/objectcache.py`).
 
-Every call (`shared/storecall.py`) is retried with backoff until `timeout_s` has passed, logging what it waits for
-and the URL; an answer that retrying cannot change (no such bucket, refused credentials) is
-an error at once.
+Every call (`shared/storecall.py`) is retried with backoff until `timeout_s` has passed,
+logging what it waits for and the URL; an answer that retrying cannot change (no such
+bucket, refused credentials) is an error at once.
 """
 
 from __future__ import annotations

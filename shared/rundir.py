@@ -40,6 +40,7 @@ _WEIGHTS_INDEX = "model.safetensors.index.json"
 _WEIGHTS_SUFFIX = ".safetensors"
 _ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's layout, which vLLM loads as a LoRA adapter
 _ADAPTER_CONFIG = "adapter_config.json"
+_DELTA_FILE = "model.delta"  # a delta version's difference from the one before (`shared/delta.py`)
 _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
@@ -303,6 +304,34 @@ class AdapterFiles:
     def is_adapter_at(step_dir: Path) -> bool:
         """Whether a weights directory holds a LoRA adapter (not full weights)."""
         return (step_dir / _ADAPTER_CONFIG).is_file() and (step_dir / _ADAPTER_FILE).is_file()
+
+
+class DeltaFiles:
+    """A delta version's difference from the version before, in its weights step directory
+    (`shared/delta.py`)."""
+
+    def __init__(self, weights: Steps) -> None:
+        self.weights = weights
+
+    @contextmanager
+    def writing(self, version: int) -> Iterator[Path]:
+        """A local path for the packed difference (published atomically)."""
+        with self.weights.store.writing(self.weights.key(version, _DELTA_FILE)) as tmp:
+            yield tmp
+
+    @staticmethod
+    def file_at(step_dir: Path) -> Path:
+        return step_dir / _DELTA_FILE
+
+    def read(self, version: int) -> tuple[Marker | None, bytes | None]:
+        """A weights version's marker (of any run: inference does not know the run id), then
+        its delta if it is one: the two small objects a delta chain needs, without a fetch."""
+        raw = self.weights.store.read_bytes(self.weights.key(version, _DONE))
+        try:
+            marker = Marker.model_validate_json(raw or b"")
+        except ValidationError:
+            return None, None
+        return marker, self.weights.store.read_bytes(self.weights.key(version, _DELTA_FILE))
 
 
 class FleetRegistry:

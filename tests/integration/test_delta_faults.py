@@ -77,7 +77,7 @@ def test_deltas_over_30_versions_with_kills_stay_exact(run, monkeypatch):
     run.check()
     assert "resumed from the checkpoint after update 7" in run.log("trainer")
     inference = run.log("inference")
-    assert "rebuilt weights version" in inference and "rebuilding from the snapshot" in inference
+    assert "rebuilt weights version" in inference
     loads = [r["version"] for r in rundir.metrics.rows("inference")]
     assert loads[-1] == STEPS and KILL_INFERENCE_AT not in loads[: loads.index(0, 1)], loads
     assert "other bytes than the trainer published" not in run.log("orchestrator")

@@ -33,7 +33,7 @@ BUCKET = "bench"
 GOAL = "at 50M: >= 10x fewer bytes per version and a hand-off < 7 s"
 
 
-def run_size(workdir: Path, size: str, versions: int, every: int) -> dict:
+def run_size(workdir: Path, size: str, versions: int, every: int, keep: int = 3) -> dict:
     from tests.helpers import Server
     from tests.integration.test_trainer import make_batches
 
@@ -46,7 +46,7 @@ def run_size(workdir: Path, size: str, versions: int, every: int) -> dict:
     server.wait_healthy(900)
     sets = [
         f"run_dir={run_dir}", f"model={model}", f"max_steps={versions}", "trainer.checkpoint.every=0",
-        "weights.keep=3", f"weights.snapshot_every={every}", 'weights.dtype="bfloat16"',
+        f"weights.keep={keep}", f"weights.snapshot_every={every}", 'weights.dtype="bfloat16"',
         f"store.cache_dir={workdir / 'cache-trainer'}",
     ]  # fmt: skip
     trainer = start_trainer(sets, workdir / "trainer.log")
@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["5M", "50M", "200M"])
     parser.add_argument("--versions", nargs="*", default=["5M=12", "50M=11", "200M=6"])
     parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--keep", type=int, default=3, help="weights.keep: more if a snapshot's pull is slow")
     args = parser.parse_args()
     counts = {k: int(v) for k, v in (item.split("=") for item in args.versions)}
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,7 @@ def main() -> None:
         moto.create_bucket(BUCKET)
         for size in args.sizes:
             (args.workdir / size).mkdir(exist_ok=True)
-            results[size] = run_size(args.workdir / size, size, counts[size], args.every)
+            results[size] = run_size(args.workdir / size, size, counts[size], args.every, args.keep)
             print(json.dumps({size: results[size]}), flush=True)
     finally:
         moto.close()

@@ -50,7 +50,7 @@ from shared.rundir.names import (
     parse_step,
     step_name,
 )
-from shared.rundir.steps import AdapterFiles, Marker, RunInfo, StepDirAt, Steps
+from shared.rundir.steps import AdapterFiles, DeltaFiles, Marker, RunInfo, StepDirAt, Steps
 from shared.rundir.weights_files import WeightsFiles
 from shared.storage import LocalStore, Storage, open_store
 
@@ -61,6 +61,7 @@ __all__ = [
     "SERVICES",
     "TRAINER",
     "AdapterFiles",
+    "DeltaFiles",
     "FleetRegistry",
     "Handshake",
     "Marker",

@@ -15,6 +15,7 @@ _WEIGHTS_INDEX = "model.safetensors.index.json"
 _WEIGHTS_SUFFIX = ".safetensors"
 _ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's layout, which vLLM loads as a LoRA adapter
 _ADAPTER_CONFIG = "adapter_config.json"
+_DELTA_FILE = "model.delta"  # a delta version's difference from the one before (`shared/delta.py`)
 _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from shared.rundir.names import (
     _ADAPTER_CONFIG,
     _ADAPTER_FILE,
+    _DELTA_FILE,
     _DONE,
     _WEIGHTS_SUFFIX,
     Handshake,
@@ -226,3 +227,31 @@ class StepDirAt:
     def marker_name() -> str:
         """The marker's file name, for messages only."""
         return _DONE
+
+
+class DeltaFiles:
+    """A delta version's difference from the version before, in its weights step directory
+    (`shared/delta.py`)."""
+
+    def __init__(self, weights: Steps) -> None:
+        self.weights = weights
+
+    @contextmanager
+    def writing(self, version: int) -> Iterator[Path]:
+        """A local path for the packed difference (published atomically)."""
+        with self.weights.store.writing(self.weights.key(version, _DELTA_FILE)) as tmp:
+            yield tmp
+
+    @staticmethod
+    def file_at(step_dir: Path) -> Path:
+        return step_dir / _DELTA_FILE
+
+    def read(self, version: int) -> tuple[Marker | None, bytes | None]:
+        """A weights version's marker (of any run: inference does not know the run id), then
+        its delta if it is one: the two small objects a delta chain needs, without a fetch."""
+        raw = self.weights.store.read_bytes(self.weights.key(version, _DONE))
+        try:
+            marker = Marker.model_validate_json(raw or b"")
+        except ValidationError:
+            return None, None
+        return marker, self.weights.store.read_bytes(self.weights.key(version, _DELTA_FILE))

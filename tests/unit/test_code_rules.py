@@ -30,9 +30,6 @@ ALLOWED = {
 STEP_DIR = re.compile(r"(^|/)step_(\d|$)")
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 60, 200
 PACKAGES = ("shared", "inference", "orchestrator", "trainer", "services", "simulate")
-KNOWN_CIRCLES = [  # each removed by another branch of issue 32; the integrator deletes the line
-    {"shared.storage", "shared.objectstore"},  # the object-store helper's branch
-]
 
 
 def python_files() -> list[Path]:
@@ -253,7 +250,7 @@ def test_no_import_circles():
         rel = path.relative_to(REPO).as_posix()
         if rel.split("/")[0] in PACKAGES:
             sources[rel] = path.read_text()
-    found = [c for c in circles(import_graph(sources)) if not any(c <= known for known in KNOWN_CIRCLES)]
+    found = circles(import_graph(sources))
     assert not found, "import circles (module-level imports):\n" + "\n".join(
         " <-> ".join(sorted(c)) for c in found
     )

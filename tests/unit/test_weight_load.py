@@ -151,7 +151,7 @@ def test_the_cache_sweep_removes_what_dead_processes_left_and_keeps_the_living(t
     import subprocess
     import sys
 
-    from shared.objectstore import sweep_dead_tmp
+    from shared.objectcache import sweep_dead_tmp
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
     dead_pid = int(dead.stdout)

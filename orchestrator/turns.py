@@ -77,8 +77,13 @@ class TurnParser:
             )
 
     async def parse(self, c: Completion, prompt_ids: list[int], server: Server | None) -> ParsedTurn:
-        """The turn `c` (sampled after `prompt_ids`) as content, reasoning and checked tool calls."""
-        message = await self.derender(c.token_ids, c.finish_reason, prompt_ids, server)
+        """The turn `c` (sampled after `prompt_ids`) as content, reasoning and checked tool calls. A turn
+        that ended on its end-of-turn token is parsed without it, as vLLM's chat route parses a reply:
+        derender keeps special tokens' text, and `<|im_end|>` is no part of the answer."""
+        ids = c.token_ids[:-1] if c.finish_reason == "stop" else c.token_ids
+        if not ids:  # the model ended its turn at once: an empty reply
+            return ParsedTurn(content="")
+        message = await self.derender(ids, c.finish_reason, prompt_ids, server)
         if message is not None:
             return turn_from_message(message)
         if not self.tools:

@@ -157,15 +157,16 @@ def test_a_parameter_the_reload_skipped_fails_the_load(server: Server, run_dir: 
     """A version whose files lack a parameter, with a marker vouching for what is there: every
     digest matches, but vLLM reports the parameter unloaded, and the load must fail."""
     rundir = RunDir(run_dir)
-    perturbed_weights(tiny_model, rundir, version=7, seed=7, without=("model.norm.weight",))
-    r = admin(server, "POST", json={"version": 7, "path": rundir.weights.relative(7)})
+    # versions of their own: the module's tests share one run directory, and another counts loads of 7 and 8
+    perturbed_weights(tiny_model, rundir, version=11, seed=7, without=("model.norm.weight",))
+    r = admin(server, "POST", json={"version": 11, "path": rundir.weights.relative(11)})
     assert r.status_code == 500, r.text
     assert admin(server, "GET").json()["version"] == -1  # half-loaded weights are no version
     line = "left 1 parameter(s) of the model without a value: model.norm.weight"
     assert line in Path(server.log.name).read_text()
-    perturbed_weights(tiny_model, rundir, version=8, seed=8)  # a whole version loads again
-    r = admin(server, "POST", json={"version": 8, "path": rundir.weights.relative(8)})
-    assert r.status_code == 200 and r.json()["version"] == 8, r.text
+    perturbed_weights(tiny_model, rundir, version=12, seed=8)  # a whole version loads again
+    r = admin(server, "POST", json={"version": 12, "path": rundir.weights.relative(12)})
+    assert r.status_code == 200 and r.json()["version"] == 12, r.text
 
 
 def flip_tensor_byte(file: Path) -> str:

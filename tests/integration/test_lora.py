@@ -215,20 +215,6 @@ def audit(run_dir: Path) -> list[int]:
     return lags
 
 
-def waits_on_loads(rows: list[dict], loads: list[dict], run_id: str) -> tuple[list[float], list[float]]:
-    """How long each of A's requests that overlapped a load of run `run_id` took beyond the load
-    itself, and how long each of A's requests that overlapped none took. A's first step is left
-    out: its requests wait on the server's warm-up, not on loads."""
-    windows = [(r["loaded_at"] - r["load_s"], r["loaded_at"]) for r in loads if r["run_id"] == run_id]
-    spans = [s for row in rows[1:] for s in row["request_spans"]]
-    beyond, calm = [], []
-    for start, took in spans:
-        overlap = sum(max(0.0, min(end, start + took) - max(begin, start)) for begin, end in windows)
-        (beyond if overlap > 0 else calm).append(took - overlap)
-    print(f"A: {len(spans)} warm requests; {len(beyond)} overlapped a load of B: {beyond}; others {calm}")
-    return beyond, calm
-
-
 @pytest.mark.slow
 def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refused(
     server: Server, run_dir: Path, untied_model: str
@@ -256,11 +242,12 @@ def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refus
         versions = [r["version"] for r in mine]  # a version published right after another may be skipped
         assert versions == sorted(set(versions)) and versions[-1] == SHARED_STEPS and len(versions) >= 3, mine
         assert max(r["load_s"] for r in mine) < 0.5, mine
-    # A's requests ran while B's adapters loaded: the server was shared. What sharing costs is a speed
-    # figure, bench/lora_sharing.py's (a run's samples/s alone and shared); a timed assertion here
-    # failed on CI's 2 cores with one overlapping request 0.5 s slower: one sample, cores shared by all
-    beyond, calm = waits_on_loads(RunDir(runs["a"]).metrics.rows("orchestrator"), loads, run_ids["b"])
-    assert beyond and calm, f"no request of A overlapped a load of B ({len(calm)} others): nothing was shared"
+    # the one server loaded both runs' adapters while both ran: between A's first and last load, B's
+    # loads were under way. What sharing costs is a speed figure, bench/lora_sharing.py's (a run's
+    # samples/s alone and shared): a timed assertion here failed on CI's 2 cores (one request that
+    # overlapped a load of B was 0.5 s slower, one sample), and on a quiet machine no request overlapped
+    times = {name: sorted(r["loaded_at"] for r in loads if r["run_id"] == run_ids[name]) for name in runs}
+    assert times["a"][0] < times["b"][-1] and times["b"][0] < times["a"][-1], times
     third_sets = [
         f"run_dir={run_dir / 'c'}",
         f"model={untied_model}",

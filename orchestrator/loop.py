@@ -55,7 +55,7 @@ from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
 from orchestrator.retention import BatchRetention
 from orchestrator.staleness import is_fresh, oldest_allowed_version, step_for_next_group
-from orchestrator.stats import LoopLag, rates, summarize
+from orchestrator.stats import GuardWaits, LoopLag, rates, summarize
 from orchestrator.weights import WeightFollower
 from shared.batch import publish_batch
 from shared.config import TriadConfig
@@ -132,6 +132,7 @@ class Orchestrator:
         self.dropped_total = 0
         self.failures = FailedGroups(self.oc.max_failed_groups)
         self.loop_lag = LoopLag()
+        self.guard = GuardWaits()
 
     # -- shared state -------------------------------------------------------
     async def notify(self) -> None:
@@ -149,12 +150,22 @@ class Orchestrator:
             and self.weights.served_version >= oldest_allowed_version(target, self.cfg.max_async_level)
         )
 
+    def held_by_guard(self) -> bool:
+        """Only the η guard keeps a group from starting: a slot free, a batch left, the weights too old."""
+        target = self.next_group_step()
+        return (
+            self.pending < self.oc.max_inflight
+            and target <= self.cfg.max_steps
+            and self.weights.served_version < oldest_allowed_version(target, self.cfg.max_async_level)
+        )
+
     # -- producer -----------------------------------------------------------
     async def wait_until_may_start(self) -> None:
         """Block until a group may start; time out if fresh weights never come."""
         stalled_since: float | None = None  # since when nothing but new weights can unblock us
         async with self.changed:
             while not self.may_start_group():
+                self.guard.observe(self.held_by_guard(), self.oc.max_inflight - self.pending)
                 stalled_on_weights = self.pending == 0 and self.next_group_step() <= self.cfg.max_steps
                 if not stalled_on_weights:
                     stalled_since = None
@@ -176,6 +187,7 @@ class Orchestrator:
                             "waiting for the trainer to publish weights (serving v%d)",
                             self.weights.served_version,
                         )
+            self.guard.observe(False, 0)
 
     async def produce(self) -> None:
         async with asyncio.TaskGroup() as groups:
@@ -245,7 +257,7 @@ class Orchestrator:
             generate_s=generated - last, assemble_s=assembled - generated, write_batch_s=written - assembled,
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
-            **self.loop_lag.take(),
+            **self.loop_lag.take(), **self.guard.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
             groups_filtered=filtered, groups_failed=self.failures.take(),
         )  # fmt: skip

@@ -103,6 +103,7 @@ class Pipeline:
             if g.remaining == 0:
                 server.groups -= 1
                 heapq.heappush(self.least, (server.groups, server.idx))
+                g.done = now
                 self.r.group_latency(now - g.started)
                 self.at(now + self.s.group_overhead_s, self.on_scored, g)
         self.schedule(server, now)
@@ -116,6 +117,7 @@ class Pipeline:
         while self.queue and not self.writing:
             g = self.queue.popleft()
             self.pending -= 1
+            self.r.outside.append((self.step, now - g.done))
             if g.version < oldest_allowed_version(self.step, self.s.max_async_level):
                 self.dropped += self.s.group_size
             else:

@@ -26,6 +26,8 @@ class Result:
     train_spans: list[tuple[int, float, float, float]] = field(default_factory=list)
     load_spans: list[tuple[int, float, float]] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    # (step, seconds from its last sample's end until the assembler took it): scoring, the queue
+    outside: list[tuple[int, float]] = field(default_factory=list)
     dropped: int = 0
     server_busy_s: float = 0.0
     server_frozen_s: float = 0.0
@@ -113,6 +115,12 @@ class Result:
             "inference held (prefill, loads)": min(self.server_frozen_s / wall, 1.0),
             "trainer busy": sum(p - s for _, s, _, p in self.train_spans) / max(self.end, 1e-12),
         }
+
+    def outside_per_group(self) -> float:
+        """Mean seconds a group of the counted steps spent pending but off the servers."""
+        k = self.first_counted()
+        counted = [s for step, s in self.outside if step > k]
+        return sum(counted) / len(counted) if counted else 0.0
 
     def concurrency(self) -> float:
         """Requests on the servers, on average over the run."""

@@ -25,6 +25,7 @@ class Group:
     version: int  # the oldest version among its samples (the version served when sent)
     tokens: int = 0
     server: int = -1
+    done: float = 0.0  # its last sample's end
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from shared.rundir import RunDir
-from simulate.calibrate import calibrate, measured_samples_per_s
+from simulate.calibrate import calibrate, measured_outside_per_group, measured_samples_per_s
 from simulate.pipeline import simulate
 
 RESULTS = Path(__file__).with_name("results")
@@ -27,16 +27,18 @@ ETAS = (0, 1, 2)
 def predict(calibration_run: str) -> None:
     rundir = RunDir(calibration_run)
     setup = calibrate(rundir)
-    predicted = {
-        eta: simulate(setup.with_(max_async_level=eta, max_steps=60)).samples_per_s() for eta in ETAS
-    }
+    results = {eta: simulate(setup.with_(max_async_level=eta, max_steps=60)) for eta in ETAS}
+    predicted = {eta: r.samples_per_s() for eta, r in results.items()}
     out = {
         "made_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "calibrated_on": calibration_run,
         "load_average": os.getloadavg(),
         "calibration_run_samples_per_s": measured_samples_per_s(rundir),
+        "calibration_run_guard_share": measured_outside_per_group(rundir)[1],
+        "calibration": setup.notes.get("calibration", ""),
         "setup": setup.describe(),
         "predicted_samples_per_s": {str(k): v for k, v in predicted.items()},
+        "predicted_guard_share": {str(k): r.guard_share() for k, r in results.items()},
     }
     PREDICTION.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["predicted_samples_per_s"]), "->", PREDICTION)
@@ -51,8 +53,10 @@ def compare(runs: list[str]) -> None:
             raise SystemExit(f"{run} was not run at max_async_level {eta}")
         measured = measured_samples_per_s(rundir)
         predicted = prediction["predicted_samples_per_s"][str(eta)]
+        guard = prediction.get("predicted_guard_share", {}).get(str(eta))
         rows.append({"eta": eta, "run": run, "predicted": predicted, "measured": measured,
-                     "ratio": predicted / measured})  # fmt: skip
+                     "ratio": predicted / measured, "predicted_guard_share": guard,
+                     "measured_guard_share": measured_outside_per_group(rundir)[1]})  # fmt: skip
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     record = {"predicted_at": prediction["made_at"], "measured_at": made, "rows": rows,
               "load_average": os.getloadavg()}  # fmt: skip
@@ -61,10 +65,15 @@ def compare(runs: list[str]) -> None:
         f"# triad simulate against the embedded default here (predicted {prediction['made_at']}, "
         f"measured {made}; load average then {os.getloadavg()[0]:.1f} on 2 cores)",
         "",
-        "| η | predicted samples/s | measured samples/s | predicted / measured |",
-        "| --- | --- | --- | --- |",
+        "| η | predicted samples/s | measured samples/s | predicted / measured "
+        "| slot-seconds the η guard held empty: predicted / measured |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    lines += [f"| {r['eta']} | {r['predicted']:.0f} | {r['measured']:.0f} | {r['ratio']:.2f} |" for r in rows]
+    lines += [
+        f"| {r['eta']} | {r['predicted']:.0f} | {r['measured']:.0f} | {r['ratio']:.2f} "
+        f"| {r['predicted_guard_share'] or 0:.0%} / {r['measured_guard_share']:.0%} |"
+        for r in rows
+    ]
     (RESULTS / "simulate_measured.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

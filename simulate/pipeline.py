@@ -41,6 +41,7 @@ class Pipeline:
         self.ready: deque[tuple[int, int]] = deque()  # written batches: (step, tokens)
         self.trainer_busy, self.published, self.served, self.loading = False, 0, 0, 0
         self.dropped = 0
+        self.guard_since: tuple[float, int] = (0.0, 0)  # (since, free slots) while the guard holds
         self.r = Result(setup)
 
     # -- events ---------------------------------------------------------------
@@ -91,6 +92,21 @@ class Pipeline:
             server.admit(now, seqs)
             heapq.heapreplace(self.least, (server.groups, server.idx))
             self.schedule(server, now)
+        self.observe_guard(now)
+
+    def observe_guard(self, now: float) -> None:
+        """The η guard's empty slot-seconds, as the orchestrator's `guard_idle_slot_s` counts them:
+        `pending` and the served version change only where `try_start` follows."""
+        since, free = self.guard_since
+        if free:
+            self.r.guard_idle(self.step, (now - since) * free)
+        target = self.target()
+        held = (
+            self.pending < self.s.max_inflight
+            and target <= self.s.max_steps
+            and self.served < oldest_allowed_version(target, self.s.max_async_level)
+        )
+        self.guard_since = (now, self.s.max_inflight - self.pending if held else 0)
 
     def on_server(self, now: float, server: Server, stamp: int) -> None:
         if stamp != server.stamp:

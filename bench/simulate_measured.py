@@ -2,10 +2,14 @@
 
     python -m bench.simulate_measured predict CALIBRATION_RUN   # before the runs: writes the prediction
     python -m bench.simulate_measured compare RUN_ETA0 RUN_ETA1 RUN_ETA2
+    python -m bench.simulate_measured self RUN ...   # after: each run calibrated on itself
 
 `predict` calibrates on one run (its metrics alone) and writes the predicted samples/s at η 0, 1, 2,
 with the time it was made, to bench/results/simulate_prediction.json; `compare` reads the runs made
-afterwards and writes bench/results/simulate_measured.{json,md} with the ratio for each."""
+afterwards and writes bench/results/simulate_measured.{json,md} with the ratio for each. `self`
+(not a prediction) fits each run and simulates it at its own settings: what is left of the error
+when the machine's load is the same, and how much of the η guard's holds the model reproduces;
+it is appended to the same files."""
 
 from __future__ import annotations
 
@@ -78,8 +82,42 @@ def compare(runs: list[str]) -> None:
     print("\n".join(lines))
 
 
+def self_check(runs: list[str]) -> None:
+    rows = []
+    for run in runs:
+        rundir = RunDir(run)
+        setup = calibrate(rundir)
+        r = simulate(setup.with_(max_steps=60))
+        measured = measured_samples_per_s(rundir)
+        rows.append({"run": run, "eta": setup.max_async_level, "simulated": r.samples_per_s(),
+                     "measured": measured, "ratio": r.samples_per_s() / measured,
+                     "simulated_guard_share": r.guard_share(),
+                     "measured_guard_share": measured_outside_per_group(rundir)[1]})  # fmt: skip
+    record = json.loads((RESULTS / "simulate_measured.json").read_text())
+    record["each_run_on_itself"] = rows
+    (RESULTS / "simulate_measured.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = [
+        "",
+        "Each run calibrated on itself and simulated at its own settings (after the runs; not a prediction):",
+        "",
+        "| run | η | simulated samples/s | measured | simulated / measured "
+        "| guard's empty slots: simulated / measured |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {Path(r['run']).name} | {r['eta']} | {r['simulated']:.0f} | {r['measured']:.0f} "
+        f"| {r['ratio']:.2f} | {r['simulated_guard_share']:.0%} / {r['measured_guard_share']:.0%} |"
+        for r in rows
+    ]
+    with (RESULTS / "simulate_measured.md").open("a") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["predict"]:
         predict(sys.argv[2])
+    elif sys.argv[1:2] == ["self"]:
+        self_check(sys.argv[2:])
     else:
         compare(sys.argv[2:5])  # η=2 needs weights.keep >= 4: `--set weights.keep=4`

@@ -50,8 +50,9 @@ class Pipeline:
 
     def run(self) -> Result:
         self.try_start(0.0)
-        while self.events and self.r.trained < self.s.max_steps:
-            now, _, fn, args = heapq.heappop(self.events)
+        events, r, steps, pop = self.events, self.r, self.s.max_steps, heapq.heappop
+        while events and r.trained < steps:
+            now, _, fn, args = pop(events)
             fn(now, *args)
         self.r.finish(self.servers, self.dropped)
         return self.r
@@ -60,7 +61,7 @@ class Pipeline:
         server.stamp += 1
         end = server.next_end(now)
         if end is not None:
-            self.at(end, self.on_server, server, server.stamp)
+            heapq.heappush(self.events, (end, next(self.order), self.on_server, (server, server.stamp)))
 
     # -- the producer ---------------------------------------------------------
     def target(self) -> int:
@@ -111,16 +112,18 @@ class Pipeline:
     def on_server(self, now: float, server: Server, stamp: int) -> None:
         if stamp != server.stamp:
             return
+        prompt = self.s.prompt_tokens
         for seq in server.finish(now):
             g = seq.group
             g.remaining -= 1
-            g.tokens += seq.tokens + seq.context - self.s.prompt_tokens
-            g.version = min(g.version, seq.version)
+            g.tokens += seq.tokens + seq.context - prompt
+            if seq.version < g.version:
+                g.version = seq.version
             if g.remaining == 0:
                 server.groups -= 1
                 heapq.heappush(self.least, (server.groups, server.idx))
                 g.done = now
-                self.r.group_latency(now - g.started)
+                self.r.latencies.append(now - g.started)
                 self.at(now + self.s.group_overhead_s, self.on_scored, g)
         self.schedule(server, now)
 

@@ -62,9 +62,6 @@ class Result:
     def load(self, version: int, start: float, end: float) -> None:
         self.load_spans.append((version, start, end))
 
-    def group_latency(self, seconds: float) -> None:
-        self.latencies.append(seconds)
-
     def finish(self, servers: list[Server], dropped: int) -> None:
         self.dropped = dropped
         self.end = max(p for _, _, _, p in self.train_spans) if self.train_spans else 0.0

@@ -41,6 +41,7 @@ class Pipeline:
         self.ready: deque[tuple[int, int]] = deque()  # written batches: (step, tokens)
         self.trainer_busy, self.published, self.served, self.loading = False, 0, 0, 0
         self.dropped = 0
+        self.on_server_ = self.on_server  # one bound method for the millions of server events
         self.guard_since: tuple[float, int] = (0.0, 0)  # (since, free slots) while the guard holds
         self.r = Result(setup)
 
@@ -61,7 +62,7 @@ class Pipeline:
         server.stamp += 1
         end = server.next_end(now)
         if end is not None:
-            heapq.heappush(self.events, (end, next(self.order), self.on_server, (server, server.stamp)))
+            heapq.heappush(self.events, (end, next(self.order), self.on_server_, (server, server.stamp)))
 
     # -- the producer ---------------------------------------------------------
     def target(self) -> int:
@@ -113,7 +114,8 @@ class Pipeline:
         if stamp != server.stamp:
             return
         prompt = self.s.prompt_tokens
-        for seq in server.finish(now):
+        done, end = server.finish(now)
+        for seq in done:
             g = seq.group
             g.remaining -= 1
             g.tokens += seq.tokens + seq.context - prompt
@@ -125,7 +127,9 @@ class Pipeline:
                 g.done = now
                 self.r.latencies.append(now - g.started)
                 self.at(now + self.s.group_overhead_s, self.on_scored, g)
-        self.schedule(server, now)
+        server.stamp += 1
+        if end is not None:
+            heapq.heappush(self.events, (end, next(self.order), self.on_server_, (server, server.stamp)))
 
     def on_scored(self, now: float, group: Group) -> None:
         self.queue.append(group)

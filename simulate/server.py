@@ -115,31 +115,43 @@ class Server:
         it = self.base_s + self.per_seq_s * b + self.per_kv_s * (self.kv_const + b * v)
         return begin + (left if left > 0.0 else 0.0) * it
 
-    def finish(self, now: float) -> list[Seq]:
-        """The sequences done by `now`; waiting ones take their places."""
+    def finish(self, now: float) -> tuple[list[Seq], float | None]:
+        """The sequences done by `now` (waiting ones take their places), and when the next ends."""
         t, frozen = self.t, self.frozen_until
         start = t if t > frozen else frozen
         running, done = self.running, []
+        base, per_seq, per_kv = self.base_s, self.per_seq_s, self.per_kv_s
         if now > start and running:
             b = len(running)
-            self.v += (now - start) / (
-                self.base_s + self.per_seq_s * b + self.per_kv_s * (self.kv_const + b * self.v)
-            )
+            self.v += (now - start) / (base + per_seq * b + per_kv * (self.kv_const + b * self.v))
             self.busy_s += now - start
         if now > t:
             self.t = now
-        limit = self.v + 1e-9
+        v = self.v
+        limit = v + 1e-9
         pop = heapq.heappop
+        kv = self.kv_const
         while running and running[0][0] <= limit:
             seq = pop(running)[2]
-            self.kv_const -= seq.context - seq.v_start
+            kv -= seq.context - seq.v_start
             done.append(seq)
-        waiting = self.waiting
-        if waiting:
-            max_seqs, prompt = self.inf.max_seqs, self.prompt_tokens
-            while waiting and len(running) < max_seqs:
-                self.start(waiting.popleft(), prompt)
-        return done
+        self.kv_const = kv
+        if self.waiting:
+            self.refill()
+        if not running:
+            return done, None
+        left = running[0][0] - v
+        begin = now if now > frozen else frozen
+        b = len(running)
+        return done, begin + (left if left > 0.0 else 0.0) * (
+            base + per_seq * b + per_kv * (self.kv_const + b * v)
+        )
+
+    def refill(self) -> None:
+        waiting, running = self.waiting, self.running
+        max_seqs, prompt = self.inf.max_seqs, self.prompt_tokens
+        while waiting and len(running) < max_seqs:
+            self.start(waiting.popleft(), prompt)
 
     def abort_all(self, now: float, version: int) -> float:
         """Interruptible generation: every running sequence is aborted and resubmitted under

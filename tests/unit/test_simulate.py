@@ -221,3 +221,20 @@ def test_calibration_subtracts_the_eta_guards_empty_slots(tmp_path):
     assert 0 < s.group_overhead_s <= 0.025
     synthetic_run(tmp_path / "old", on_servers=12)
     assert measured_outside_per_group(RunDir(tmp_path / "old")) == pytest.approx((0.05, 0.0))
+
+
+def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlined():
+    """The server's hot paths (finish, abort and resubmit) were rewritten for speed with the same
+    arithmetic in the same order: these are the figures of the code before, to the last bit. A
+    change to the model itself changes them, and is then a change to say."""
+    from simulate.scenario import Scenario
+
+    sc = Scenario(gpus=16, params=7e9, max_tokens=8192, batch_prompts=16, group_size=8, steps=8)
+    r = simulate(sc.split(12, 2, "abort"))
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (2.049817177814364, 416.7188887766392, 112)
+    assert (sum(r.latencies), r.tokens[8]) == (11228.164661823173, 394652)
+    r = simulate(sc.split(12, 1, "keep"))
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.636169539614753, 570.2592725888384, 112)
+    assert (sum(r.latencies), r.tokens[8]) == (10777.773788089098, 434730)
+    r = simulate(sc.colocated_sync())
+    assert (r.samples_per_s(), r.written_at[8]) == (1.299830839313965, 783.8373431780371)

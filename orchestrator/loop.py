@@ -150,23 +150,18 @@ class Orchestrator:
             and self.weights.served_version >= oldest_allowed_version(target, self.cfg.max_async_level)
         )
 
-    def held_by_guard(self) -> bool:
-        """Only the η guard keeps a group from starting: a slot free, a batch left, the weights too old."""
-        target = self.next_group_step()
-        return (
-            self.pending < self.oc.max_inflight
-            and target <= self.cfg.max_steps
-            and self.weights.served_version < oldest_allowed_version(target, self.cfg.max_async_level)
-        )
-
     # -- producer -----------------------------------------------------------
     async def wait_until_may_start(self) -> None:
         """Block until a group may start; time out if fresh weights never come."""
         stalled_since: float | None = None  # since when nothing but new weights can unblock us
         async with self.changed:
             while not self.may_start_group():
-                self.guard.observe(self.held_by_guard(), self.oc.max_inflight - self.pending)
-                stalled_on_weights = self.pending == 0 and self.next_group_step() <= self.cfg.max_steps
+                target, free = self.next_group_step(), self.oc.max_inflight - self.pending
+                stale = not is_fresh(self.weights.served_version, target, self.cfg.max_async_level)
+                self.guard.observe(
+                    free > 0 and target <= self.cfg.max_steps and stale, free
+                )  # the guard alone
+                stalled_on_weights = self.pending == 0 and target <= self.cfg.max_steps
                 if not stalled_on_weights:
                     stalled_since = None
                 elif stalled_since is None:

@@ -39,8 +39,8 @@ class Seq:
 
 @dataclass(eq=False, slots=True)
 class Server:
-    """The hot paths (`advance`, `finish`, `abort_all`) spell out the iteration time inline with
-    the same arithmetic as `iteration_s`: a run of 1024 GPUs has millions of these events."""
+    """The hot paths (`finish`, `next_end`) spell out `iteration_s` inline, with the same arithmetic:
+    a run of 1024 GPUs has millions of their events."""
 
     idx: int
     inf: Inference

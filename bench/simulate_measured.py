@@ -2,10 +2,14 @@
 
     python -m bench.simulate_measured predict CALIBRATION_RUN   # before the runs: writes the prediction
     python -m bench.simulate_measured compare RUN_ETA0 RUN_ETA1 RUN_ETA2
+    python -m bench.simulate_measured self RUN ...   # after: each run calibrated on itself
 
 `predict` calibrates on one run (its metrics alone) and writes the predicted samples/s at η 0, 1, 2,
 with the time it was made, to bench/results/simulate_prediction.json; `compare` reads the runs made
-afterwards and writes bench/results/simulate_measured.{json,md} with the ratio for each."""
+afterwards and writes bench/results/simulate_measured.{json,md} with the ratio for each. `self`
+(not a prediction) fits each run and simulates it at its own settings: what is left of the error
+when the machine's load is the same, and how much of the η guard's holds the model reproduces;
+it is appended to the same files."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import sys
 from pathlib import Path
 
 from shared.rundir import RunDir
-from simulate.calibrate import calibrate, measured_samples_per_s
+from simulate.calibrate import calibrate, measured_outside_per_group, measured_samples_per_s
 from simulate.pipeline import simulate
 
 RESULTS = Path(__file__).with_name("results")
@@ -27,16 +31,18 @@ ETAS = (0, 1, 2)
 def predict(calibration_run: str) -> None:
     rundir = RunDir(calibration_run)
     setup = calibrate(rundir)
-    predicted = {
-        eta: simulate(setup.with_(max_async_level=eta, max_steps=60)).samples_per_s() for eta in ETAS
-    }
+    results = {eta: simulate(setup.with_(max_async_level=eta, max_steps=60)) for eta in ETAS}
+    predicted = {eta: r.samples_per_s() for eta, r in results.items()}
     out = {
         "made_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "calibrated_on": calibration_run,
         "load_average": os.getloadavg(),
         "calibration_run_samples_per_s": measured_samples_per_s(rundir),
+        "calibration_run_guard_share": measured_outside_per_group(rundir)[1],
+        "calibration": setup.notes.get("calibration", ""),
         "setup": setup.describe(),
         "predicted_samples_per_s": {str(k): v for k, v in predicted.items()},
+        "predicted_guard_share": {str(k): r.guard_share() for k, r in results.items()},
     }
     PREDICTION.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["predicted_samples_per_s"]), "->", PREDICTION)
@@ -51,8 +57,10 @@ def compare(runs: list[str]) -> None:
             raise SystemExit(f"{run} was not run at max_async_level {eta}")
         measured = measured_samples_per_s(rundir)
         predicted = prediction["predicted_samples_per_s"][str(eta)]
+        guard = prediction.get("predicted_guard_share", {}).get(str(eta))
         rows.append({"eta": eta, "run": run, "predicted": predicted, "measured": measured,
-                     "ratio": predicted / measured})  # fmt: skip
+                     "ratio": predicted / measured, "predicted_guard_share": guard,
+                     "measured_guard_share": measured_outside_per_group(rundir)[1]})  # fmt: skip
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     record = {"predicted_at": prediction["made_at"], "measured_at": made, "rows": rows,
               "load_average": os.getloadavg()}  # fmt: skip
@@ -61,16 +69,55 @@ def compare(runs: list[str]) -> None:
         f"# triad simulate against the embedded default here (predicted {prediction['made_at']}, "
         f"measured {made}; load average then {os.getloadavg()[0]:.1f} on 2 cores)",
         "",
-        "| η | predicted samples/s | measured samples/s | predicted / measured |",
-        "| --- | --- | --- | --- |",
+        "| η | predicted samples/s | measured samples/s | predicted / measured "
+        "| slot-seconds the η guard held empty: predicted / measured |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    lines += [f"| {r['eta']} | {r['predicted']:.0f} | {r['measured']:.0f} | {r['ratio']:.2f} |" for r in rows]
+    lines += [
+        f"| {r['eta']} | {r['predicted']:.0f} | {r['measured']:.0f} | {r['ratio']:.2f} "
+        f"| {r['predicted_guard_share'] or 0:.0%} / {r['measured_guard_share']:.0%} |"
+        for r in rows
+    ]
     (RESULTS / "simulate_measured.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def self_check(runs: list[str]) -> None:
+    rows = []
+    for run in runs:
+        rundir = RunDir(run)
+        setup = calibrate(rundir)
+        r = simulate(setup.with_(max_steps=60))
+        measured = measured_samples_per_s(rundir)
+        rows.append({"run": run, "eta": setup.max_async_level, "simulated": r.samples_per_s(),
+                     "measured": measured, "ratio": r.samples_per_s() / measured,
+                     "simulated_guard_share": r.guard_share(),
+                     "measured_guard_share": measured_outside_per_group(rundir)[1]})  # fmt: skip
+    record = json.loads((RESULTS / "simulate_measured.json").read_text())
+    record["each_run_on_itself"] = rows
+    (RESULTS / "simulate_measured.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = [
+        "",
+        "Each run calibrated on itself and simulated at its own settings (after the runs; not a prediction):",
+        "",
+        "| run | η | simulated samples/s | measured | simulated / measured "
+        "| guard's empty slots: simulated / measured |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {Path(r['run']).name} | {r['eta']} | {r['simulated']:.0f} | {r['measured']:.0f} "
+        f"| {r['ratio']:.2f} | {r['simulated_guard_share']:.0%} / {r['measured_guard_share']:.0%} |"
+        for r in rows
+    ]
+    with (RESULTS / "simulate_measured.md").open("a") as f:
+        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["predict"]:
         predict(sys.argv[2])
+    elif sys.argv[1:2] == ["self"]:
+        self_check(sys.argv[2:])
     else:
         compare(sys.argv[2:5])  # η=2 needs weights.keep >= 4: `--set weights.keep=4`

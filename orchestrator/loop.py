@@ -55,7 +55,7 @@ from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
 from orchestrator.retention import BatchRetention
 from orchestrator.staleness import is_fresh, oldest_allowed_version, step_for_next_group
-from orchestrator.stats import LoopLag, rates, summarize
+from orchestrator.stats import GuardWaits, LoopLag, rates, summarize
 from orchestrator.weights import WeightFollower
 from shared.batch import publish_batch
 from shared.config import TriadConfig
@@ -132,6 +132,7 @@ class Orchestrator:
         self.dropped_total = 0
         self.failures = FailedGroups(self.oc.max_failed_groups)
         self.loop_lag = LoopLag()
+        self.guard = GuardWaits()
 
     # -- shared state -------------------------------------------------------
     async def notify(self) -> None:
@@ -155,7 +156,12 @@ class Orchestrator:
         stalled_since: float | None = None  # since when nothing but new weights can unblock us
         async with self.changed:
             while not self.may_start_group():
-                stalled_on_weights = self.pending == 0 and self.next_group_step() <= self.cfg.max_steps
+                target, free = self.next_group_step(), self.oc.max_inflight - self.pending
+                stale = not is_fresh(self.weights.served_version, target, self.cfg.max_async_level)
+                self.guard.observe(
+                    free > 0 and target <= self.cfg.max_steps and stale, free
+                )  # the guard alone
+                stalled_on_weights = self.pending == 0 and target <= self.cfg.max_steps
                 if not stalled_on_weights:
                     stalled_since = None
                 elif stalled_since is None:
@@ -176,6 +182,7 @@ class Orchestrator:
                             "waiting for the trainer to publish weights (serving v%d)",
                             self.weights.served_version,
                         )
+            self.guard.observe(False, 0)
 
     async def produce(self) -> None:
         async with asyncio.TaskGroup() as groups:
@@ -245,7 +252,7 @@ class Orchestrator:
             generate_s=generated - last, assemble_s=assembled - generated, write_batch_s=written - assembled,
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
-            **self.loop_lag.take(),
+            **self.loop_lag.take(), **self.guard.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
             groups_filtered=filtered, groups_failed=self.failures.take(),
         )  # fmt: skip

@@ -1,10 +1,10 @@
-"""Small measurements for the orchestrator's metrics: percentiles and event-loop lag."""
+"""Small measurements for the orchestrator's metrics: percentiles, event-loop lag, and the η guard's waits."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 LAG_PROBE_S = 0.05
 
@@ -48,3 +48,34 @@ class LoopLag:
             "loop_lag_mean_s": sum(samples) / len(samples) if samples else 0.0,
             "loop_lag_max_s": max(samples, default=0.0),
         }
+
+
+class GuardWaits:
+    """Time the producer is held by the η guard alone (a slot is free and a batch is left to start,
+    but the served version is too old for it), and the slot-seconds left empty meanwhile
+    (seconds times free slots), since the last `take()`. The producer reports its state at every
+    wake-up, which comes with every change of `pending` or of the served version, so the free slots
+    are constant between two reports."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.since: float | None = None  # held since (None: not held)
+        self.free = 0
+        self.wait_s = self.idle_slot_s = 0.0
+
+    def observe(self, held: bool, free_slots: int) -> None:
+        now = self.clock()
+        self._count(now)
+        self.since, self.free = (now, free_slots) if held else (None, 0)
+
+    def _count(self, now: float) -> None:
+        if self.since is not None:
+            self.wait_s += now - self.since
+            self.idle_slot_s += (now - self.since) * self.free
+            self.since = now
+
+    def take(self) -> dict[str, float]:
+        self._count(self.clock())
+        out = {"guard_wait_s": self.wait_s, "guard_idle_slot_s": self.idle_slot_s}
+        self.wait_s = self.idle_slot_s = 0.0
+        return out

@@ -22,7 +22,8 @@ def summary(result: Result) -> list[str]:
     util = ", ".join(f"{k} {v:.0%}" for k, v in result.utilisation().items())
     return [
         f"  {result.samples_per_s():.2f} samples/s, {result.tokens_per_s():.0f} tokens/s, "
-        f"{result.step_s():.2f} s/step, {result.dropped} samples dropped as stale",
+        f"{result.step_s():.2f} s/step, {result.dropped} samples dropped as stale, "
+        f"{result.guard_share():.0%} of the slots held empty by the η guard",
         f"  trainer's time (critical path): {path}",
         f"  utilisation: {util}",
     ]
@@ -93,6 +94,7 @@ def from_run(args: argparse.Namespace) -> list[str]:
         f"+ {setup.trainer.train_s(1000, 1) - setup.trainer.overhead_s:.4f} s per 1000 tokens, publish "
         f"{setup.trainer.publish_s() * 1e3:.1f} ms; lengths median {setup.lengths.median_tokens:.1f}, "
         f"sigma {setup.lengths.sigma:.2f}, cap {setup.lengths.max_tokens}",
+        f"  measured: {setup.notes['calibration']}",
     ]
     for eta in ETAS[:3]:
         r = simulate(replace(setup, max_async_level=eta, max_steps=args.steps))

@@ -106,14 +106,25 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     return setup, mean(r["request_latency_s_p50"] for r in orch)
 
 
-def measured_concurrency(rundir: RunDir) -> float:
-    """Requests in flight on average: the rows' request spans over the time they cover."""
-    rows = steady(rundir.metrics.rows(ORCHESTRATOR))
-    spans = [s for r in rows for s in r.get("request_spans", [])]
-    if not spans:
-        return 0.0
-    begin, end = min(s for s, _ in spans), max(s + d for s, d in spans)
-    return sum(d for _, d in spans) / max(end - begin, 1e-12)
+def measured_outside_per_group(rundir: RunDir) -> tuple[float, float]:
+    """Seconds a group spent pending (counted in `max_inflight`) but not on a server, on average,
+    and the share of the slot-seconds the η guard left empty. Over the steady rows: every slot is
+    either a request on a server (`request_spans`), a group outside one (sampling the prompt,
+    scoring, the queue), or empty while the guard held the producer (`guard_idle_slot_s`). The last
+    rows are left out: there the producer has no batch left to start. A run without the guard's
+    metric (before it was recorded) counts its holds as time outside a server."""
+    oc = rundir.read_run().config["orchestrator"]
+    rows = rundir.metrics.rows(ORCHESTRATOR)
+    k = max(1, int(len(rows) * WARMUP_FRACTION))
+    counted = rows[k : len(rows) - (oc["max_inflight"] // oc["batch_size"] + 1)]
+    if len(counted) < 2:
+        raise TriadError(f"{rundir.name}: {len(rows)} orchestrator rows are too few to calibrate on")
+    slot_s = oc["max_inflight"] * (counted[-1]["time"] - rows[k - 1]["time"])
+    on_servers = sum(d for r in counted for _, d in r.get("request_spans", []))
+    idle = sum(r.get("guard_idle_slot_s", 0.0) for r in counted)
+    groups = sum((r["samples"] + r["samples_dropped"]) / oc["group_size"] + r.get("groups_filtered", 0)
+                 + r.get("groups_failed", 0) for r in counted)  # fmt: skip
+    return max(slot_s - idle - on_servers, 0.0) / groups, idle / slot_s
 
 
 def scaled(setup: Setup, factor: float) -> Setup:
@@ -123,18 +134,18 @@ def scaled(setup: Setup, factor: float) -> Setup:
 
 def calibrate(rundir: RunDir, rounds: int = 6) -> Setup:
     """`setup_from_run`, then two fits by simulating the run's own settings: the decode iteration
-    (scaled until the mean of the rows' median request latency is the measured one) and the per-group overhead
-    (until the mean requests in flight are the measured ones: what the rest of `max_inflight`
-    spends outside a server)."""
+    (scaled until the mean of the rows' median request latency is the measured one) and the
+    per-group overhead (until a group's simulated time pending off the servers, `group_overhead_s`
+    plus its wait in the queue, is the measured one, the η guard's empty slots subtracted)."""
     from simulate.pipeline import simulate
 
     setup, latency = setup_from_run(rundir)
-    concurrency = measured_concurrency(rundir)
+    outside, guard_share = measured_outside_per_group(rundir)
     for _ in range(rounds):
         r = simulate(setup)
         if r.latencies:
             setup = scaled(setup, latency / mean(r.latencies))
-        if concurrency > 0 and r.concurrency() > 0:
-            per_group = setup.group_overhead_s + mean(r.latencies) * (r.concurrency() / concurrency - 1)
-            setup = setup.with_(group_overhead_s=max(per_group, 0.0))
-    return setup
+        overhead = setup.group_overhead_s + outside - r.outside_per_group()
+        setup = setup.with_(group_overhead_s=max(overhead, 0.0))
+    note = f"{outside:.3f} s a group off the servers; the η guard held {guard_share:.0%} of the slot-seconds"
+    return setup.with_(notes={**setup.notes, "calibration": note})

@@ -41,6 +41,8 @@ class Pipeline:
         self.ready: deque[tuple[int, int]] = deque()  # written batches: (step, tokens)
         self.trainer_busy, self.published, self.served, self.loading = False, 0, 0, 0
         self.dropped = 0
+        self.on_server_ = self.on_server  # one bound method for the millions of server events
+        self.guard_since: tuple[float, int] = (0.0, 0)  # (since, free slots) while the guard holds
         self.r = Result(setup)
 
     # -- events ---------------------------------------------------------------
@@ -49,8 +51,9 @@ class Pipeline:
 
     def run(self) -> Result:
         self.try_start(0.0)
-        while self.events and self.r.trained < self.s.max_steps:
-            now, _, fn, args = heapq.heappop(self.events)
+        events, r, steps, pop = self.events, self.r, self.s.max_steps, heapq.heappop
+        while events and r.trained < steps:
+            now, _, fn, args = pop(events)
             fn(now, *args)
         self.r.finish(self.servers, self.dropped)
         return self.r
@@ -59,7 +62,7 @@ class Pipeline:
         server.stamp += 1
         end = server.next_end(now)
         if end is not None:
-            self.at(end, self.on_server, server, server.stamp)
+            heapq.heappush(self.events, (end, next(self.order), self.on_server_, (server, server.stamp)))
 
     # -- the producer ---------------------------------------------------------
     def target(self) -> int:
@@ -91,21 +94,42 @@ class Pipeline:
             server.admit(now, seqs)
             heapq.heapreplace(self.least, (server.groups, server.idx))
             self.schedule(server, now)
+        self.observe_guard(now)
+
+    def observe_guard(self, now: float) -> None:
+        """The η guard's empty slot-seconds, as the orchestrator's `guard_idle_slot_s` counts them:
+        `pending` and the served version change only where `try_start` follows."""
+        since, free = self.guard_since
+        if free:
+            self.r.guard_idle(self.step, (now - since) * free)
+        target = self.target()
+        held = (
+            self.pending < self.s.max_inflight
+            and target <= self.s.max_steps
+            and self.served < oldest_allowed_version(target, self.s.max_async_level)
+        )
+        self.guard_since = (now, self.s.max_inflight - self.pending if held else 0)
 
     def on_server(self, now: float, server: Server, stamp: int) -> None:
         if stamp != server.stamp:
             return
-        for seq in server.finish(now):
+        prompt = self.s.prompt_tokens
+        done, end = server.finish(now)
+        for seq in done:
             g = seq.group
             g.remaining -= 1
-            g.tokens += seq.tokens + seq.context - self.s.prompt_tokens
-            g.version = min(g.version, seq.version)
+            g.tokens += seq.tokens + seq.context - prompt
+            if seq.version < g.version:
+                g.version = seq.version
             if g.remaining == 0:
                 server.groups -= 1
                 heapq.heappush(self.least, (server.groups, server.idx))
-                self.r.group_latency(now - g.started)
+                g.done = now
+                self.r.latencies.append(now - g.started)
                 self.at(now + self.s.group_overhead_s, self.on_scored, g)
-        self.schedule(server, now)
+        server.stamp += 1
+        if end is not None:
+            heapq.heappush(self.events, (end, next(self.order), self.on_server_, (server, server.stamp)))
 
     def on_scored(self, now: float, group: Group) -> None:
         self.queue.append(group)
@@ -116,6 +140,7 @@ class Pipeline:
         while self.queue and not self.writing:
             g = self.queue.popleft()
             self.pending -= 1
+            self.r.outside.append((self.step, now - g.done))
             if g.version < oldest_allowed_version(self.step, self.s.max_async_level):
                 self.dropped += self.s.group_size
             else:

@@ -26,6 +26,9 @@ class Result:
     train_spans: list[tuple[int, float, float, float]] = field(default_factory=list)
     load_spans: list[tuple[int, float, float]] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    # (step, seconds from its last sample's end until the assembler took it): scoring, the queue
+    outside: list[tuple[int, float]] = field(default_factory=list)
+    guard_idle_slot_s: dict[int, float] = field(default_factory=dict)  # per step being assembled
     dropped: int = 0
     server_busy_s: float = 0.0
     server_frozen_s: float = 0.0
@@ -58,9 +61,6 @@ class Result:
 
     def load(self, version: int, start: float, end: float) -> None:
         self.load_spans.append((version, start, end))
-
-    def group_latency(self, seconds: float) -> None:
-        self.latencies.append(seconds)
 
     def finish(self, servers: list[Server], dropped: int) -> None:
         self.dropped = dropped
@@ -113,6 +113,22 @@ class Result:
             "inference held (prefill, loads)": min(self.server_frozen_s / wall, 1.0),
             "trainer busy": sum(p - s for _, s, _, p in self.train_spans) / max(self.end, 1e-12),
         }
+
+    def guard_idle(self, step: int, slot_s: float) -> None:
+        self.guard_idle_slot_s[step] = self.guard_idle_slot_s.get(step, 0.0) + slot_s
+
+    def guard_share(self) -> float:
+        """The share of the slot-seconds (`max_inflight` over the counted steps) the η guard left empty."""
+        k, n = self.first_counted(), max(self.written_at)
+        span = self.written_at[n] - self.written_at[k]
+        idle = sum(v for step, v in self.guard_idle_slot_s.items() if k < step <= n)
+        return idle / (span * self.setup.max_inflight) if span > 0 else 0.0
+
+    def outside_per_group(self) -> float:
+        """Mean seconds a group of the counted steps spent pending but off the servers."""
+        k = self.first_counted()
+        counted = [s for step, s in self.outside if step > k]
+        return sum(counted) / len(counted) if counted else 0.0
 
     def concurrency(self) -> float:
         """Requests on the servers, on average over the run."""

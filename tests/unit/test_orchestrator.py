@@ -20,13 +20,14 @@ from orchestrator.loop import FailedGroups, Orchestrator, first_user_error, to_t
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.rollout import single_turn
 from orchestrator.sample import Sample
+from orchestrator.stats import GuardWaits
 from shared.admin_api import WeightsInfo
 from shared.batch import publish_batch
 from shared.config import load_config
 from shared.digest import version_digest
 from shared.errors import TriadError, WaitTimeout
 from shared.net import free_port
-from shared.rundir import RunDir
+from shared.rundir import ORCHESTRATOR, RunDir
 from shared.waiting import async_wait_for
 from tests.fake_openai import FakeServer
 
@@ -155,6 +156,43 @@ def test_generation_waits_for_fresh_weights(tmp_path):
             await close(orch)
 
         asyncio.run(run())
+
+
+def test_the_eta_guards_wait_is_recorded_in_the_steps_row(tmp_path):
+    """η = 0, 10 slots: once batch 1's 4 groups have started, batch 2's wait for version 1. The
+    guard's clock is a fake one that only the test moves: 3 s pass once batch 1 is written (10
+    slots free), then version 1 comes; batch 2's 4 groups start and batch 3's wait for version 2
+    (6 slots free) while 7 s pass; batch 2's row has both waits, batch 1's none."""
+    with FakeServer() as fake:
+        clock = [100.0]
+
+        async def run() -> list[dict]:
+            orch = make(
+                tmp_path, [fake.url], "orchestrator.max_inflight=10", "max_steps=10", "max_async_level=0"
+            )
+            orch.guard = GuardWaits(clock=lambda: clock[0])
+            producer = asyncio.create_task(orch.produce())
+            last = time.monotonic()
+            batch, dropped, filtered = await orch.assemble(1)
+            await orch.finish_step(1, batch, dropped, filtered, last, time.monotonic())
+            clock[0] += 3.0
+            set_version(orch, 1)
+            await orch.notify()
+
+            async def started() -> bool | None:
+                return fake.state.requests == 8 or None
+
+            await async_wait_for(started, "batch 2's groups to start", 10, poll=0.005)
+            clock[0] += 7.0
+            batch, dropped, filtered = await orch.assemble(2)
+            await orch.finish_step(2, batch, dropped, filtered, last, time.monotonic())
+            await stop(producer)
+            await close(orch)
+            return orch.rundir.metrics.rows(ORCHESTRATOR)
+
+        rows = asyncio.run(run())
+    assert [r["guard_wait_s"] for r in rows] == [0.0, 3.0 + 7.0]
+    assert [r["guard_idle_slot_s"] for r in rows] == [0.0, 3.0 * 10 + 7.0 * 6]
 
 
 def test_a_failing_server_is_retried_elsewhere_then_taken_out(tmp_path, caplog):

@@ -159,8 +159,10 @@ def test_the_simulator_imports_no_service_and_no_torch():
     assert out.strip() == "[]"
 
 
-def synthetic_run(path) -> None:
-    """A run directory with 30 steps of known phase times (16 x 8 samples of ~7 tokens, 0.2 s a step)."""
+def synthetic_run(path, on_servers: int = 16, guard_slots: float | None = None) -> None:
+    """A run directory with 30 steps of known phase times (16 x 8 samples of ~7 tokens, 0.2 s a step),
+    `on_servers` of the 16 slots on a server throughout and `guard_slots` left empty by the η guard
+    (no guard metric at all: None, as in runs from before it was recorded)."""
     from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
     rundir = RunDir(path)
@@ -171,21 +173,25 @@ def synthetic_run(path) -> None:
     inference = rundir.metrics.writer(INFERENCE, "abc123")
     for step in range(1, 31):
         t = 100 + 0.2 * step
-        spans = [[t - 0.2 + 0.1 * k, 0.1] for k in range(2) for _ in range(16)]  # 16 in flight throughout
+        spans = [[t - 0.2 + 0.1 * k, 0.1] for k in range(2) for _ in range(on_servers)]
         phases = dict(request_latency_s_p50=0.1, assemble_s=0.001, write_batch_s=0.015, request_spans=spans)
-        orch.log(step, time=t, samples=128, tokens=860 + step % 3, truncated_frac=0.01, **phases)
+        if guard_slots is not None:
+            phases.update(guard_wait_s=0.2, guard_idle_slot_s=0.2 * guard_slots)
+        orch.log(
+            step, time=t, samples=128, samples_dropped=0, tokens=860 + step % 3, truncated_frac=0.01, **phases
+        )
         trainer.log(step, time=t + 0.15, tokens=860 + step % 3, read_s=0.01, train_s=0.09, publish_s=0.04)
         inference.log(step, time=t + 0.18, version=step, load_s=0.03)
 
 
 def test_calibration_reads_the_phases_of_a_run(tmp_path):
     from shared.rundir import RunDir
-    from simulate.calibrate import calibrate, measured_concurrency, measured_samples_per_s
+    from simulate.calibrate import calibrate, measured_outside_per_group, measured_samples_per_s
 
     synthetic_run(tmp_path)
     rundir = RunDir(tmp_path)
     assert measured_samples_per_s(rundir) == pytest.approx(640.0)
-    assert measured_concurrency(rundir) == pytest.approx(16.0)
+    assert measured_outside_per_group(rundir) == pytest.approx((0.0, 0.0))
     s = calibrate(rundir)
     assert s.trainer.train_s(860, 1) == pytest.approx(0.1) and s.trainer.train_s(5000, 1) == pytest.approx(
         0.1
@@ -198,3 +204,37 @@ def test_calibration_reads_the_phases_of_a_run(tmp_path):
     r = run_triad("simulate", "--from", str(tmp_path), "--steps", "20")
     assert r.returncode == 0, r.stderr
     assert "measured 640.0 samples/s at η=1" in r.stdout and "η=2:" in r.stdout
+
+
+def test_calibration_subtracts_the_eta_guards_empty_slots(tmp_path):
+    """12 of 16 slots on a server, 2 held empty by the guard: the other 2 slots x 0.2 s per step,
+    over 16 groups a step, are 0.025 s a group off the servers; the fit reproduces that. The same
+    run without the guard's metric reads the guard's slots as overhead too (0.05 s)."""
+    from shared.rundir import RunDir
+    from simulate.calibrate import calibrate, measured_outside_per_group
+
+    synthetic_run(tmp_path / "guard", on_servers=12, guard_slots=2)
+    rundir = RunDir(tmp_path / "guard")
+    assert measured_outside_per_group(rundir) == pytest.approx((0.025, 2 / 16))
+    s = calibrate(rundir)
+    assert simulate(s.with_(max_steps=30)).outside_per_group() == pytest.approx(0.025, rel=0.1)
+    assert 0 < s.group_overhead_s <= 0.025
+    synthetic_run(tmp_path / "old", on_servers=12)
+    assert measured_outside_per_group(RunDir(tmp_path / "old")) == pytest.approx((0.05, 0.0))
+
+
+def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlined():
+    """The server's hot paths (finish, abort and resubmit) were rewritten for speed with the same
+    arithmetic in the same order: these are the figures of the code before, to the last bit. A
+    change to the model itself changes them, and is then a change to say."""
+    from simulate.scenario import Scenario
+
+    sc = Scenario(gpus=16, params=7e9, max_tokens=8192, batch_prompts=16, group_size=8, steps=8)
+    r = simulate(sc.split(12, 2, "abort"))
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (2.049817177814364, 416.7188887766392, 112)
+    assert (sum(r.latencies), r.tokens[8]) == (11228.164661823173, 394652)
+    r = simulate(sc.split(12, 1, "keep"))
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.636169539614753, 570.2592725888384, 112)
+    assert (sum(r.latencies), r.tokens[8]) == (10777.773788089098, 434730)
+    r = simulate(sc.colocated_sync())
+    assert (r.samples_per_s(), r.written_at[8]) == (1.299830839313965, 783.8373431780371)

@@ -14,6 +14,7 @@ private directory (`work`), which vLLM's reload then reads like any published ve
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,10 +28,21 @@ from shared.delta import DeltaMismatch, apply, from_words, to_words
 from shared.digest import tensor_digest, version_digest
 from shared.errors import TriadError
 from shared.faults import INFERENCE_MID_APPLY, failpoint
+from shared.objectcache import sweep_dead_dirs
 from shared.rundir import DeltaFiles, Marker, RunDir, pull_step_dir
 from shared.tmpname import TMP_PREFIX
 
 log = logging.getLogger("triad.inference")
+WORK_PREFIX = "triad-deltas-"  # + "<pid>-<random>": a server's private directory of rebuilt versions
+
+
+def work_dir(parent: Path | None = None) -> Path:
+    """A new private directory for this process's rebuilt versions, in the system's temporary
+    directory; the directories of processes gone (a server killed mid-run) are removed first."""
+    parent = parent or Path(tempfile.gettempdir())
+    if sweep_dead_dirs(parent.glob(f"{WORK_PREFIX}*"), WORK_PREFIX):
+        log.info("removed the rebuilt weights of servers gone from %s", parent)
+    return Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent))
 
 
 class ChainBroken(TriadError):
@@ -73,7 +85,7 @@ class DeltaChain:
 
     def __init__(self, rundir: RunDir, work: Path | None = None) -> None:
         self.rundir, self.files = rundir, DeltaFiles(rundir.weights)
-        self.work = work or Path(tempfile.mkdtemp(prefix="triad-deltas-"))
+        self.work = work or work_dir()
         self.held: tuple[int, Path, str] | None = None  # version, directory, version digest
 
     def served(self, version: int, directory: Path | None, digest: str | None) -> None:

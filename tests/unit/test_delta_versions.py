@@ -198,8 +198,8 @@ def test_a_new_work_directory_removes_those_of_servers_gone(tmp_path: Path) -> N
     live = tmp_path / f"triad-deltas-{os.getppid()}-def"
     other = tmp_path / f"triad-other-{gone.pid}-x"
     for d in (dead, live, other):
-        (d / "step_3").mkdir(parents=True)
-        (d / "step_3" / "model.safetensors").write_bytes(b"x" * 64)
+        (d / "rebuilt").mkdir(parents=True)
+        (d / "rebuilt" / "tensors.bin").write_bytes(b"x" * 64)
     work = work_dir(tmp_path)
     assert not dead.exists()
     assert live.is_dir() and other.is_dir()

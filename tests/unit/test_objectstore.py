@@ -349,7 +349,7 @@ def test_metadata_copies_in_a_bucket_are_whole_or_none(store):
     leaves none of the others behind."""
     from shared.rundir.steps import Steps
 
-    weights = Steps(store, "weights")
+    weights = Steps(store, "some-kind")
     names = [f"file{i}.json" for i in range(6)]
     for name in names:
         store.write_bytes(weights.key(1, name), name.encode())

@@ -85,13 +85,20 @@ class DeltaChain:
 
     def __init__(self, rundir: RunDir, work: Path | None = None) -> None:
         self.rundir, self.files = rundir, DeltaFiles(rundir.weights)
-        self.work = work or work_dir()
+        self._work = work  # made on the first rebuild: a server that never rebuilds leaves nothing
         self.held: tuple[int, Path, str] | None = None  # version, directory, version digest
+
+    @property
+    def work(self) -> Path:
+        """This server's private directory of rebuilt versions (`work_dir`)."""
+        if self._work is None:
+            self._work = work_dir()
+        return self._work
 
     def served(self, version: int, directory: Path | None, digest: str | None) -> None:
         """After a load: what the server now holds; rebuilt versions older than it are removed."""
         self.held = (version, directory, digest) if directory is not None and digest else None
-        for old in self.work.iterdir() if self.work.is_dir() else []:
+        for old in self._work.iterdir() if self._work is not None and self._work.is_dir() else []:
             if directory is None or old != directory:
                 shutil.rmtree(old, ignore_errors=True)
 

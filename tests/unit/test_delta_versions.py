@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,13 @@ def test_a_new_work_directory_removes_those_of_servers_gone(tmp_path: Path) -> N
     assert live.is_dir() and other.is_dir()
     assert work.is_dir() and work.name.startswith(f"triad-deltas-{os.getpid()}-")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, work.name])
+
+
+def test_a_chain_makes_its_work_directory_only_when_it_rebuilds(tmp_path: Path, monkeypatch) -> None:
+    """Every server (and every test) makes a `DeltaChain`; one that never rebuilds a delta leaves
+    no directory behind in the system's temporary directory."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    chain = DeltaChain(RunDir(tmp_path / "run"))
+    chain.served(3, None, None)
+    assert list(tmp_path.glob("triad-deltas-*")) == []
+    assert chain.work.parent == tmp_path and chain.work.name.startswith(f"triad-deltas-{os.getpid()}-")

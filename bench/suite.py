@@ -20,6 +20,8 @@
    (`bench/adapter_handoff.py`).
 7. LoRA sharing: samples/s of one LoRA run alone on a server against two runs sharing it
    (`bench/lora_sharing.py`).
+   Delta versions against full snapshots through an object store: bytes per version and
+   hand-off at 5M, 50M and 200M (`bench/weight_deltas.py`; `--only weight_deltas`).
 8. a peer: TRL's GRPOTrainer on the same model, task and batch shape, in its own
    virtual environment (`bench/trl_compare.py`).
 Median over steps after a warm-up; spread as the interquartile range.
@@ -295,6 +297,7 @@ def markdown(results: dict) -> str:
         )
     rows += start_rows(results)
     rows += store_rows(results)
+    rows += delta_rows(results)
     lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
     again = "".join(
@@ -419,6 +422,26 @@ def store_rows(results: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def delta_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """Delta versions against full snapshots through the object store (`bench/weight_deltas.py`)."""
+    r = results.get("weight_deltas") or {}
+    rows = []
+    for size in ("5M", "50M", "200M"):
+        d = r.get(size)
+        if d and "delta_bytes" in d:
+            goal = "; goal: >= 10x, < 7 s" if size == "50M" else ""
+            rows.append(
+                (
+                    f"delta vs full versions through the object store, {size} bf16 (bytes; hand-off)",
+                    f"{d['delta_bytes'] / 1e6:.2f} MB; {d['delta_hand_off_s']:.2f} s",
+                    f"full {d['full_bytes'] / 1e6:.1f} MB; {d['full_hand_off_s']:.2f} s",
+                    f"{d['bytes_full_over_delta']:.1f}x fewer bytes, "
+                    f"{d['hand_off_full_over_delta']:.1f}x faster{goal}",
+                )
+            )
+    return rows
+
+
 SEPARATE = {  # figures that can be re-measured alone (--only), each from its own script
     "trainer": run_trainer_throughput,
     "orchestrator": lambda workdir: run_module("bench.orchestrator_overhead"),
@@ -432,6 +455,7 @@ SEPARATE = {  # figures that can be re-measured alone (--only), each from its ow
     "adapter_handoff": lambda workdir: run_module("bench.adapter_handoff", str(workdir / "adapter")),
     "inference_start": lambda workdir: run_module("bench.inference_start", str(workdir / "start")),
     "lora_sharing": lambda workdir: run_module("bench.lora_sharing", str(workdir / "lora-sharing")),
+    "weight_deltas": lambda workdir: run_module("bench.weight_deltas", str(workdir / "deltas")),
 }
 TOGETHER = {"asynchrony": run_asynchrony_and_handoff}  # figures measured together (asynchrony + hand-off)
 
@@ -457,6 +481,7 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
         results["object_store"] = SEPARATE["object_store"](workdir)
         results["adapter_handoff"] = SEPARATE["adapter_handoff"](workdir)
         results["lora_sharing"] = SEPARATE["lora_sharing"](workdir)
+        results["weight_deltas"] = SEPARATE["weight_deltas"](workdir)
     if not args.skip_peer:
         results["trl"] = SEPARATE["trl"](workdir)
     return results

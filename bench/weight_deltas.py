@@ -12,7 +12,9 @@ plays the orchestrator). Per version: the bytes the step directory holds (its ma
 `bytes`: metadata, then safetensors or the delta), the delta's share of changed words, and the
 hand-off (from the trainer starting to publish to the server's answer). Figures are medians
 over the snapshot versions after the first (or the first, if it is the only one) and over the
-delta versions.
+delta versions; for the delta versions also the medians of the trainer's publish phases
+(`publish_s`, `gather_s`, `write_s`, `mark_s`) and of the server's load (`load_s`), and the
+load average at the end of each size's run (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from pathlib import Path
 from bench.weight_transport import SIZES, build_model, post, start_trainer
 from shared.admin_api import WEIGHTS_ROUTE
 from shared.delta import changed_words
-from shared.rundir import TRAINER, DeltaFiles, RunDir
+from shared.rundir import INFERENCE, TRAINER, DeltaFiles, RunDir
 
 BUCKET = "bench"
 GOAL = "at 50M: >= 10x fewer bytes per version and a hand-off < 7 s"
+TRAINER_PHASES = ("publish_s", "gather_s", "write_s", "mark_s", "train_s")  # the trainer's metrics
 
 
 def run_size(workdir: Path, size: str, versions: int, every: int, keep: int = 3) -> dict:
@@ -73,7 +76,12 @@ def run_size(workdir: Path, size: str, versions: int, every: int, keep: int = 3)
             trainer.kill()
         server.stop()
     for r in rundir.metrics.rows(TRAINER):
-        rows[r["step"]]["hand_off_s"] = rows[r["step"]]["served"] - (r["time"] - r["publish_s"])
+        row = rows[r["step"]]
+        row["hand_off_s"] = row["served"] - (r["time"] - r["publish_s"])
+        row.update({key: r[key] for key in TRAINER_PHASES if key in r})
+    for r in rundir.metrics.rows(INFERENCE):
+        if r.get("version") in rows and "load_s" in r:
+            rows[r["version"]]["load_s"] = r["load_s"]  # vLLM's reload of the rebuilt files
     return summarize(params, versions, every, rows)
 
 
@@ -94,6 +102,10 @@ def summarize(params: int, versions: int, every: int, rows: dict[int, dict]) -> 
         out["delta_hand_off_s"] = statistics.median(r["hand_off_s"] for r in delta)
         out["bytes_full_over_delta"] = out["full_bytes"] / out["delta_bytes"]
         out["hand_off_full_over_delta"] = out["full_hand_off_s"] / out["delta_hand_off_s"]
+        for key in (*TRAINER_PHASES, "load_s"):  # where a delta version's hand-off goes
+            if all(key in r for r in delta):
+                out[f"delta_{key}"] = statistics.median(r[key] for r in delta)
+    out["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]  # at the end of this size's run
     return out
 
 

@@ -14,6 +14,7 @@ private directory (`work`), which vLLM's reload then reads like any published ve
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,10 +28,21 @@ from shared.delta import DeltaMismatch, apply, from_words, to_words
 from shared.digest import tensor_digest, version_digest
 from shared.errors import TriadError
 from shared.faults import INFERENCE_MID_APPLY, failpoint
+from shared.objectcache import sweep_dead_dirs
 from shared.rundir import DeltaFiles, Marker, RunDir, pull_step_dir
 from shared.tmpname import TMP_PREFIX
 
 log = logging.getLogger("triad.inference")
+WORK_PREFIX = "triad-deltas-"  # + "<pid>-<random>": a server's private directory of rebuilt versions
+
+
+def work_dir(parent: Path | None = None) -> Path:
+    """A new private directory for this process's rebuilt versions, in the system's temporary
+    directory; the directories of processes gone (a server killed mid-run) are removed first."""
+    parent = parent or Path(tempfile.gettempdir())
+    if sweep_dead_dirs(parent.glob(f"{WORK_PREFIX}*"), WORK_PREFIX):
+        log.info("removed the rebuilt weights of servers gone from %s", parent)
+    return Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent))
 
 
 class ChainBroken(TriadError):
@@ -73,13 +85,20 @@ class DeltaChain:
 
     def __init__(self, rundir: RunDir, work: Path | None = None) -> None:
         self.rundir, self.files = rundir, DeltaFiles(rundir.weights)
-        self.work = work or Path(tempfile.mkdtemp(prefix="triad-deltas-"))
+        self._work = work  # made on the first rebuild: a server that never rebuilds leaves nothing
         self.held: tuple[int, Path, str] | None = None  # version, directory, version digest
+
+    @property
+    def work(self) -> Path:
+        """This server's private directory of rebuilt versions (`work_dir`)."""
+        if self._work is None:
+            self._work = work_dir()
+        return self._work
 
     def served(self, version: int, directory: Path | None, digest: str | None) -> None:
         """After a load: what the server now holds; rebuilt versions older than it are removed."""
         self.held = (version, directory, digest) if directory is not None and digest else None
-        for old in self.work.iterdir() if self.work.is_dir() else []:
+        for old in self._work.iterdir() if self._work is not None and self._work.is_dir() else []:
             if directory is None or old != directory:
                 shutil.rmtree(old, ignore_errors=True)
 

@@ -38,21 +38,33 @@ class DeltaMismatch(ValueError):
 
 
 def _planes(raw: Any, itemsize: int) -> Any:
+    """Words split into byte planes (an `itemsize` x n uint8 array), a plane at a time: a
+    strided read into contiguous rows, about twice as fast as copying the transposed view."""
     import numpy as np
 
-    return np.ascontiguousarray(raw.view(np.uint8).reshape(-1, itemsize).T)
+    columns = raw.view(np.uint8).reshape(-1, itemsize)
+    out = np.empty((itemsize, len(columns)), np.uint8)
+    for byte in range(itemsize):
+        out[byte] = columns[:, byte]
+    return out
 
 
 def _unplanes(planes: Any, itemsize: int, dtype: str) -> Any:
+    """The inverse of `_planes`: byte planes back into a flat array of `dtype` words."""
     import numpy as np
 
-    return np.ascontiguousarray(planes.reshape(itemsize, -1).T).view(dtype).reshape(-1)
+    rows = planes.reshape(itemsize, -1)
+    out = np.empty((rows.shape[1], itemsize), np.uint8)
+    for byte in range(itemsize):
+        out[:, byte] = rows[byte]
+    return out.view(dtype).reshape(-1)
 
 
 def _compress(data: Any) -> bytes:
+    """zstd of a contiguous array's bytes (read in place, no copy)."""
     import pyarrow as pa
 
-    return pa.Codec(CODEC, compression_level=LEVEL).compress(data.tobytes(), asbytes=True)
+    return pa.Codec(CODEC, compression_level=LEVEL).compress(data.reshape(-1), asbytes=True)
 
 
 def _decompress(data: bytes, size: int) -> Any:
@@ -92,8 +104,8 @@ def pack(base: Mapping[str, Any], new: Mapping[str, Any]) -> bytes:
         gaps.append(np.diff(where, prepend=0).astype(np.uint32))
         values.setdefault(now.itemsize, []).append(old[where] ^ now[where])
     gap_raw = _planes(np.concatenate(gaps) if gaps else np.zeros(0, np.uint32), 4)
-    value_raw = [_planes(np.concatenate(v), size) for size, v in sorted(values.items())]
-    value_raw = np.concatenate([v.reshape(-1) for v in value_raw]) if value_raw else np.zeros(0, np.uint8)
+    value_raw = [_planes(np.concatenate(v), size).reshape(-1) for size, v in sorted(values.items())]
+    value_raw = np.concatenate(value_raw) if len(value_raw) > 1 else (value_raw or [np.zeros(0, np.uint8)])[0]
     streams = [_compress(gap_raw), _compress(value_raw)]
     header = {"tensors": tensors, "codec": CODEC,
               "sizes": [[len(streams[0]), gap_raw.size], [len(streams[1]), value_raw.size]]}  # fmt: skip
@@ -124,14 +136,14 @@ def apply(base: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
     gaps = _decompress(blob[at : at + gap_packed], gap_size)
     values = _decompress(blob[at + gap_packed : at + gap_packed + value_packed], value_size)
     check_pair(base, {t["name"]: _Shape(t) for t in header["tensors"]})
-    positions = _unplanes(gaps, 4, "uint32").astype(np.int64)
+    positions = _unplanes(gaps, 4, "uint32")
     xor_by_size, out, offset = _split_values(header["tensors"], values), dict(base), 0
     taken: dict[int, int] = {}
     for t in header["tensors"]:
         count, size = t["changed"], t["itemsize"]
         if count == 0:
             continue
-        where = np.cumsum(positions[offset : offset + count])
+        where = np.cumsum(positions[offset : offset + count], dtype=np.int64)
         xor = xor_by_size[size][taken.get(size, 0) : taken.get(size, 0) + count]
         taken[size] = taken.get(size, 0) + count
         offset += count

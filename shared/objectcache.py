@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
@@ -32,14 +32,22 @@ def sweep_dead_tmp(cache: Path) -> list[Path]:
     """Remove the `.tmp-<pid>-...` directories under `cache` whose process (on this machine)
     is gone: a writer or fetcher killed mid-way leaves them behind. Those of live processes
     stay. Returns what was removed."""
-    swept = []
-    for tmp in sorted(cache.rglob(f"{TMP_PREFIX}*")) if cache.is_dir() else []:
-        pid = tmp.name.removeprefix(TMP_PREFIX).split("-")[0]
-        if tmp.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-            swept.append(tmp)
+    swept = sweep_dead_dirs(cache.rglob(f"{TMP_PREFIX}*") if cache.is_dir() else [], TMP_PREFIX)
     if swept:
         log.info("swept %d directories of dead processes from the cache %s", len(swept), cache)
+    return swept
+
+
+def sweep_dead_dirs(candidates: Iterable[Path], prefix: str) -> list[Path]:
+    """Remove the directories among `candidates` named `<prefix><pid>-...` whose process (on
+    this machine) is gone; those of live processes, and anything else, stay. Returns what was
+    removed."""
+    swept = []
+    for path in sorted(candidates):
+        pid = path.name.removeprefix(prefix).split("-")[0]
+        if path.name.startswith(prefix) and path.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            swept.append(path)
     return swept
 
 

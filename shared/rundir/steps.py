@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -149,16 +150,19 @@ class Steps:
         return doomed
 
     def copy_files(self, source: int, step: int, names: list[str]) -> bool:
-        """Files `names` of step `source` into step `step` (hard links on a local store); False,
-        with none of them left in `step`, if any is missing in `source`."""
-        done = []
-        for name in names:
-            if not self.store.copy(self.key(source, name), self.key(step, name)):
-                for copied in done:  # never leave a link that a later write could truncate in place
-                    self.store.remove(self.key(step, copied))
-                return False
-            done.append(name)
-        return True
+        """Files `names` of step `source` into step `step` (hard links on a local store; in an
+        object store server-side copies, all at once: each is a round trip); False, with none of
+        them left in `step`, if any is missing in `source`."""
+        if not names:
+            return True
+        with ThreadPoolExecutor(min(len(names), 8), thread_name_prefix="triad-copy") as pool:
+            copied = list(pool.map(lambda n: self.store.copy(self.key(source, n), self.key(step, n)), names))
+        if all(copied):
+            return True
+        for name, done in zip(names, copied, strict=True):
+            if done:  # never leave a link that a later write could truncate in place
+                self.store.remove(self.key(step, name))
+        return False
 
     def size(self, step: int) -> int:
         return self.store.size(self.key(step))

@@ -7,7 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from shared.delta import DeltaMismatch, apply, changed_words, from_words, pack, to_words
+from shared.delta import (
+    DeltaMismatch,
+    _planes,
+    _unplanes,
+    apply,
+    changed_words,
+    from_words,
+    pack,
+    read_header,
+    to_words,
+)
 
 
 def bf16_versions(seed: int, shapes: dict[str, tuple[int, ...]], share: float):
@@ -80,3 +90,45 @@ def test_a_delta_refuses_a_base_of_other_tensors_or_sizes():
         pack(base, {**new, "extra": np.zeros(1, np.uint16)})
     with pytest.raises(DeltaMismatch, match="bad magic"):
         apply(base, b"not a delta")
+
+
+def reference_planes(words: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(words.view(np.uint8).reshape(-1, words.itemsize).T).reshape(-1)
+
+
+def test_the_streams_hold_gaps_and_xors_as_byte_planes_in_the_documented_layout():
+    """The wire format, byte for byte before compression: positions as uint32 gaps (the first
+    absolute), then the XORs in element-size order, each stream split into byte planes."""
+    import pyarrow as pa
+
+    base, new = bf16_versions(7, {**SHAPES, "big": (300, 70)}, 0.2)
+    gen = torch.Generator().manual_seed(3)
+    master = torch.randn(40, generator=gen)
+    base["fp32"], new["fp32"] = (
+        to_words(master),
+        to_words(master + (torch.rand(40, generator=gen) < 0.5) * 1e-3),
+    )
+    blob = pack(base, new)
+    header, at = read_header(blob)
+    (gap_packed, gap_size), (value_packed, value_size) = header["sizes"]
+    codec = pa.Codec(header["codec"])
+    gaps = codec.decompress(blob[at : at + gap_packed], decompressed_size=gap_size, asbytes=True)
+    values = codec.decompress(blob[at + gap_packed :], decompressed_size=value_size, asbytes=True)
+    assert at + gap_packed + value_packed == len(blob)
+    names = sorted(new)
+    where = {n: np.flatnonzero(base[n] != new[n]) for n in names}
+    expected_gaps = np.concatenate([np.diff(where[n], prepend=0).astype(np.uint32) for n in names])
+    xors = {size: np.concatenate([(base[n] ^ new[n])[where[n]] for n in names if new[n].itemsize == size])
+            for size in (2, 4)}  # fmt: skip
+    assert gaps == reference_planes(expected_gaps).tobytes()
+    assert values == reference_planes(xors[2]).tobytes() + reference_planes(xors[4]).tobytes()
+    assert [t["name"] for t in header["tensors"]] == names
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+def test_byte_planes_match_the_transpose_and_invert(dtype):
+    words = np.random.default_rng(1).integers(0, np.iinfo(dtype).max, 1001, dtype=dtype, endpoint=True)
+    planes = _planes(words, words.itemsize)
+    assert planes.reshape(-1).tobytes() == reference_planes(words).tobytes()
+    assert np.array_equal(_unplanes(planes.reshape(-1), words.itemsize, words.dtype.name), words)
+    assert _planes(words[:0], words.itemsize).size == 0

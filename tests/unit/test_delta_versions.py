@@ -5,6 +5,10 @@ the files it is given, as vLLM's does) rebuilds every version exactly."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from inference.admin import WeightManager
-from inference.deltas import DeltaChain
+from inference.deltas import DeltaChain, work_dir
 from inference.worker_extension import iter_safetensors
 from shared.admin_api import LoadWeightsRequest
 from shared.delta import changed_words
@@ -184,3 +188,31 @@ def test_every_version_of_30_rebuilds_bit_for_bit_for_a_joiner(tmp_path, every):
         assert all(torch.equal(engine.loaded[n], t) for n, t in state.items()), version
         snapshot = version % every == 0 or version % 7 == 0 or version == 1
         assert (getattr(rundir.weights.marker(version, RUN_ID), "delta_base", None) is None) == snapshot
+
+
+def test_a_new_work_directory_removes_those_of_servers_gone(tmp_path: Path) -> None:
+    """A server killed mid-run leaves its `triad-deltas-<pid>-*` directory (a rebuilt version of
+    the model's size); the next one removes it, and keeps those of live servers."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"triad-deltas-{gone.pid}-abc"
+    live = tmp_path / f"triad-deltas-{os.getppid()}-def"
+    other = tmp_path / f"triad-other-{gone.pid}-x"
+    for d in (dead, live, other):
+        (d / "rebuilt").mkdir(parents=True)
+        (d / "rebuilt" / "tensors.bin").write_bytes(b"x" * 64)
+    work = work_dir(tmp_path)
+    assert not dead.exists()
+    assert live.is_dir() and other.is_dir()
+    assert work.is_dir() and work.name.startswith(f"triad-deltas-{os.getpid()}-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, work.name])
+
+
+def test_a_chain_makes_its_work_directory_only_when_it_rebuilds(tmp_path: Path, monkeypatch) -> None:
+    """Every server (and every test) makes a `DeltaChain`; one that never rebuilds a delta leaves
+    no directory behind in the system's temporary directory."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    chain = DeltaChain(RunDir(tmp_path / "run"))
+    chain.served(3, None, None)
+    assert list(tmp_path.glob("triad-deltas-*")) == []
+    assert chain.work.parent == tmp_path and chain.work.name.startswith(f"triad-deltas-{os.getpid()}-")

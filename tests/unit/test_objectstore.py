@@ -342,3 +342,19 @@ def test_a_directory_travels_in_one_threaded_copy_each_way_marker_last(store, mo
     assert calls == [True, True]
     assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name != "marker.json"} == files
     assert (copy / "marker.json").read_bytes() == b"marker"
+
+
+def test_metadata_copies_in_a_bucket_are_whole_or_none(store):
+    """The metadata files of a version are copied server-side all at once; one missing source
+    leaves none of the others behind."""
+    from shared.rundir.steps import Steps
+
+    weights = Steps(store, "some-kind")
+    names = [f"file{i}.json" for i in range(6)]
+    for name in names:
+        store.write_bytes(weights.key(1, name), name.encode())
+    assert weights.copy_files(1, 2, names) is True
+    assert {n: store.read_bytes(weights.key(2, n)) for n in names} == {n: n.encode() for n in names}
+    assert weights.copy_files(1, 3, [*names[:3], "missing.json", *names[3:]]) is False
+    assert store.children(weights.key(3), dirs=False) == []
+    assert weights.copy_files(1, 4, []) is True

@@ -3,6 +3,11 @@
     triad inference -c config.toml
     triad inference -c config.toml --join     also join the run's fleet (see `shared/fleet.py`)
 
+With `orchestrator.backend = "vllm"` it starts a stock `vllm serve` instead (`stock_vllm_cmd`):
+vLLM's RL routes (`VLLM_SERVER_DEV_MODE=1`) with triad's `triad_disk` weight-transfer engine,
+which vLLM finds through its plugin entry point. Those routes have no authentication: the server
+must listen on loopback.
+
 vLLM's own routes are served unchanged. The app is assembled from vLLM's
 public launcher pieces (engine client, app builder, app state, HTTP server)
 with the admin router added; new weights are loaded by the worker extension
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import uuid
 from argparse import Namespace
 from collections.abc import AsyncIterator, Callable
@@ -25,11 +31,13 @@ from urllib.parse import urlsplit
 from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
+from shared.families import chat_template_of, parsers_for
 from shared.fleet import Registration, default_url
 from shared.logs import restore_root_levels, root_levels
 from shared.rundir import INFERENCE, RunDir
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
+STOCK_ENGINE = '{"backend": "triad_disk"}'  # inference/vllm_engine.py, registered by its entry point
 
 
 def check_admin_exposure(host: str, token: str | None) -> None:
@@ -64,6 +72,31 @@ def eager(requested: bool | str, cpu_build: Callable[[], bool]) -> bool:
     return cpu_build() if requested == "auto" else bool(requested)
 
 
+def parser_args(cfg: TriadConfig, model_path: str) -> list[str]:
+    """vLLM's tool-call and reasoning parsers for the model (`orchestrator.tool_parser` and
+    `reasoning_parser`, `auto` by its chat template), which `/v1/chat/completions/derender` applies."""
+    oc = cfg.orchestrator
+    tool, reasoning = parsers_for(chat_template_of(Path(model_path)), oc.tool_parser, oc.reasoning_parser)
+    args = ["--enable-auto-tool-choice", "--tool-call-parser", tool] if tool else []
+    return args + (["--reasoning-parser", reasoning] if reasoning else [])
+
+
+def check_parsers(args: Namespace) -> None:
+    """Unknown parser names fail here in one line, not inside vLLM's start."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    for option, name, manager, known in (
+        ("tool_parser", args.tool_call_parser, ToolParserManager, "tool_parsers"),
+        ("reasoning_parser", args.reasoning_parser, ReasoningParserManager, "reasoning_parsers"),
+    ):
+        names = sorted(manager.list_registered())
+        if name and name not in names:
+            raise TriadError(
+                f"orchestrator.{option} = {name!r} is not one of this vLLM's {known}: {', '.join(names)}"
+            )
+
+
 def vllm_cli_args(
     cfg: TriadConfig, model_path: str, cpu_build: Callable[[], bool] = on_cpu_build
 ) -> list[str]:
@@ -78,10 +111,57 @@ def vllm_cli_args(
         "--worker-extension-cls", WORKER_EXTENSION,
         "--logprobs-mode", "processed_logprobs",
         "--disable-uvicorn-access-log",
+        "--enable-scale-out",  # render, derender: chat rollouts in the model's own formats
+        *parser_args(cfg, model_path),
         *(["--max-model-len", str(inf.max_model_len)] if inf.max_model_len else []),
         *(["--enforce-eager"] if eager(inf.enforce_eager, cpu_build) else []),
         *inf.vllm_args,
     ]  # fmt: skip
+
+
+def stock_vllm_cmd(
+    cfg: TriadConfig, model_path: str, cpu_build: Callable[[], bool] = on_cpu_build
+) -> list[str]:
+    """`vllm serve` as triad's launcher would start it, without triad's worker extension, with
+    triad's weight-transfer engine; TriadError if it would listen beyond loopback."""
+    args = vllm_cli_args(cfg, model_path, cpu_build)
+    at = args.index("--worker-extension-cls")
+    args = args[:at] + args[at + 2 :]
+    parsed = parse_vllm_args(args)
+    host = parsed.host or "0.0.0.0"
+    if host not in LOOPBACK_HOSTS:
+        raise TriadError(
+            f"orchestrator.backend = 'vllm' would serve vLLM's unauthenticated RL routes on {host!r}: "
+            "set inference.host = '127.0.0.1', or use backend 'triad' with inference.admin_token"
+        )
+    serve = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]  # the `vllm serve` server
+    return [*serve, *args, "--weight-transfer-config", STOCK_ENGINE]
+
+
+def check_plugin_installed() -> None:
+    """vLLM finds the engine through this distribution's entry point: an install without it
+    (an older `pip install -e .`) would fail only at the first weight update."""
+    from importlib.metadata import entry_points
+
+    from inference.vllm_engine import ENGINE_NAME
+
+    if ENGINE_NAME not in entry_points(group="vllm.general_plugins").names:
+        raise TriadError(
+            f"orchestrator.backend = 'vllm' needs triad's vLLM plugin {ENGINE_NAME!r}, which is not "
+            "installed: run `pip install -e .` in triad's checkout again (pyproject's vllm.general_plugins)"
+        )
+
+
+def run_stock_vllm(cfg: TriadConfig, model_path: str, join: bool) -> None:
+    check_plugin_installed()
+    if join:
+        raise TriadError("--join needs triad's launcher: backend 'vllm' servers are local only")
+    cmd = stock_vllm_cmd(cfg, model_path)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
+    if eager(cfg.inference.enforce_eager, on_cpu_build) and on_cpu_build():
+        env.setdefault("TORCHDYNAMO_DISABLE", "1")  # as `eager_env`
+    os.execve(sys.executable, cmd, env)
 
 
 def eager_env(args: Namespace, cpu_build: Callable[[], bool] = on_cpu_build) -> dict[str, str]:
@@ -164,6 +244,8 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
 
 
 def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None:
+    if cfg.orchestrator.backend == "vllm":
+        run_stock_vllm(cfg, model_path, join)
     from inference.vllm_api import check_launcher
 
     check_launcher()
@@ -171,6 +253,7 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
+    check_parsers(args)
     for name, value in eager_env(args).items():  # read by the engine and worker processes at start
         os.environ.setdefault(name, value)
     check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())

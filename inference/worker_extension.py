@@ -35,6 +35,22 @@ def on_cpu_build() -> bool:
     return current_platform.is_cpu()
 
 
+def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
+    """The CPU build keeps a prepacked copy of a tied `lm_head` that the reload does not
+    refresh; repack it from the (reloaded) embedding. On the CPU build a head without that
+    copy is an unknown vLLM: fail, never serve stale weights."""
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is None or not on_cpu_build():
+        return
+    if not hasattr(lm_head, "cpu_linear"):
+        from inference.vllm_api import CPU_REPACK, missing
+
+        raise missing(f"lm_head.cpu_linear on the CPU build ({CPU_REPACK})")
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+
+
 class TriadWorkerExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's."""
 
@@ -55,7 +71,7 @@ class TriadWorkerExtension:
             self.model_runner.reload_weights(
                 weights_iterator=digesting(iter_safetensors(weights_dir), digests)
             )
-        self._refresh_cpu_lm_head()
+        refresh_cpu_lm_head(self.model_runner.get_model())
         return digests
 
     def triad_broadcast_receive(self, spec: dict) -> dict[str, str]:
@@ -74,23 +90,8 @@ class TriadWorkerExtension:
             self._triad_receiver.close_dialer()
             self._triad_receiver = BroadcastReceiver()  # a broken group is never reused
             raise
-        self._refresh_cpu_lm_head()
+        refresh_cpu_lm_head(self.model_runner.get_model())
         return digests
-
-    def _refresh_cpu_lm_head(self) -> None:
-        """The CPU build keeps a prepacked copy of a tied `lm_head` that the
-        reload does not refresh; repack it from the (reloaded) embedding. On the CPU
-        build a head without that copy is an unknown vLLM: fail, never serve stale weights."""
-        lm_head = getattr(self.model_runner.get_model(), "lm_head", None)
-        if lm_head is None or not on_cpu_build():
-            return
-        if not hasattr(lm_head, "cpu_linear"):
-            from inference.vllm_api import CPU_REPACK, missing
-
-            raise missing(f"lm_head.cpu_linear on the CPU build ({CPU_REPACK})")
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
 
 
 class BroadcastReceiver:

@@ -24,18 +24,24 @@ advantages are taken over the samples of the prompt's group.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.chat import ChatRenderer, check_messages
-from orchestrator.pool import ServerPool
-from orchestrator.rollout import Sample
-from orchestrator.tools import ParsedTurn, assistant_message, parse_tool_calls
+from orchestrator import untrusted
+from orchestrator.chat import ChatRenderer
+from orchestrator.client import RequestRejected
+from orchestrator.environments import env_metrics, score
+from orchestrator.pool import RolloutFailed, ServerPool
+from orchestrator.proxy import AgentProxy
+from orchestrator.sample import Sample
+from orchestrator.tool_calls import assistant_message
+from orchestrator.turns import TurnParser, pool_renderer
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
+
+log = logging.getLogger("triad.orchestrator")
 
 ASSISTANT_KEYS = ("role", "content", "tool_calls")
 
@@ -67,6 +73,7 @@ class Call:
     messages: list[dict]
     reply: dict
     sampled: list[int]
+    ended_on_token: bool = True
 
 
 @dataclass
@@ -75,6 +82,7 @@ class Chain:
 
     tools: list[dict] | None
     renderer: ChatRenderer
+    parser: TurnParser
     sample: Sample = field(default_factory=Sample)
     last: Call | None = None
 
@@ -97,6 +105,7 @@ class AgentEpisode:
     result: Any = None
     calls: list[Call] = field(default_factory=list)
     chains: list[Chain] = field(default_factory=list)
+    failed: str = ""  # why a call failed on the server side: the episode is not an outcome to train on
 
     @property
     def conversation(self) -> list[dict]:
@@ -112,13 +121,8 @@ class EpisodeRecorder:
     """One episode's side of the proxy: turns each chat-completions call into token ids,
     samples it from the pool and records it."""
 
-    def __init__(
-        self,
-        pool: ServerPool,
-        oc: OrchestratorConfig,
-        renderer_for: Callable[[list[dict] | None], ChatRenderer],
-    ) -> None:
-        self.pool, self.oc, self.renderer_for = pool, oc, renderer_for
+    def __init__(self, pool: ServerPool, oc: OrchestratorConfig) -> None:
+        self.pool, self.oc = pool, oc
         self.episode = AgentEpisode()
         self.closed = asyncio.Event()
         self.lock = asyncio.Lock()  # one call at a time: a chain is a sequence
@@ -129,6 +133,7 @@ class EpisodeRecorder:
     async def call(self, messages: list[dict], tools: list[dict] | None, max_tokens: int) -> dict | None:
         """The call's reply; None if the episode ended before it was done (the call is cancelled)."""
         work = asyncio.ensure_future(self.complete(messages, tools, max_tokens))
+        work.add_done_callback(self._note_failure)
         ended = asyncio.ensure_future(self.closed.wait())
         await asyncio.wait({work, ended}, return_when=asyncio.FIRST_COMPLETED)
         ended.cancel()
@@ -137,74 +142,123 @@ class EpisodeRecorder:
             return None
         return None if work.cancelled() else work.result()
 
+    def _note_failure(self, work: asyncio.Future) -> None:
+        """A call that failed on the server side fails the episode; a request the server refused
+        (a 400 to the agent, as a prompt over the context) is the agent's to handle."""
+        if work.cancelled() or work.exception() is None:
+            return
+        error = work.exception()
+        if (
+            isinstance(error, TriadError)
+            and not isinstance(error, RequestRejected)
+            and not self.episode.failed
+        ):
+            self.episode.failed = str(work.exception())
+
+    def new_chain(self, tools: list[dict] | None) -> Chain:
+        options = self.oc.chat_template_kwargs
+        parser = TurnParser(self.pool, tools, options, self.oc.tool_parser)
+        return Chain(tools, pool_renderer(self.pool, tools, options), parser)
+
     async def complete(self, messages: list[dict], tools: list[dict] | None, max_tokens: int) -> dict:
         async with self.lock:
             chain = self.episode.chains[-1] if self.episode.chains else None
             new = chain.new_messages(messages, tools) if chain else None
             if new is None:
-                chain = Chain(tools, self.renderer_for(tools))
+                chain = self.new_chain(tools)
                 self.episode.chains.append(chain)
                 ids = await chain.renderer.prompt(messages)
             else:
-                ids = await chain.renderer.after_turn(chain.last.sampled, new)
+                last = chain.last
+                ids = await chain.renderer.after_turn(last.sampled, last.ended_on_token, last.reply, new)
             return await self._sample(chain, messages, ids, max_tokens)
 
     async def _sample(self, chain: Chain, messages: list[dict], ids: list[int], max_tokens: int) -> dict:
         """Sample the call; the chain's sample changes only once the reply is in, so a call
         cancelled by the end of its episode leaves it as it was."""
         sample = chain.sample
-        (c,), server, version = await self.pool.complete(sample.input_ids + ids, 1, max_tokens=max_tokens)
+        before = sample.input_ids + ids
+        (c,), server, version = await self.pool.complete(before, 1, max_tokens=max_tokens)
+        parsed = await chain.parser.parse(c, before, server)
         if self.closed.is_set():
             raise asyncio.CancelledError
         sample.add(ids, sampled=False)
-        sample.version = version if sample.turns == 0 else min(sample.version, version)
+        sample.sampled_at(version)
         sample.served_by(server.url)
         sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
         sample.truncated, sample.turns = c.truncated, sample.turns + 1
-        parsed = (
-            parse_tool_calls(c.text)
-            if chain.tools
-            else ParsedTurn(content=c.text.strip(), calls=[], errors=[])
-        )
         reply = assistant_message(parsed)
         sample.tool_calls += len(parsed.calls)
         sample.conversation = [*messages, reply]
-        chain.last = Call(messages, reply, c.token_ids)
+        chain.last = Call(messages, reply, c.token_ids, c.finish_reason == "stop")
         self.episode.calls.append(chain.last)
         finish = "length" if c.truncated else ("tool_calls" if parsed.calls else "stop")
-        prompt_tokens = len(sample.input_ids) - len(c.token_ids)
-        return dict(message=reply, finish_reason=finish, prompt_tokens=prompt_tokens,
-                    completion_tokens=len(c.token_ids))  # fmt: skip
+        return {
+            "message": reply,
+            "finish_reason": finish,
+            "prompt_tokens": len(before),
+            "completion_tokens": len(c.token_ids),
+        }
 
 
 async def run_agent(env, prompt, base_url: str, model: str, timeout: float) -> Any:
     """The environment's agent program, bounded by `timeout`; a plain function runs in a thread."""
     async with asyncio.timeout(timeout):
-        if inspect.iscoroutinefunction(env.run_agent):
-            return await env.run_agent(prompt, base_url, model)
-        return await asyncio.to_thread(env.run_agent, prompt, base_url, model)
+        return await untrusted.call(env.run_agent, prompt, base_url, model)
 
 
-def check_tools(raw: Any) -> list[dict] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not all(isinstance(t, dict) and t.get("type") == "function" for t in raw):
-        raise TriadError("tools must be a list of OpenAI function tools ({'type': 'function', ...})")
-    return raw
+class AgentRollouts:
+    """Agent episodes of one environment: each runs the environment's agent program against its
+    own proxy URL; the calls it makes become the samples."""
 
+    def __init__(self, env, pool: ServerPool, oc: OrchestratorConfig) -> None:
+        self.env, self.pool, self.oc = env, pool, oc
+        self.proxy = AgentProxy(oc)
 
-def check_request(body: Any, max_tokens: int) -> tuple[list[dict], list[dict] | None, int]:
-    """(messages, tools, max_tokens) of a chat-completions body; TriadError naming what is wrong."""
-    if not isinstance(body, dict):
-        raise TriadError("the body must be a JSON object")
-    if body.get("stream"):
-        raise TriadError("stream is not supported by the training proxy")
-    if body.get("n", 1) != 1:
-        raise TriadError("n must be 1")
-    messages = check_messages(body.get("messages"), "request")
-    asked = body.get("max_completion_tokens")
-    asked = body.get("max_tokens") if asked is None else asked
-    asked = max_tokens if asked is None else asked
-    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
-        raise TriadError(f"max_tokens must be a positive integer, got {asked!r}")
-    return messages, check_tools(body.get("tools")), min(asked, max_tokens)
+    async def start(self, prompt) -> None:
+        self.proxy.model = self.pool.servers[0].client.model or self.proxy.model
+        await self.proxy.start()
+
+    async def stop(self) -> None:
+        await self.proxy.stop()
+
+    async def episode(self, prompt) -> AgentEpisode:
+        recorder = EpisodeRecorder(self.pool, self.oc)
+        episode = self.proxy.open(recorder)
+        try:
+            result = await run_agent(
+                self.env, prompt, self.proxy.base_url(episode), self.proxy.model, self.oc.agent_timeout_s
+            )
+        except TimeoutError:
+            log.warning(
+                "environment %r: an agent episode ran over %g s (orchestrator.agent_timeout_s): "
+                "scored as it stands",
+                self.env.name,
+                self.oc.agent_timeout_s,
+            )
+            result = None
+        except Exception as e:  # the agent program's own failure is part of its episode
+            log.warning("environment %r: the agent raised %s: %s", self.env.name, type(e).__name__, e)
+            result = e
+        finally:
+            self.proxy.close(episode)
+        recorder.episode.result = result
+        return recorder.episode
+
+    async def group(self, prompt, size: int) -> list[Sample]:
+        """Every sample of `size` episodes, each with its episode's reward. A call that failed on the
+        server side (the agent got a 502) makes the episode no outcome of the policy: the group is dropped."""
+        episodes = await asyncio.gather(*(self.episode(prompt) for _ in range(size)))
+        failed = next((e.failed for e in episodes if e.failed), "")
+        if failed:
+            raise RolloutFailed(f"environment {self.env.name!r}: an agent episode's call failed: {failed}")
+        rewards = await asyncio.gather(*(score(self.env, prompt, e, self.oc.env_timeout_s) for e in episodes))
+        samples = []
+        for episode, reward in zip(episodes, rewards, strict=True):
+            metrics = await env_metrics(self.env, prompt, episode, self.oc.env_timeout_s)
+            for sample in episode.samples:
+                sample.reward, sample.metrics = reward, metrics
+                samples.append(sample)
+        if not samples:
+            raise RolloutFailed(f"environment {self.env.name!r}: no agent episode of a prompt made a call")
+        return samples

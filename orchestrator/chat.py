@@ -1,22 +1,34 @@
 """Chat prompts as token ids, faithful to what was sampled.
 
 A chat prompt is rendered once with the served model's own chat template
-(vLLM's `/tokenize` with `messages`, `tools` and `orchestrator.chat_template_kwargs`).
-From then on an episode only ever appends: the ids the model sampled, and the
-ids of what the environment adds (tool results, user messages), rendered on
-their own. History is never rendered again, so a template that rewrites
-earlier turns (Qwen3's drops earlier `<think>` blocks) cannot change the tokens
-the model was conditioned on, and the trainer sees exactly those.
+(vLLM's `/v1/chat/completions/render` with `messages`, `tools` and
+`orchestrator.chat_template_kwargs`). From then on an episode only ever
+appends: the ids the model sampled, and the ids of what follows them. History
+is never rendered again, so a template that rewrites earlier turns (Qwen3's
+drops earlier `<think>` blocks and writes an empty one into the last assistant
+message only) cannot change the tokens the model was conditioned on, and the
+trainer sees exactly those.
 
-The ids the environment adds after a model turn are the template's closing of
-an assistant message (what of it the model did not sample, e.g. the newline after
-`<|im_end|>`), then the new messages and the generation prompt as the template
-renders them after a fixed probe conversation (`PROBE`). A template for which
-that is not a clean suffix is refused with an error naming it.
+What follows a sampled turn (the rest of its closing, the tool results or the
+environment's user message, the next generation prompt) is found inside a
+rendering of the whole exchange, not required to extend a shorter rendering:
+the template renders a probe conversation (a user message, the assistant turn
+with its tool calls, the new messages, the generation prompt) twice, with two
+different marks where the assistant turn's text ends (its content, or the
+arguments of its last tool call). Both renderings agree after the mark; that
+common tail is what the template writes after the model's text. The sampled
+turn ended on its end-of-turn token (`<|im_end|>`, `<|eot_id|>`, `</s>`...):
+the tail is taken from just after that token's first place in it. A turn that
+ended on a token the tail does not hold (gpt-oss ends a final answer with
+`<|return|>`, which history writes as `<|end|>`) stands for the tail's first
+token. A template that does not render the assistant's text at all, or cannot
+render the new messages, is refused with an error naming why.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -24,9 +36,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.errors import TriadError
 
-PROBE = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+PROBE_USER = {"role": "user", "content": "."}
+MARKS = ("A", "B")  # two texts that render to tokens differing in one place
 Render = Callable[[list[dict], bool], Awaitable[list[int]]]  # (messages, generation prompt) -> ids
-Tokenize = Callable[[str], Awaitable[list[int]]]
 
 
 class ChatMessage(BaseModel):
@@ -61,45 +73,65 @@ def check_messages(messages: Any, where: str) -> list[dict]:
     return out
 
 
-def find_last(haystack: list[int], needle: list[int]) -> int:
-    """Index of the last occurrence of `needle` in `haystack`, or -1."""
-    for i in range(len(haystack) - len(needle), -1, -1):
-        if haystack[i : i + len(needle)] == needle:
-            return i
-    return -1
+def probe_turn(turn: dict, mark: str) -> dict:
+    """The assistant message `turn` with `mark` where its text ends: the arguments of its last tool
+    call, or its content. Its tool calls keep their ids and names, which tool results refer to."""
+    calls = turn.get("tool_calls") or []
+    if not calls:
+        return {"role": "assistant", "content": mark}
+    probe_calls = [dict(c, function=dict(c["function"])) for c in calls]
+    probe_calls[-1]["function"]["arguments"] = json.dumps({"triad": mark})
+    return {"role": "assistant", "content": "", "tool_calls": probe_calls}
+
+
+def common_tail(a: list[int], b: list[int]) -> list[int] | None:
+    """The ids after the one place where `a` and `b` differ; None if they are equal."""
+    if a == b:
+        return None
+    n = 0
+    limit = min(len(a), len(b))
+    while n < limit and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return a[len(a) - n :] if n else []
+
+
+def following(sampled: list[int], ended_on_token: bool, tail: list[int]) -> list[int]:
+    """The ids of `tail` that follow a sampled turn: after the place of its last token in the tail;
+    with no such place, the turn's end-of-turn token stands for the tail's first token."""
+    if not ended_on_token or not sampled:
+        return tail
+    end = sampled[-1]
+    at = tail.index(end) if end in tail else 0
+    return tail[at + 1 :]
 
 
 class ChatRenderer:
     """Renders one environment's chat (its tools fixed) through a server's chat template."""
 
-    def __init__(self, render: Render, tokenize: Tokenize) -> None:
-        self.render, self.tokenize = render, tokenize
-        self._closing: list[int] | None = None
-        self._probe: list[int] | None = None
+    def __init__(self, render: Render) -> None:
+        self.render = render
 
     async def prompt(self, messages: list[dict]) -> list[int]:
         return await self.render(messages, True)
 
-    async def closing(self) -> list[int]:
-        """The tokens the template writes after an assistant message's content (e.g. `<|im_end|>`, `\\n`)."""
-        if self._closing is None:
-            rendered = await self.render(PROBE, False)
-            content = await self.tokenize(PROBE[-1]["content"])
-            at = find_last(rendered, content)
-            if at < 0:
-                raise TriadError("the chat template does not render an assistant message's content as is")
-            self._probe, self._closing = rendered, rendered[at + len(content) :]
-        return self._closing
-
-    async def after_turn(self, sampled: list[int], new_messages: list[dict]) -> list[int]:
-        """The ids that follow a sampled assistant turn: the rest of its closing, then `new_messages`
-        and the generation prompt for the next turn."""
-        closing = await self.closing()
-        done = next((n for n in range(len(closing), 0, -1) if sampled[-n:] == closing[:n]), 0)
-        full = await self.render(PROBE + new_messages, True)
-        if full[: len(self._probe)] != self._probe:
+    async def tail(self, turn: dict, new_messages: list[dict]) -> list[int]:
+        """What the template writes after the text of the assistant message `turn` when
+        `new_messages` and a generation prompt follow it."""
+        a, b = await asyncio.gather(
+            *(self.render([PROBE_USER, probe_turn(turn, mark), *new_messages], True) for mark in MARKS)
+        )
+        tail = common_tail(a, b)
+        if tail is None:
+            where = "its tool calls' arguments" if turn.get("tool_calls") else "its content"
             raise TriadError(
-                "the chat template renders a conversation differently once messages are added after it: "
-                "triad cannot append environment messages as tokens without re-rendering history"
+                f"the chat template does not render an assistant message's text ({where}): triad cannot tell "
+                "where a sampled turn ends in it"
             )
-        return closing[done:] + full[len(self._probe) :]
+        return tail
+
+    async def after_turn(
+        self, sampled: list[int], ended_on_token: bool, turn: dict, new_messages: list[dict]
+    ) -> list[int]:
+        """The ids that follow the sampled assistant turn `turn` (`sampled` its ids): the rest of its
+        closing, then `new_messages` and the generation prompt for the next turn."""
+        return following(sampled, ended_on_token, await self.tail(turn, new_messages))

@@ -31,10 +31,16 @@ from shared.waiting import async_wait_for
 log = logging.getLogger("triad.orchestrator")
 M = TypeVar("M", bound=BaseModel)
 HEALTH_POLL_S = 0.25  # how often a starting server's /health is asked
+RENDER_ROUTE = "/v1/chat/completions/render"  # vLLM's scale-out API (`vllm serve --enable-scale-out`)
+DERENDER_ROUTE = "/v1/chat/completions/derender"
 
 
 class RequestRejected(TriadError):
     """The server refused the request itself (4xx): retrying elsewhere will not help."""
+
+
+class ContextFull(RequestRejected):
+    """The ids so far leave no room in the model's context for another token."""
 
 
 class ServerUnreachable(TriadError):
@@ -48,6 +54,7 @@ class Completion:
     logprobs: list[float]
     text: str
     truncated: bool
+    finish_reason: str = "stop"  # "stop": it ended on an end-of-turn token; "length": truncated
 
 
 def parse_choice(choice: openai.types.CompletionChoice) -> Completion:
@@ -68,6 +75,7 @@ def parse_choice(choice: openai.types.CompletionChoice) -> Completion:
         logprobs=[float(x) for x in logprobs],
         text=choice.text,
         truncated=choice.finish_reason == "length",
+        finish_reason=choice.finish_reason or "stop",
     )
 
 
@@ -80,7 +88,9 @@ class InferenceClient:
             base_url=f"{base_url}/v1", api_key=admin_token or "none", timeout=request_timeout, max_retries=0
         )  # the server pool retries, on another server
         self.model: str | None = None
+        self.max_model_len: int | None = None  # the served model's context, as /v1/models says
         self.inflight = 0
+        self.chat = ChatRoutes(self)
 
     async def _healthy(self) -> bool | None:
         try:
@@ -93,17 +103,33 @@ class InferenceClient:
         # on the launch's critical path: vLLM answers within a quarter second of being up
         what = f"inference server {self.base_url}/health"
         await async_wait_for(self._healthy, what, timeout, poll=HEALTH_POLL_S)
-        if model_name is None:
-            try:
-                models = await self.openai.models.list()
-            except openai.APIError as e:
-                raise TriadError(f"GET {self.base_url}/v1/models failed: {e}") from None
-            # the base model, not a LoRA adapter (which vLLM lists with its `parent`)
-            bases = [m.id for m in models.data if not (m.model_extra or {}).get("parent")]
-            if not bases:
-                raise TriadError(f"inference server {self.base_url} serves no model")
-            model_name = bases[0]
-        self.model = model_name
+        try:
+            models = await self.openai.models.list()
+        except openai.APIError as e:
+            if model_name is not None:  # named in the config: the context is then not known
+                self.model = model_name
+                return
+            raise TriadError(f"GET {self.base_url}/v1/models failed: {e}") from None
+        # the base model, not a LoRA adapter (which vLLM lists with its `parent`)
+        bases = [m for m in models.data if not (m.model_extra or {}).get("parent")]
+        if model_name is None and not bases:
+            raise TriadError(f"inference server {self.base_url} serves no model")
+        served = next((m for m in bases if m.id == model_name), bases[0] if bases else None)
+        self.model = model_name or served.id
+        length = (served.model_extra or {}).get("max_model_len") if served is not None else None
+        self.max_model_len = length if isinstance(length, int) and length > 0 else None
+
+    def room(self, prompt: str | list[int], max_tokens: int) -> int:
+        """`max_tokens`, or fewer where the ids so far leave less room in the model's context;
+        ContextFull where they leave none."""
+        if self.max_model_len is None or isinstance(prompt, str):
+            return max_tokens
+        left = self.max_model_len - len(prompt)
+        if left < 1:
+            raise ContextFull(
+                f"{len(prompt)} ids fill the model's context of {self.max_model_len} at {self.base_url}"
+            )
+        return min(max_tokens, left)
 
     async def complete(
         self, prompt: str | list[int], n: int, max_tokens: int, temperature: float, model: str | None = None
@@ -147,27 +173,6 @@ class InferenceClient:
             raise TriadError(
                 f"POST {self.base_url}/tokenize answered {r.status_code}: multi-turn environments need "
                 "a server with vLLM's /tokenize route"
-            )
-        return list(r.json()["tokens"])
-
-    async def tokenize_chat(
-        self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool, template_kwargs: dict
-    ) -> list[int]:
-        """Token ids of `messages` rendered with the served model's own chat template."""
-        body: dict = {"model": self.model, "messages": messages, "add_generation_prompt": generation_prompt}
-        if tools:
-            body["tools"] = tools
-        if template_kwargs:
-            body["chat_template_kwargs"] = template_kwargs
-        try:
-            r = await self.http.post("/tokenize", json=body)
-        except httpx.HTTPError as e:
-            raise TriadError(f"POST {self.base_url}/tokenize failed: {e!r}") from None
-        if r.status_code != 200:
-            detail = " ".join(r.text[:300].split())
-            raise RequestRejected(
-                f"POST {self.base_url}/tokenize could not render chat messages with the model's chat "
-                f"template (status {r.status_code}): {detail}"
             )
         return list(r.json()["tokens"])
 
@@ -228,3 +233,84 @@ class InferenceClient:
     async def close(self) -> None:
         await self.http.aclose()
         await self.openai.close()
+
+
+class ChatRoutes:
+    """vLLM's scale-out routes of one server (`vllm serve --enable-scale-out`): a chat rendered to
+    ids with the model's template, and sampled ids split into a message by the server's parsers."""
+
+    def __init__(self, client: InferenceClient) -> None:
+        self.client = client
+        self.has_render: bool | None = None  # None: not asked yet
+        self.has_derender: bool | None = None
+
+    async def render(
+        self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool, template_kwargs: dict
+    ) -> list[int]:
+        """Token ids of `messages` rendered with the served model's own chat template: vLLM's
+        `/v1/chat/completions/render`, or `/tokenize` with messages on a server without it."""
+        body: dict = {
+            "model": self.client.model,
+            "messages": messages,
+            "add_generation_prompt": generation_prompt,
+        }
+        if tools:
+            body["tools"] = tools
+        if template_kwargs:
+            body["chat_template_kwargs"] = template_kwargs
+        if self.has_render is not False:
+            r = await self._post(RENDER_ROUTE, body)
+            self.has_render = r.status_code not in (403, 404)
+            if self.has_render:
+                return list(self._rendered(r, RENDER_ROUTE)["token_ids"])
+        if not generation_prompt:
+            body["continue_final_message"] = False
+        return list(self._rendered(await self._post("/tokenize", body), "/tokenize")["tokens"])
+
+    async def derender(
+        self,
+        token_ids: list[int],
+        finish_reason: str,
+        messages: list[dict],
+        tools: list[dict] | None,
+        template_kwargs: dict,
+        prompt_ids: list[int],
+    ) -> dict | None:
+        """The assistant message that sampled `token_ids` make, split by the server's own tool-call
+        and reasoning parsers (vLLM's `/v1/chat/completions/derender`); None on a server without it."""
+        if self.has_derender is False:
+            return None
+        request: dict = {"model": self.client.model, "messages": messages}
+        if tools:
+            request["tools"] = tools
+        if template_kwargs:
+            request["chat_template_kwargs"] = template_kwargs
+        body = {
+            "model": self.client.model,
+            "generate_response": {
+                "request_id": "triad",
+                "choices": [{"index": 0, "token_ids": token_ids, "finish_reason": finish_reason}],
+            },
+            "chat_request": request,
+            "prompt_token_ids": prompt_ids,  # a reasoning parser sees whether the prompt opened `<think>`
+        }
+        r = await self._post(DERENDER_ROUTE, body)
+        self.has_derender = r.status_code not in (403, 404)
+        if not self.has_derender:
+            return None
+        return dict(self._rendered(r, DERENDER_ROUTE)["choices"][0]["message"])
+
+    async def _post(self, route: str, body: dict) -> httpx.Response:
+        try:
+            return await self.client.http.post(route, json=body)
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"POST {self.client.base_url}{route} failed: {e!r}") from None
+        except httpx.HTTPError as e:
+            raise TriadError(f"POST {self.client.base_url}{route} failed: {e!r}") from None
+
+    def _rendered(self, r: httpx.Response, route: str) -> dict:
+        if r.status_code != 200:
+            detail = " ".join(r.text[:300].split())
+            error = RequestRejected if 400 <= r.status_code < 500 else TriadError
+            raise error(f"POST {self.client.base_url}{route} answered {r.status_code}: {detail}")
+        return r.json()

@@ -13,7 +13,7 @@ and, optionally,
         # next message after a model turn, appended to the conversation as tokens the
         # model did not sample (loss_mask false); None ends the episode
     tools: list[Callable]                            # plain or async functions the model may call
-    def metrics(self, prompt, episode) -> dict[str, float]   # agent environments: numbers of
+    def metrics(self, prompt, episode) -> dict[str, float]   # or async; agent environments: numbers of
         # an episode besides its reward (a rubric's functions), averaged into `env/<key>`
     def eval_prompts(self) -> list[Prompt]           # a held-out set for evaluation
 
@@ -25,9 +25,10 @@ with the model's own chat template (`orchestrator/chat.py`); `reward` and
 (assistant messages with their parsed `tool_calls`, tool results, the
 environment's user messages), and `respond` answers with a user message. With
 `orchestrator.chat = true` a text prompt is sent as one user message and its
-environment keeps seeing text. Rewards, responses and tools may be coroutines,
-and may call out (a subprocess, a sandbox); each call is bounded by
-`orchestrator.env_timeout_s`.
+environment keeps seeing text. Rewards, responses, metrics and tools may be
+coroutines, and may call out (a subprocess, a sandbox); each call is bounded by
+`orchestrator.env_timeout_s`. Plain functions run in worker threads, off the event
+loop (`untrusted.py`); a coroutine must not block.
 
 `orchestrator.env` names the environment: a built-in (see `BUILTIN`), a library
 adapter's `prefix:name` (see `ADAPTERS`: `reasoning_gym:<task>`), the name
@@ -48,6 +49,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
+from orchestrator import untrusted
+from orchestrator.untrusted import TooManyStuck
 from shared.errors import TriadError
 
 log = logging.getLogger("triad.orchestrator")
@@ -85,11 +88,11 @@ def env_tools(env: Environment) -> list[Callable[..., Any]]:
 
 
 async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -> Any:
+    """fn(*args) through `untrusted` (a sync fn in a worker thread), bounded by `timeout`."""
     async with asyncio.timeout(timeout):
         try:
-            result = fn(*args)
-            return await result if inspect.isawaitable(result) else result
-        except TimeoutError:
+            return await untrusted.call(fn, *args)
+        except (TimeoutError, TooManyStuck):
             raise
         except Exception as e:
             raise TriadError(f"{what} raised {type(e).__name__}: {e}") from e
@@ -114,11 +117,15 @@ async def respond(
     return reply
 
 
-def env_metrics(env: Environment, prompt: Prompt, seen: Any) -> dict[str, float]:
+async def env_metrics(env: Environment, prompt: Prompt, seen: Any, timeout: float) -> dict[str, float]:
     """The environment's own numbers for one episode; {} if it keeps none."""
     if not hasattr(env, "metrics"):
         return {}
-    values = env.metrics(prompt, seen)
+    try:
+        values = await _call(env.metrics, timeout, f"environment {env.name!r}: metrics", prompt, seen)
+    except TimeoutError:
+        log.warning("environment %r: metrics took over %g s (env_timeout_s): none kept", env.name, timeout)
+        return {}
     if not isinstance(values, dict) or not all(isinstance(v, int | float) for v in values.values()):
         raise TriadError(f"environment {env.name!r}: metrics() must return a dict of numbers, got {values!r}")
     return {str(k): float(v) for k, v in values.items()}

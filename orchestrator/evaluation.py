@@ -11,14 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from math import comb
-from typing import TYPE_CHECKING
 
-from orchestrator.environments import Environment, Prompt
+from orchestrator.environments import Prompt
+from orchestrator.episodes import Episodes
 from orchestrator.pool import RolloutFailed, ServerPool
-from orchestrator.rollout import rollout_group
-
-if TYPE_CHECKING:
-    from orchestrator.chat_rollout import Episodes
 from shared.metrics import MetricsWriter
 
 log = logging.getLogger("triad.orchestrator")
@@ -33,13 +29,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-async def evaluate(
-    env: Environment, prompts: list[Prompt], pool: ServerPool, k: int, env_timeout: float,
-    episodes: Episodes | None = None,
-) -> dict[str, float]:  # fmt: skip
-    groups = await asyncio.gather(
-        *(rollout_group(env, p, pool, k, env_timeout, episodes) for p in prompts), return_exceptions=True
-    )
+async def evaluate(prompts: list[Prompt], k: int, episodes: Episodes) -> dict[str, float]:
+    groups = await asyncio.gather(*(episodes.group(p, k) for p in prompts), return_exceptions=True)
     scored = [g for g in groups if not isinstance(g, BaseException)]
     for g in groups:
         if isinstance(g, BaseException) and not isinstance(g, RolloutFailed):
@@ -58,11 +49,10 @@ async def evaluate(
 
 
 async def evaluate_and_log(
-    step: int, env: Environment, prompts: list[Prompt], pool: ServerPool, k: int, env_timeout: float,
-    writer: MetricsWriter, episodes: Episodes | None = None,
-) -> None:  # fmt: skip
+    step: int, prompts: list[Prompt], pool: ServerPool, k: int, writer: MetricsWriter, episodes: Episodes
+) -> None:
     versions = sorted({s.version for s in pool.healthy()})
-    result = await evaluate(env, prompts, pool, k, env_timeout, episodes)
+    result = await evaluate(prompts, k, episodes)
     await asyncio.to_thread(writer.log, step, policy_versions=versions, **result)  # off the event loop
     summary = ", ".join(f"{name} {value:.3f}" for name, value in result.items())
     log.info("eval after step %d: %s", step, summary)

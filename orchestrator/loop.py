@@ -42,17 +42,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from orchestrator import untrusted
 from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
-from orchestrator.chat_rollout import episodes_for
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
+from orchestrator.episodes import episodes_for
 from orchestrator.evaluation import evaluate_and_log
 from orchestrator.fleet import Fleet
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
-from orchestrator.rollout import rollout_group
 from orchestrator.staleness import is_fresh, oldest_allowed_version, step_for_next_group
 from orchestrator.stats import LoopLag, rates, summarize
 from orchestrator.weights import WeightFollower
@@ -77,6 +77,32 @@ async def to_thread_to_completion(fn: Callable[..., T], *args: Any) -> T:
         raise
 
 
+class FailedGroups:
+    """Groups whose rollout failed: counted for the step's metrics, and in a row, so that a run
+    in which every group fails stops instead of retrying for ever."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_a_row = 0
+        self.since_step = 0
+
+    def failed(self, error: RolloutFailed) -> None:
+        self.in_a_row += 1
+        self.since_step += 1
+        if self.in_a_row >= self.limit:
+            raise TriadError(
+                f"{self.in_a_row} groups failed in a row (orchestrator.max_failed_groups); the last: {error}"
+            )
+
+    def succeeded(self) -> None:
+        self.in_a_row = 0
+
+    def take(self) -> int:
+        """The groups failed since the last call."""
+        count, self.since_step = self.since_step, 0
+        return count
+
+
 class Orchestrator:
     """The scheduler: a producer of groups, an assembler of batches, and the weight follower."""
 
@@ -88,7 +114,7 @@ class Orchestrator:
         self.env = env
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
-        self.episodes = episodes_for(env, pool, self.oc)  # chat or agent episodes; None: text
+        self.episodes = episodes_for(env, pool, self.oc)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
@@ -102,7 +128,7 @@ class Orchestrator:
         self.accepted = 0  # groups accepted into the batch being assembled
         self.pending = 0  # groups generating or queued
         self.dropped_total = 0
-        self.failed_groups = 0  # since the last step's metrics
+        self.failures = FailedGroups(self.oc.max_failed_groups)
         self.loop_lag = LoopLag()
 
     # -- shared state -------------------------------------------------------
@@ -158,15 +184,14 @@ class Orchestrator:
 
     async def generate_group(self, prompt: Prompt) -> None:
         try:
-            samples = await rollout_group(
-                self.env, prompt, self.pool, self.oc.group_size, self.oc.env_timeout_s, self.episodes
-            )
+            samples = await self.episodes.group(prompt, self.oc.group_size)
         except RolloutFailed as e:
             self.pending -= 1
-            self.failed_groups += 1
             log.warning("dropped a group of %d samples: %s", self.oc.group_size, e)
+            self.failures.failed(e)
             await self.notify()
             return
+        self.failures.succeeded()
         await self.queue.put(Group(uuid.uuid4().hex[:12], prompt, samples))
 
     # -- assembler ----------------------------------------------------------
@@ -220,9 +245,8 @@ class Orchestrator:
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
             **self.loop_lag.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
-            groups_filtered=filtered, groups_failed=self.failed_groups,
+            groups_filtered=filtered, groups_failed=self.failures.take(),
         )  # fmt: skip
-        self.failed_groups = 0
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
@@ -239,9 +263,9 @@ class Orchestrator:
             await self.finish_step(step, batch, dropped, filtered, last, time.monotonic())
             last = time.monotonic()
             if held_out and (step % self.oc.eval_every == 0 or step == self.cfg.max_steps):
-                oc = self.oc
-                evaluation = evaluate_and_log(step, self.env, held_out, self.pool, oc.eval_k,
-                                              oc.env_timeout_s, self.eval_metrics, self.episodes)  # fmt: skip
+                evaluation = evaluate_and_log(
+                    step, held_out, self.pool, self.oc.eval_k, self.eval_metrics, self.episodes
+                )
                 evals.create_task(evaluation)
 
     # -- the whole run ------------------------------------------------------
@@ -249,9 +273,6 @@ class Orchestrator:
         await self.weights.connect()
         urls = ", ".join(s.url for s in self.pool.servers)
         log.info("connected to inference at %s, serving version %d", urls, self.weights.served_version)
-        if self.episodes is None:
-            await self.run_tasks()
-            return
         # a model without a (usable) chat template fails here, before any rollout
         await self.episodes.start(self.env.sample(random.Random(self.cfg.seed)))
         try:
@@ -311,6 +332,7 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
+    untrusted.configure(cfg.orchestrator)
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
     token = cfg.inference.token()

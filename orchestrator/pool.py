@@ -98,7 +98,8 @@ class ServerPool:
         async def ask(server: Server) -> tuple[list[Completion], int, float, float]:
             version, started, wall = server.version, time.monotonic(), time.time()
             model = server.backend.model(version)  # a LoRA run's adapter of that version
-            out = await server.client.complete(prompt, n, max_tokens, self.oc.temperature, model)
+            room = server.client.room(prompt, max_tokens)
+            out = await server.client.complete(prompt, n, room, self.oc.temperature, model)
             return out, version, time.monotonic() - started, wall
 
         (out, version, latency, wall), server = await self.request(ask, "a rollout", prefer)

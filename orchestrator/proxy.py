@@ -1,4 +1,4 @@
-"""The orchestrator's OpenAI-compatible endpoint for agent episodes (see `agents.py`).
+"""The orchestrator's OpenAI-compatible endpoint for agent episodes (see `agents.py`): HTTP only.
 
     POST {base}/episodes/{id}/v1/chat/completions    one call of episode `id`
     GET  {base}/episodes/{id}/v1/models              the served model
@@ -6,8 +6,11 @@
 Served on `orchestrator.proxy_host` (loopback by default) while agent episodes
 run. The routes are thin: the logic is in `EpisodeRecorder`. A call of an episode
 that is over (finished, timed out, cancelled) is answered 404 at once, one that
-is in flight when its episode ends gets 410, and a bad body gets 400, each with
-an OpenAI-style `{"error": {"message", "type"}}` body; a failed rollout gets 502.
+is in flight when its episode ends gets 410, a bad body or a request the
+inference server refused (a prompt over its context, say) gets 400, each with an
+OpenAI-style `{"error": {"message", "type"}}` body; a failed rollout gets 502.
+Episode ids are unguessable (`secrets`); on an address other than loopback the
+proxy needs `orchestrator.proxy_token` as a bearer token.
 Sampling follows the run's settings: the sampler's temperature must be the one
 the trainer divides its logits by, so a request's `temperature` is ignored, and
 `max_tokens` is capped at `orchestrator.max_tokens`.
@@ -16,24 +19,22 @@ the trainer divides its logits by, so a request's `temperature` is ignored, and
 from __future__ import annotations
 
 import asyncio
-import itertools
+import hmac
 import json
 import logging
+import secrets
 import socket
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from orchestrator.agents import AgentEpisode, EpisodeRecorder, check_request, run_agent
-from orchestrator.chat import ChatRenderer
-from orchestrator.chat_rollout import pool_renderer
-from orchestrator.environments import env_metrics, score
-from orchestrator.pool import RolloutFailed, ServerPool
-from shared.config import OrchestratorConfig
+from orchestrator.chat import check_messages
+from orchestrator.client import RequestRejected
+from shared.config import LOOPBACK_HOSTS, OrchestratorConfig
 from shared.errors import TriadError
 from shared.waiting import async_wait_for
 
@@ -45,11 +46,54 @@ def error(status: int, message: str, kind: str = "invalid_request_error") -> JSO
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
+class Recorder(Protocol):
+    """One episode's side of the proxy (`agents.EpisodeRecorder`)."""
+
+    async def call(self, messages: list[dict], tools: list[dict] | None, max_tokens: int) -> dict | None: ...
+
+    def close(self) -> None: ...
+
+
+def check_tools(raw: Any) -> list[dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(t, dict) and t.get("type") == "function" for t in raw):
+        raise TriadError("tools must be a list of OpenAI function tools ({'type': 'function', ...})")
+    return raw
+
+
+def check_request(body: Any, max_tokens: int) -> tuple[list[dict], list[dict] | None, int]:
+    """(messages, tools, max_tokens) of a chat-completions body; TriadError naming what is wrong."""
+    if not isinstance(body, dict):
+        raise TriadError("the body must be a JSON object")
+    if body.get("stream"):
+        raise TriadError("stream is not supported by the training proxy")
+    if body.get("n", 1) != 1:
+        raise TriadError("n must be 1")
+    messages = check_messages(body.get("messages"), "request")
+    asked = body.get("max_completion_tokens")
+    asked = body.get("max_tokens") if asked is None else asked
+    asked = max_tokens if asked is None else asked
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+        raise TriadError(f"max_tokens must be a positive integer, got {asked!r}")
+    return messages, check_tools(body.get("tools")), min(asked, max_tokens)
+
+
+def check_exposure(oc: OrchestratorConfig) -> None:
+    if oc.proxy_host not in LOOPBACK_HOSTS and oc.proxy_token is None:
+        raise TriadError(
+            f"orchestrator.proxy_host is {oc.proxy_host!r} (not loopback) but no orchestrator.proxy_token "
+            "is set: refusing to expose the agent proxy without a token"
+        )
+
+
 class AgentProxy:
-    def __init__(self, pool: ServerPool, oc: OrchestratorConfig) -> None:
-        self.pool, self.oc = pool, oc
-        self.episodes: dict[str, EpisodeRecorder] = {}
-        self.ids = itertools.count()
+    def __init__(self, oc: OrchestratorConfig) -> None:
+        check_exposure(oc)
+        self.oc = oc
+        self.model = "model"  # the served model's name, set once the servers are known
+        self.token = oc.proxy_token.get_secret_value() if oc.proxy_token else None
+        self.episodes: dict[str, Recorder] = {}
         self.port = 0
         self.server = None
         self.task: asyncio.Task | None = None
@@ -60,17 +104,11 @@ class AgentProxy:
             ]
         )
 
-    @property
-    def model(self) -> str:
-        return self.pool.servers[0].client.model or "model"
-
-    def renderer(self, tools: list[dict] | None) -> ChatRenderer:
-        return pool_renderer(self.pool, tools, self.oc.chat_template_kwargs)
-
-    def open(self) -> tuple[str, EpisodeRecorder]:
-        episode = f"e{next(self.ids)}"
-        self.episodes[episode] = EpisodeRecorder(self.pool, self.oc, self.renderer)
-        return episode, self.episodes[episode]
+    def open(self, recorder: Recorder) -> str:
+        """Serve `recorder` under a new, unguessable episode id."""
+        episode = secrets.token_urlsafe(16)
+        self.episodes[episode] = recorder
+        return episode
 
     def close(self, episode: str) -> None:
         recorder = self.episodes.pop(episode, None)
@@ -80,10 +118,20 @@ class AgentProxy:
     def base_url(self, episode: str) -> str:
         return f"http://{self.oc.proxy_host}:{self.port}/episodes/{episode}/v1"
 
+    def authorized(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+
     async def models(self, request: Request) -> JSONResponse:
+        if not self.authorized(request):
+            return error(401, "a bearer token (orchestrator.proxy_token) is required", "authentication_error")
         return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
     async def chat_completions(self, request: Request) -> JSONResponse:
+        if not self.authorized(request):
+            return error(401, "a bearer token (orchestrator.proxy_token) is required", "authentication_error")
         episode = request.path_params["episode"]
         recorder = self.episodes.get(episode)
         if recorder is None:
@@ -97,6 +145,8 @@ class AgentProxy:
             return error(400, str(e))
         try:
             out = await recorder.call(messages, tools, max_tokens)
+        except RequestRejected as e:
+            return error(400, f"the inference server refused the request: {e}")
         except TriadError as e:
             return error(502, f"the rollout failed: {e}", "server_error")
         if out is None:
@@ -154,52 +204,7 @@ class AgentProxy:
             except TimeoutError:
                 log.warning("the agent proxy did not stop within %g s: cancelled", STOP_S)
                 self.task.cancel()
-            except asyncio.CancelledError:
-                pass
-
-
-class AgentRollouts:
-    """Agent episodes of one environment: each runs the environment's agent program against its
-    own proxy URL; the calls it makes become the samples (`agents.py`)."""
-
-    def __init__(self, env, pool: ServerPool, oc: OrchestratorConfig) -> None:
-        self.env, self.oc = env, oc
-        self.proxy = AgentProxy(pool, oc)
-
-    async def start(self, prompt) -> None:
-        await self.proxy.start()
-
-    async def stop(self) -> None:
-        await self.proxy.stop()
-
-    async def episode(self, prompt) -> AgentEpisode:
-        episode, recorder = self.proxy.open()
-        try:
-            result = await run_agent(
-                self.env, prompt, self.proxy.base_url(episode), self.proxy.model, self.oc.agent_timeout_s
-            )
-        except TimeoutError:
-            log.warning("environment %r: an agent episode ran over %g s (orchestrator.agent_timeout_s): "
-                        "scored as it stands", self.env.name, self.oc.agent_timeout_s)  # fmt: skip
-            result = None
-        except Exception as e:  # the agent program's own failure is part of its episode
-            log.warning("environment %r: the agent raised %s: %s", self.env.name, type(e).__name__, e)
-            result = e
-        finally:
-            self.proxy.close(episode)
-        recorder.episode.result = result
-        return recorder.episode
-
-    async def group(self, prompt, size: int) -> list:
-        """Every sample of `size` episodes, each with its episode's reward."""
-        episodes = await asyncio.gather(*(self.episode(prompt) for _ in range(size)))
-        rewards = await asyncio.gather(*(score(self.env, prompt, e, self.oc.env_timeout_s) for e in episodes))
-        samples = []
-        for episode, reward in zip(episodes, rewards, strict=True):
-            metrics = env_metrics(self.env, prompt, episode)
-            for sample in episode.samples:
-                sample.reward, sample.metrics = reward, metrics
-                samples.append(sample)
-        if not samples:
-            raise RolloutFailed(f"environment {self.env.name!r}: no agent episode of a prompt made a call")
-        return samples
+            except asyncio.CancelledError:  # the server's task ended cancelled; ours is passed on
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise

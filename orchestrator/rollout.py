@@ -1,56 +1,22 @@
-"""One prompt's group of rollouts, single- or multi-turn, as the trainer will see it.
+"""Text rollouts: a text prompt sent as is (base models), single- or multi-turn.
 
-Token ids and logprobs are the server's own: the prompt is tokenised once by
-the server, each later model turn continues from the exact token ids so far, and
-an environment message is tokenised by the server's `/tokenize` and appended
-with `loss_mask = false` and logprob 0. A sample's version is the oldest
-version any of its turns was sent to. Chat prompts (and text prompts with
-`orchestrator.chat`) go through `chat_rollout.ChatRollouts` instead.
+The prompt is tokenised once by the server, each later model turn continues from
+the exact token ids so far, and an environment message is tokenised by the
+server's `/tokenize` and appended with `loss_mask = false` and logprob 0. A
+single-turn group is one request with `n` samples. Chat prompts (and text
+prompts with `orchestrator.chat`) are `chat_rollout.ChatRollouts`' instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
-from orchestrator.client import Completion
+from orchestrator.client import Completion, RequestRejected
 from orchestrator.environments import Environment, Prompt, max_turns, respond, score
-from orchestrator.pool import ServerPool
+from orchestrator.pool import RolloutFailed, ServerPool
+from orchestrator.sample import Sample
+from shared.config import OrchestratorConfig
 from shared.errors import TriadError
-
-if TYPE_CHECKING:
-    from orchestrator.chat_rollout import Episodes
-
-
-@dataclass
-class Sample:
-    input_ids: list[int] = field(default_factory=list)
-    loss_mask: list[bool] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    completion: str = ""  # the conversation after the prompt, as text
-    truncated: bool = False
-    version: int = 0
-    turns: int = 0
-    reward: float = 0.0
-    conversation: list[dict[str, Any]] = field(default_factory=list)  # chat: the messages after the prompt
-    tool_calls: int = 0
-    tool_errors: int = 0
-    servers: list[str] = field(default_factory=list)  # the URLs of the servers that sampled it
-    metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, e.g. per rubric function
-
-    def add(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
-        self.input_ids += ids
-        self.loss_mask += [sampled] * len(ids)
-        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
-
-    def served_by(self, url: str) -> None:
-        if url not in self.servers:
-            self.servers.append(url)
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(self.loss_mask)
 
 
 def single_turn(c: Completion, version: int, server: str) -> Sample:
@@ -65,11 +31,16 @@ async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeou
     sample, server = Sample(), None
     request: str | list[int] = prompt.text
     for turn in range(max_turns(env)):
-        (c,), server, version = await pool.complete(request, 1, prefer=server)
+        try:
+            (c,), server, version = await pool.complete(request, 1, prefer=server)
+        except RequestRejected as e:  # the conversation outgrew the model's context: data, not config
+            if turn == 0:
+                raise RolloutFailed(f"environment {env.name!r}: the server refused a prompt: {e}") from None
+            sample.truncated = True
+            break
         if turn == 0:
             sample.add(c.prompt_ids, sampled=False)
-            sample.version = version
-        sample.version = min(sample.version, version)
+        sample.sampled_at(version)
         sample.served_by(server.url)
         sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
         sample.completion += c.text
@@ -88,24 +59,33 @@ async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeou
     return sample
 
 
-async def rollout_group(
-    env: Environment, prompt: Prompt, pool: ServerPool, group_size: int, env_timeout: float,
-    episodes: Episodes | None = None,
-) -> list[Sample]:  # fmt: skip
-    """`group_size` scored samples of one prompt (one request with n samples if single-turn text);
-    with `episodes` (chat or agent episodes), theirs."""
-    if episodes is not None:
-        return await episodes.group(prompt, group_size)
-    if prompt.is_chat:
-        raise TriadError(f"environment {env.name!r} gave a chat prompt, but chat rollouts are not set up")
-    if max_turns(env) == 1:
-        completions, server, version = await pool.complete(prompt.text, group_size)
-        samples = [single_turn(c, version, server.url) for c in completions]
-    else:
-        samples = list(
-            await asyncio.gather(*(episode(env, prompt, pool, env_timeout) for _ in range(group_size)))
-        )
-    rewards = await asyncio.gather(*(score(env, prompt, s.completion, env_timeout) for s in samples))
-    for sample, reward in zip(samples, rewards, strict=True):
-        sample.reward = reward
-    return samples
+class TextRollouts:
+    """Text episodes of one environment."""
+
+    def __init__(self, env: Environment, pool: ServerPool, oc: OrchestratorConfig) -> None:
+        self.env, self.pool, self.oc = env, pool, oc
+
+    async def start(self, prompt: Prompt) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def group(self, prompt: Prompt, size: int) -> list[Sample]:
+        """`size` scored samples of `prompt` (one request with `size` samples if single-turn)."""
+        if prompt.is_chat:
+            raise TriadError(
+                f"environment {self.env.name!r} gave a chat prompt, but chat rollouts are not set up"
+            )
+        timeout = self.oc.env_timeout_s
+        if max_turns(self.env) == 1:
+            completions, server, version = await self.pool.complete(prompt.text, size)
+            samples = [single_turn(c, version, server.url) for c in completions]
+        else:
+            samples = list(
+                await asyncio.gather(*(episode(self.env, prompt, self.pool, timeout) for _ in range(size)))
+            )
+        rewards = await asyncio.gather(*(score(self.env, prompt, s.completion, timeout) for s in samples))
+        for sample, reward in zip(samples, rewards, strict=True):
+            sample.reward = reward
+        return samples

@@ -9,6 +9,10 @@
                                                       a timeline of steps A..B -> RUN_DIR/timeline.png
     triad merge-lora RUN_DIR [--version V] OUT_DIR    the run's LoRA adapter merged into its base model,
                                                       as a Hugging Face directory
+    triad simulate --gpus N --model-size 7B --max-tokens 16k [--plot out.png]
+                                                      the best max_async_level and inference:training
+                                                      split, from a model of the pipeline (docs/simulate.md)
+    triad simulate --from RUN_DIR                     that model calibrated on a run: samples/s at η 0, 1, 2
 
 Config is parsed before anything heavy is imported, so a bad key fails in
 a fraction of a second with one line that names it.
@@ -107,6 +111,27 @@ def run_merge_lora(args: argparse.Namespace) -> None:
     print(f"merged adapter version {version} of {rundir.name} into {args.out_dir}")
 
 
+def run_simulate(args: argparse.Namespace) -> None:
+    from simulate.advise import advise, from_run
+
+    if args.from_run is None and args.gpus is None:
+        raise TriadError("give --gpus N (with --model-size and --max-tokens) or --from RUN_DIR")
+    print("\n".join(from_run(args) if args.from_run else advise(args)))
+
+
+def simulate_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="from_run", metavar="RUN_DIR", help="calibrate on this run and predict it")
+    p.add_argument("--gpus", type=int, help="GPUs in all (inference and training)")
+    p.add_argument("--model-size", default="7B", help="parameters (e.g. 1.5B, 7B, 32B)")
+    p.add_argument("--max-tokens", default="16k", help="completion length cap (e.g. 8k, 16k)")
+    p.add_argument("--batch-size", type=int, default=512, help="prompt groups per step")
+    p.add_argument("--group-size", type=int, default=16, help="samples per prompt")
+    p.add_argument("--mode", choices=("keep", "abort"), default="keep",
+                   help="in-flight weight update: pause and keep (triad) or abort and resubmit")  # fmt: skip
+    p.add_argument("--steps", type=int, default=12, help="steps simulated per candidate")
+    p.add_argument("--plot", help="write the best candidate's timeline and utilisation to this PNG")
+
+
 RUN_DIR_COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "status": run_status,
     "plot": run_plot,
@@ -125,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
     merge.add_argument("out_dir", type=Path, help="a new (or empty) directory for the merged model")
     merge.add_argument("--version", type=int, help="the adapter version (default: the newest published)")
     merge.add_argument("--base", help="the base model, if not the one the run records")
+    simulate_parser(sub.add_parser("simulate", help="model the pipeline: best η and split, or a run's"))
     for name in COMMANDS:
         s = sub.add_parser(name)
         s.add_argument("-c", "--config", type=Path, help="TOML config file")
@@ -146,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command in RUN_DIR_COMMANDS:
             return RUN_DIR_COMMANDS[args.command](args)
+        if args.command == "simulate":
+            return run_simulate(args)
         if args.command == "up" and args.config is None:
             args.config = EMBEDDED_DEFAULT
         cfg = load_config(args.config, args.overrides)

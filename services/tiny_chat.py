@@ -295,7 +295,7 @@ def play_turn(tokenizer, episode: Episode, turn: list[int], runner, tools: list[
     their results and the next generation prompt (or end the episode)."""
     import asyncio
 
-    from orchestrator.tools import assistant_message, parse_tool_calls
+    from orchestrator.tool_calls import assistant_message, parse_tool_calls
 
     end = tokenizer.convert_tokens_to_ids(IM_END)
     text = tokenizer.decode(turn[:-1] if turn[-1:] == [end] else turn, skip_special_tokens=True)

@@ -95,20 +95,41 @@ class OrchestratorConfig(Table):
     env: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
     env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")
     env_timeout_s: float = Field(60, gt=0, description="bound on one reward, respond or tool call")
+    max_tool_result_chars: int = Field(
+        8192, ge=1, description="a tool's result is cut to this many characters before the model sees it"
+    )
+    max_stuck_calls: int = Field(
+        32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls fail"
+    )
     chat: bool = Field(
         False, description="send text prompts as a user message with the model's chat template"
     )
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="options of the chat template, e.g. {enable_thinking = false}"
     )
-    tool_parser: Literal["hermes"] = Field("hermes", description="format of the model's tool calls")
+    tool_parser: str = Field(
+        "auto",
+        pattern=r"^[a-z0-9_]+$",
+        description="vLLM's tool-call parser (`--tool-call-parser`); auto: by the chat template; none: none",
+    )
+    reasoning_parser: str = Field(
+        "auto",
+        pattern=r"^[a-z0-9_]+$",
+        description="vLLM's reasoning parser (`--reasoning-parser`); auto: by the chat template; none: none",
+    )
     agent_timeout_s: float = Field(600, gt=0, description="bound on one agent episode (agent environments)")
     proxy_host: str = Field(
         "127.0.0.1", description="where agent environments reach the orchestrator's proxy"
     )
     proxy_port: int = Field(0, ge=0, le=65535, description="the agent proxy's port; 0: any free port")
-    backend: Literal["auto", "triad", "sglang", "none"] = Field(
-        "auto", description="how servers load new weights; none: the policy stays frozen"
+    proxy_token: SecretStr | None = Field(
+        None, description="bearer token the agent proxy requires; needed on an address other than loopback"
+    )
+    backend: Literal["auto", "triad", "vllm", "sglang", "none"] = Field(
+        "auto",
+        description="how servers load new weights: triad (triad's launcher, /admin with its token), "
+        "vllm (a stock `vllm serve` with its unauthenticated RL routes, loopback only; `triad "
+        "inference` then starts one), sglang, none (the policy stays frozen); auto: ask the server",
     )
     batch_size: int = Field(8, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=1, description="completions per prompt")
@@ -121,6 +142,9 @@ class OrchestratorConfig(Table):
     max_retries: int = Field(3, ge=0, description="retries of a failed request, on another server")
     retry_backoff_s: float = Field(0.5, ge=0, description="first backoff; doubles per retry")
     max_server_failures: int = Field(3, ge=1, description="failures in a row that take a server out")
+    max_failed_groups: int = Field(
+        50, ge=1, description="groups failed in a row (each after every retry) that stop the run"
+    )
     health_interval_s: float = Field(5, gt=0)
     fleet_poll_s: float = Field(
         2,
@@ -315,6 +339,11 @@ class TriadConfig(BaseSettings):
         ):
             raise ValueError(
                 f"inference.advertise_url: {self.inference.advertise_url!r} is not an http(s) URL"
+            )
+        if self.orchestrator.backend in ("vllm", "sglang") and self.weights.transport == "broadcast":
+            raise ValueError(
+                f"weights.transport = 'broadcast' needs triad's launcher, not orchestrator.backend = "
+                f"{self.orchestrator.backend!r}: use transport 'filesystem'"
             )
         timeout, interval = self.orchestrator.heartbeat_timeout_s, self.inference.heartbeat_interval_s
         if timeout <= 2 * interval:

@@ -2,14 +2,14 @@
 
 Tokens are the prompt's bytes (as with the tiny models' byte-level tokenizer).
 Each server's behaviour is switched through its `state`: answer normally after
-`delay`, fail with 500, hang (to make clients time out), or report unhealthy.
+`delay` (or once a test opens its `gate`), fail with 500, hang (to make clients
+time out), or report unhealthy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -31,7 +31,7 @@ class FakeState:
     inflight: int = 0
     peak: int = 0
     requests: int = 0
-    busy_since: list[tuple[float, int]] = field(default_factory=list)  # (time, inflight) at each change
+    gate: threading.Semaphore | None = None  # if set, each completion waits to acquire it (`gate.release()`)
     tokenize_failures: int = 0  # the next N /tokenize requests answer 500
     # SGLang's weight routes, as its http_server documents them: GET /get_model_info ->
     # {"model_path", ...}; POST /update_weights_from_disk {"model_path"} -> 200 {"success": true,
@@ -39,8 +39,19 @@ class FakeState:
     sglang_model: str | None = None  # None: no SGLang routes (404)
     sglang_loaded: list[str] = field(default_factory=list)
     sglang_refuse: str | None = None  # the next load fails with this message
+    # vLLM's RL routes (`VLLM_SERVER_DEV_MODE=1`, vllm/entrypoints/rl/online/api_router.py): pause,
+    # resume, init/start/update/finish weight update, /weight_info, /weight_checker. Each load
+    # changes every parameter's checksum except those in `vllm_skip` (a reload that skipped them).
+    vllm_routes: bool = False
+    vllm_version: str = "default"
+    vllm_checksums: dict[str, str] = field(default_factory=lambda: {"a": "a0", "b": "b0", "c": "c0"})
+    vllm_skip: set[str] = field(default_factory=set)
+    vllm_calls: list[str] = field(default_factory=list)  # each RL route called, with its payload
     adapters: list[str] = field(default_factory=list)  # LoRA adapters /v1/models lists first (as `parent`)
     models_asked: list[str] = field(default_factory=list)  # each completion request's `model`
+    max_model_len: int | None = None  # as vLLM: in /v1/models, and a longer request is answered 400
+    max_tokens_asked: list[int] = field(default_factory=list)
+    fail_after: int | None = None  # completion requests after this many answer 500
 
 
 def encode(text: str) -> list[int]:
@@ -51,13 +62,14 @@ def make_app(state: FakeState) -> Starlette:
     def track(delta: int) -> None:
         state.inflight += delta
         state.peak = max(state.peak, state.inflight)
-        state.busy_since.append((time.monotonic(), state.inflight))
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({}, status_code=200 if state.healthy else 503)
 
     async def models(request: Request) -> JSONResponse:
         card = {"id": "fake", "object": "model", "created": 0, "owned_by": "tests"}
+        if state.max_model_len is not None:
+            card["max_model_len"] = state.max_model_len
         loras = [{**card, "id": name, "parent": "fake"} for name in state.adapters]
         return JSONResponse({"object": "list", "data": [*loras, card]})
 
@@ -67,15 +79,34 @@ def make_app(state: FakeState) -> Starlette:
             return JSONResponse({"error": {"message": "connection reset"}}, status_code=500)
         return JSONResponse({"tokens": encode((await request.json())["prompt"])})
 
+    async def render(request: Request) -> JSONResponse:
+        """A ChatML-like rendering over bytes: `role: content` lines (not vLLM's template)."""
+        body = await request.json()
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in body["messages"])
+        return JSONResponse(
+            {"token_ids": encode(text + ("assistant: " if body["add_generation_prompt"] else ""))}
+        )
+
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         state.requests += 1
         state.models_asked.append(body.get("model"))
+        state.max_tokens_asked.append(body.get("max_tokens"))
+        prompt = body["prompt"]
+        asked = len(prompt) if isinstance(prompt, list) else len(encode(prompt))
+        length = asked + body.get("max_tokens", 16)
+        if state.max_model_len is not None and length > state.max_model_len:
+            message = f"This model's maximum context length is {state.max_model_len} tokens"
+            return JSONResponse({"error": {"message": message}}, status_code=400)
+        if state.fail_after is not None and state.requests > state.fail_after:
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         track(+1)
         try:
             if state.mode == "fail":
                 return JSONResponse({"error": {"message": "boom"}}, status_code=500)
             await asyncio.sleep(3600 if state.mode == "hang" else state.delay)
+            while state.gate is not None and not state.gate.acquire(blocking=False):
+                await asyncio.sleep(0.002)
         finally:
             track(-1)
         prompt = body["prompt"]
@@ -119,13 +150,37 @@ def make_app(state: FakeState) -> Starlette:
         return JSONResponse({"success": True, "message": "Succeeded to update model weights.",
                              "num_paused_requests": 0})  # fmt: skip
 
+    async def vllm_rl(request: Request) -> JSONResponse:
+        if not state.vllm_routes:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        route = request.url.path
+        body = await request.json() if request.method == "POST" and await request.body() else {}
+        state.vllm_calls.append(f"{route} {body or dict(request.query_params) or ''}".strip())
+        if route == "/update_weights":
+            path = body["update_info"]["path"]
+            for name in state.vllm_checksums:
+                if name not in state.vllm_skip:
+                    state.vllm_checksums[name] = f"{name}:{path}"
+        if route == "/finish_weight_update":
+            state.vllm_version = body.get("weight_version") or state.vllm_version
+        if route == "/weight_info":
+            return JSONResponse({"weight_version": state.vllm_version})
+        if route == "/weight_checker":
+            return JSONResponse({"checksums": dict(state.vllm_checksums)})
+        return JSONResponse({"message": "ok"})
+
+    rl_routes = ("/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update",
+                 "/update_weights", "/finish_weight_update", "/weight_checker")  # fmt: skip
     return Starlette(
         routes=[
+            *(Route(route, vllm_rl, methods=["POST"]) for route in rl_routes),
+            Route("/weight_info", vllm_rl),
             Route("/get_model_info", model_info),
             Route("/update_weights_from_disk", update_from_disk, methods=["POST"]),
             Route("/health", health),
             Route("/v1/models", models),
             Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/chat/completions/render", render, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
         ]
     )

@@ -63,12 +63,21 @@ def run_triad(
     )
 
 
-def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256) -> list[str]:
+# what a user of a Qwen3-format chat model adds to `vllm serve` for triad's chat rollouts
+CHAT_VLLM_ARGS = (
+    "--enable-scale-out",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser", "hermes",
+    "--reasoning-parser", "qwen3",
+)  # fmt: skip
+
+
+def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple[str, ...] = ()) -> list[str]:
     """vLLM's own OpenAI server, without triad's admin routes."""
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
-        "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log", "--enforce-eager",
+        "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log", "--enforce-eager", *extra,
     ]  # fmt: skip
 
 
@@ -78,7 +87,7 @@ class Server:
 
     def __init__(
         self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False, port: int = 0,
-        max_model_len: int = 256, join: bool = False,
+        max_model_len: int = 256, join: bool = False, vllm_args: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -86,7 +95,7 @@ class Server:
         sets = [f"run_dir={run_dir}", f"model={model}", f"inference.port={self.port}", *extra]
         cmd = triad_cmd("inference", *[f"--set={s}" for s in sets], *(["--join"] if join else []))
         if plain:
-            cmd = plain_vllm_cmd(model, self.port, max_model_len)
+            cmd = plain_vllm_cmd(model, self.port, max_model_len, vllm_args)
         self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             cmd,

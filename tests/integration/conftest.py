@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import Server
+from tests.helpers import CHAT_VLLM_ARGS, Server
 
 
 def plain(tmp_path_factory, name: str, model: str, **kwargs) -> Iterator[Server]:
@@ -30,4 +30,4 @@ def plain_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def chat_server(tmp_path_factory, chat_model) -> Iterator[Server]:
     """The embedded chat model with tool calls `builtin:tiny-tools`."""
-    yield from plain(tmp_path_factory, "chat-vllm", chat_model, max_model_len=1024)
+    yield from plain(tmp_path_factory, "chat-vllm", chat_model, max_model_len=1024, vllm_args=CHAT_VLLM_ARGS)

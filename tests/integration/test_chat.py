@@ -27,7 +27,8 @@ from orchestrator.environments import Prompt, load_environment
 from orchestrator.envs.calculator import ChatCalculator, calculate
 from orchestrator.loop import Orchestrator, connect_servers
 from orchestrator.pool import ServerPool
-from orchestrator.tools import ToolRunner, parse_tool_calls, tool_schema
+from orchestrator.tool_calls import parse_tool_calls
+from orchestrator.tools import ToolRunner, tool_schema
 from shared.batch import read_batch
 from shared.config import TriadConfig, load_config
 from shared.rundir import RunDir
@@ -236,7 +237,7 @@ class CalculatorAgent:
 def sampled_replies(row: dict, tok) -> list[str]:
     """Each model turn of a row as the assistant message the proxy answered with (normal form)."""
     from orchestrator.agents import normal
-    from orchestrator.tools import assistant_message
+    from orchestrator.tool_calls import assistant_message
 
     out = []
     for value, a, b in runs(row["loss_mask"]):
@@ -283,6 +284,7 @@ def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
 ):
     import httpx
 
+    from orchestrator.agents import EpisodeRecorder
     from orchestrator.proxy import AgentProxy
 
     cfg, _ = config(tmp_path / "run", chat_model, chat_server.url, "calculator")
@@ -290,15 +292,16 @@ def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
     async def check() -> None:
         client = Slow(chat_server.url, None, 60)
         await client.wait_ready(60, None)
-        proxy = AgentProxy(ServerPool([_server(client)], cfg.orchestrator), cfg.orchestrator)
+        pool = ServerPool([_server(client)], cfg.orchestrator)
+        proxy = AgentProxy(cfg.orchestrator)
         await proxy.start()
         try:
-            over, _ = proxy.open()
+            over = proxy.open(EpisodeRecorder(pool, cfg.orchestrator))
             proxy.close(over)
             agent = openai.AsyncOpenAI(base_url=proxy.base_url(over), api_key="x", max_retries=0, timeout=10)
             with pytest.raises(openai.NotFoundError, match="is over"):
                 await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1"}])
-            live, _ = proxy.open()
+            live = proxy.open(EpisodeRecorder(pool, cfg.orchestrator))
             async with httpx.AsyncClient(base_url=proxy.base_url(live), timeout=10) as http:
                 bad = await http.post("/chat/completions", json={"messages": [{"role": "robot"}]})
                 assert bad.status_code == 400 and "message 0 is malformed" in bad.json()["error"]["message"]
@@ -353,7 +356,7 @@ def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, chat
 
 def conversation_of(row: dict, tok, user: str) -> list[dict]:
     """The row's conversation as messages, rebuilt from its sampled turns (what a chat server keeps)."""
-    from orchestrator.tools import assistant_message
+    from orchestrator.tool_calls import assistant_message
 
     messages = [{"role": "user", "content": user}]
     for value, a, b in runs(row["loss_mask"]):

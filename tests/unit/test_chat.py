@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
-from orchestrator.agents import Call, Chain, check_request, normal
-from orchestrator.chat import ChatRenderer, check_messages, find_last
+from orchestrator.agents import Call, Chain, normal
+from orchestrator.chat import ChatRenderer, check_messages, common_tail, following
+from orchestrator.proxy import check_request
 from shared.errors import TriadError
 
 IM_START, IM_END = 1000, 1001  # special tokens of the fake template; bytes are their own ids
 USER = {"role": "user", "content": "x"}
+CALL = {"id": "call00000", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
 
 
 def chatml(messages: list[dict], generation_prompt: bool, drop_think: bool = False) -> list[int]:
@@ -21,6 +24,8 @@ def chatml(messages: list[dict], generation_prompt: bool, drop_think: bool = Fal
     ids: list[int] = []
     for i, m in enumerate(messages):
         content = m.get("content") or ""
+        for call in m.get("tool_calls") or []:
+            content += f"\n<tool_call>\n{json.dumps(call['function'])}\n</tool_call>"
         if drop_think and m["role"] == "assistant" and i < last_user and "</think>" in content:
             content = content.split("</think>", 1)[1]
         ids += [IM_START, *f"{m['role']}\n{content}".encode(), IM_END, *b"\n"]
@@ -29,78 +34,72 @@ def chatml(messages: list[dict], generation_prompt: bool, drop_think: bool = Fal
     return ids
 
 
-def fake_renderer(drop_think: bool = False) -> tuple[ChatRenderer, list]:
+def qwen3_like(messages: list[dict], generation_prompt: bool) -> list[int]:
+    """ChatML that writes an empty think block into the last assistant message only when it ends the
+    conversation, as Qwen3's template does: a rendering is then no prefix of a longer one."""
+    ids = chatml(messages, False)
+    if messages[-1]["role"] == "assistant" and not generation_prompt:
+        at = len(chatml(messages[:-1], False)) + 1 + len(b"assistant\n")
+        ids[at:at] = [*b"<think>\n\n</think>\n\n"]
+    return ids + ([IM_START, *b"assistant\n"] if generation_prompt else [])
+
+
+def fake_renderer(template=chatml) -> tuple[ChatRenderer, list]:
     calls = []
 
     async def render(messages, generation_prompt):
         calls.append((messages, generation_prompt))
-        return chatml(messages, generation_prompt, drop_think)
+        return template(messages, generation_prompt)
 
-    async def tokenize(text):
-        return list(text.encode())
-
-    return ChatRenderer(render, tokenize), calls
+    return ChatRenderer(render), calls
 
 
-def test_find_last():
-    assert find_last([1, 2, 1, 2, 3], [1, 2]) == 2
-    assert find_last([1, 2, 3], [4]) == -1
-    assert find_last([], [1]) == -1
+def test_common_tail_is_what_follows_the_one_difference():
+    assert common_tail([1, 2, 7, 3, 4], [1, 2, 8, 3, 4]) == [3, 4]
+    assert common_tail([1, 7], [1, 8]) == []
+    assert common_tail([1, 2], [1, 2]) is None
 
 
-def test_closing_is_what_the_template_writes_after_assistant_content():
-    renderer, _ = fake_renderer()
-    assert asyncio.run(renderer.closing()) == [IM_END, *b"\n"]
+def test_following_starts_after_the_turns_end_token_in_the_tail():
+    tail = [5, 6, IM_END, 9, IM_END]
+    assert following([1, IM_END], True, tail) == [9, IM_END]
+    assert following([1, 2], False, tail) == tail  # truncated: nothing of the closing was sampled
+    assert following([1, 77], True, [IM_END, 9]) == [9]  # an end token the tail lacks stands for its first
 
 
-@pytest.mark.parametrize("drop_think", [False, True])
-def test_after_turn_appends_the_rest_of_the_closing_and_the_new_messages(drop_think):
-    renderer, _ = fake_renderer(drop_think)
+@pytest.mark.parametrize("template", [chatml, qwen3_like])
+def test_after_turn_appends_the_rest_of_the_closing_and_the_new_messages(template):
+    renderer, _ = fake_renderer(template)
     tool = {"role": "tool", "content": "413"}
+    turn = {"role": "assistant", "content": "", "tool_calls": [CALL]}
     sampled = [*b"<think>x</think><tool_call>{}</tool_call>", IM_END]  # the model stopped at <|im_end|>
-    added = asyncio.run(renderer.after_turn(sampled, [tool]))
+    added = asyncio.run(renderer.after_turn(sampled, True, turn, [tool]))
     assert added == [*b"\n", IM_START, *b"tool\n413", IM_END, *b"\n", IM_START, *b"assistant\n"]
-    truncated = asyncio.run(renderer.after_turn([*b"partial"], [tool]))
-    assert truncated == [IM_END, *b"\n", *added[1:]]  # nothing of the closing was sampled
+    truncated = asyncio.run(
+        renderer.after_turn([*b"partial"], False, {"role": "assistant", "content": "p"}, [tool])
+    )
+    assert truncated == [IM_END, *b"\n", *added[1:]]
 
 
-def test_a_growing_conversation_keeps_the_sampled_tokens_where_a_rewriting_template_would_not():
-    """Sampled ids + after_turn ids are what the sampler saw; with drop_think, re-rendering the
-    whole conversation would give other ids for the first turn."""
-    renderer, _ = fake_renderer(drop_think=True)
+@pytest.mark.parametrize("template", [chatml, qwen3_like])
+def test_a_growing_conversation_keeps_the_sampled_tokens(template):
+    """Sampled ids + after_turn ids are what the sampler saw, with a template whose renderings are not
+    prefixes of each other too; re-rendering the whole conversation is what the template would do."""
+    renderer, _ = fake_renderer(template)
     prompt = [{"role": "user", "content": "q1"}]
     ids = asyncio.run(renderer.prompt(prompt))
-    turn = [*b"<think>r</think>a1", IM_END]
-    ids += turn + asyncio.run(renderer.after_turn(turn, [{"role": "user", "content": "q2"}]))
-    conversation = [
-        *prompt,
-        {"role": "assistant", "content": "<think>r</think>a1"},
-        {"role": "user", "content": "q2"},
-    ]
-    assert ids == chatml(conversation, True, drop_think=False)
-    assert ids != chatml(conversation, True, drop_think=True)
-
-
-def test_a_template_that_rewrites_history_when_messages_are_added_is_refused():
-    async def render(messages, generation_prompt):
-        return chatml(messages, generation_prompt) + [len(messages)]  # a trailer that moves
-
-    async def tokenize(text):
-        return list(text.encode())
-
-    with pytest.raises(TriadError, match="differently once messages are added"):
-        asyncio.run(ChatRenderer(render, tokenize).after_turn([IM_END], [{"role": "user", "content": "x"}]))
+    turn = [*b"a1", IM_END]
+    reply = {"role": "assistant", "content": "a1"}
+    ids += turn + asyncio.run(renderer.after_turn(turn, True, reply, [{"role": "user", "content": "q2"}]))
+    assert ids == template([*prompt, reply, {"role": "user", "content": "q2"}], True)
 
 
 def test_a_template_that_hides_assistant_content_is_refused():
     async def render(messages, generation_prompt):
         return [IM_START]
 
-    async def tokenize(text):
-        return list(text.encode())
-
-    with pytest.raises(TriadError, match="content as is"):
-        asyncio.run(ChatRenderer(render, tokenize).closing())
+    with pytest.raises(TriadError, match="does not render an assistant message's text"):
+        asyncio.run(ChatRenderer(render).tail({"role": "assistant", "content": "."}, [USER]))
 
 
 @pytest.mark.parametrize(
@@ -141,7 +140,7 @@ def test_good_messages_come_back_as_plain_dicts():
     ]
 
 
-def call(name: str, args: str, call_id: str = "call_0") -> dict:
+def call(name: str, args: str, call_id: str = "call00000") -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -159,12 +158,12 @@ def test_normal_form_ignores_what_clients_add_and_argument_spelling():
 
 def test_a_call_extends_the_chain_only_after_the_previous_messages_and_reply():
     renderer, _ = fake_renderer()
-    chain = Chain(tools=None, renderer=renderer)
+    chain = Chain(tools=None, renderer=renderer, parser=None)
     first = [{"role": "user", "content": "q"}]
     reply = {"role": "assistant", "content": "", "tool_calls": [call("calc", "{}")]}
     assert chain.new_messages(first, None) is None  # no call yet
     chain.last = Call(first, reply, sampled=[1])
-    tool = {"role": "tool", "tool_call_id": "call_0", "content": "4"}
+    tool = {"role": "tool", "tool_call_id": "call00000", "content": "4"}
     assert chain.new_messages([*first, reply, tool], None) == [tool]
     assert chain.new_messages([*first, reply], None) is None  # nothing new
     assert chain.new_messages([{"role": "user", "content": "other"}, reply, tool], None) is None

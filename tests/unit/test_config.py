@@ -87,6 +87,11 @@ def test_override_values_are_toml_typed():
         ),
         (
             "",
+            ["orchestrator.backend=vllm", "weights.transport=broadcast"],
+            "weights.transport = 'broadcast' needs triad's launcher, not orchestrator.backend = 'vllm'",
+        ),
+        (
+            "",
             ['trainer.loss="cispo"'],
             "is a table .trainer.loss., not a value; the objective is trainer.loss.kind",
         ),

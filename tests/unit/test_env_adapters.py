@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 
@@ -193,15 +194,15 @@ def test_verifiers_reward_and_metrics_come_from_the_rollout_output(vf_env_module
     from orchestrator.agents import AgentEpisode
     from orchestrator.batch_builder import env_metric_means, sample_metrics
     from orchestrator.environments import env_metrics
-    from orchestrator.rollout import Sample
+    from orchestrator.sample import Sample
 
     env = load_environment(f"verifiers:{vf_env_module}")
     p = env.sample(random.Random(0))
     done = AgentEpisode(result={"reward": 1.25, "metrics": {"contains_answer": 1.0, "brevity": 0.5}})
     assert env.reward(p, done) == 1.25
-    assert env_metrics(env, p, done) == {"contains_answer": 1.0, "brevity": 0.5}
+    assert asyncio.run(env_metrics(env, p, done, timeout=5)) == {"contains_answer": 1.0, "brevity": 0.5}
     failed = AgentEpisode(result=RuntimeError("agent died"))
-    assert env.reward(p, failed) == 0.0 and env_metrics(env, p, failed) == {}
+    assert env.reward(p, failed) == 0.0 and asyncio.run(env_metrics(env, p, failed, timeout=5)) == {}
     samples = [Sample(metrics={"brevity": 0.5}), Sample(metrics={"brevity": 0.25, "turns": 2}), Sample()]
     assert env_metric_means(samples) == {"env/brevity": 0.375, "env/turns": 2.0}
     assert sample_metrics(samples[1])["env/brevity"] == 0.25

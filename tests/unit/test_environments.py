@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import threading
+from collections.abc import Awaitable
 from fractions import Fraction
 
 import pytest
@@ -12,13 +14,13 @@ import pytest
 from orchestrator.advantages import has_signal, overlong_penalty
 from orchestrator.backends import Frozen
 from orchestrator.client import InferenceClient
-from orchestrator.environments import eval_prompts, load_environment, score
+from orchestrator.environments import env_metrics, eval_prompts, load_environment, respond, score
 from orchestrator.envs.basic import ReverseText, positional_match
 from orchestrator.envs.calculator import TextCalculator, evaluate
 from orchestrator.envs.grade_school import GradeSchoolMath, extract_answer, is_correct
 from orchestrator.evaluation import pass_at_k
 from orchestrator.pool import Server, ServerPool
-from orchestrator.rollout import rollout_group
+from orchestrator.rollout import TextRollouts
 from orchestrator.stats import percentile
 from shared.config import load_config
 from shared.errors import TriadError
@@ -147,7 +149,7 @@ def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
             client = InferenceClient(fake.url, None, 5)
             client.model = "fake"
             pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
-            out = await rollout_group(env, prompt, pool, 3, env_timeout=5)
+            out = await TextRollouts(env, pool, cfg.orchestrator).group(prompt, 3)
             await client.close()
             return out
 
@@ -178,3 +180,84 @@ def test_a_reward_that_times_out_scores_zero_and_says_so(caplog):
     with caplog.at_level("WARNING", logger="triad.orchestrator"):
         assert asyncio.run(score(Slow(), None, "x", timeout=0.05)) == 0.0
     assert "environment 'slow': reward took over 0.05 s" in caplog.text
+
+
+class Blocking:
+    """A sync reward and respond that block their thread until `release` (3 s at most), and record
+    whether the event loop ran while they blocked."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.started, self.returned, self.release = threading.Event(), threading.Event(), threading.Event()
+        self.loop_ran_meanwhile = False
+
+    def sample(self, rng):
+        return None
+
+    def _block(self) -> None:
+        self.started.set()
+        self.release.wait(timeout=3)
+        self.returned.set()
+
+    def reward(self, prompt, completion) -> float:
+        self._block()
+        return 1.0
+
+    def respond(self, prompt, completion) -> str:
+        self._block()
+        return "more"
+
+    async def watch(self) -> None:
+        """On the loop: note a moment when the sync call has started and not returned."""
+        while not (self.loop_ran_meanwhile or self.returned.is_set()):
+            self.loop_ran_meanwhile = self.started.is_set() and not self.returned.is_set()
+            await asyncio.sleep(0.001)
+
+
+async def bounded(env: Blocking, call: Awaitable[object]) -> object:
+    """`call`'s result (or its TimeoutError) with `env.watch` running beside it; then releases `env`
+    (once the watcher saw it blocked, so that the outcome does not hang on thread timing)."""
+    watcher = asyncio.create_task(env.watch())
+    try:
+        return await call
+    except TimeoutError as e:
+        return e
+    finally:
+        still_running = not env.returned.is_set()
+        async with asyncio.timeout(5):
+            await watcher
+        env.release.set()
+        assert still_running, "the call waited for the sync function to return"
+
+
+def test_a_slow_sync_reward_is_bounded_and_the_loop_keeps_running(caplog):
+    """A sync reward used to run on the event loop: nothing else ran, and the timeout could not fire."""
+    env = Blocking()
+    with caplog.at_level("WARNING", logger="triad.orchestrator"):
+        assert asyncio.run(bounded(env, score(env, None, "x", timeout=0.1))) == 0.0
+    assert env.loop_ran_meanwhile
+    assert "environment 'blocking': reward took over 0.1 s" in caplog.text
+
+
+def test_a_slow_sync_respond_is_bounded_and_the_loop_keeps_running():
+    env = Blocking()
+    assert isinstance(asyncio.run(bounded(env, respond(env, None, "x", timeout=0.1))), TimeoutError)
+    assert env.loop_ran_meanwhile
+
+
+def test_sync_and_async_metrics_are_checked_and_bounded():
+    class Metrics:
+        name = "m"
+
+        def __init__(self, fn) -> None:
+            self.metrics = fn
+
+    async def slow(prompt, episode):
+        await asyncio.sleep(5)
+
+    counted = Metrics(lambda prompt, episode: {"calls": 2})
+    assert asyncio.run(env_metrics(counted, None, None, timeout=1)) == {"calls": 2.0}
+    assert asyncio.run(env_metrics(Metrics(slow), None, None, timeout=0.05)) == {}
+    with pytest.raises(TriadError, match=r"environment 'm': metrics\(\) must return a dict of numbers"):
+        asyncio.run(env_metrics(Metrics(lambda p, e: {"calls": "two"}), None, None, timeout=1))

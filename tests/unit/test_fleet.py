@@ -18,7 +18,8 @@ from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt
 from orchestrator.fleet import Fleet
 from orchestrator.pool import Server
-from orchestrator.rollout import Sample, episode
+from orchestrator.rollout import episode
+from orchestrator.sample import Sample
 from services.cli import parser
 from services.report import status_lines
 from shared.batch import publish_batch

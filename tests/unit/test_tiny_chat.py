@@ -15,7 +15,8 @@ import torch
 from orchestrator.environments import Prompt, load_environment
 from orchestrator.envs import BUILTIN
 from orchestrator.envs.calculator import ChatCalculator, TextCalculator, calculate
-from orchestrator.tools import ToolCall, parse_tool_calls, tool_schema
+from orchestrator.tool_calls import ToolCall, parse_tool_calls
+from orchestrator.tools import tool_schema
 from services import tiny_chat
 from services.tiny_model import RECIPES, cache_name
 from shared.errors import TriadError
@@ -31,12 +32,12 @@ def user(content: str) -> dict:
 QUESTION = user("12*34+5=?")
 
 
-def call(expression: str, call_id: str = "call_0") -> dict:
+def call(expression: str, call_id: str = "call00000") -> dict:
     function = {"name": "calculate", "arguments": json.dumps({"expression": expression})}
     return {"id": call_id, "type": "function", "function": function}
 
 
-def tool(content: str, call_id: str = "call_0") -> dict:
+def tool(content: str, call_id: str = "call00000") -> dict:
     return {"role": "tool", "tool_call_id": call_id, "name": "calculate", "content": content}
 
 
@@ -92,19 +93,19 @@ def test_an_episode_is_the_template_s_rendering_as_the_orchestrator_appends_it(t
 
 def test_the_parser_reads_the_calls_the_template_writes(tok):
     text = tiny_chat.assistant_text(
-        tok, assistant("thinking", call("12*34+5"), call("7", "call_1")), [CALCULATE]
+        tok, assistant("thinking", call("12*34+5"), call("7", "call00001")), [CALCULATE]
     )
     parsed = parse_tool_calls(text)
     assert parsed.content == "thinking" and not parsed.errors
     assert parsed.calls == [
-        ToolCall("call_0", "calculate", {"expression": "12*34+5"}),
-        ToolCall("call_1", "calculate", {"expression": "7"}),
+        ToolCall("call00000", "calculate", {"expression": "12*34+5"}),
+        ToolCall("call00001", "calculate", {"expression": "7"}),
     ]
 
 
 def test_after_a_turn_come_the_tool_results_and_the_next_generation_prompt(tok):
     turn = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}}\n</tool_call>'
-    after = tiny_chat.after_turn_text(tok, [QUESTION], turn, [tool("2"), tool("3", "call_1")], [CALCULATE])
+    after = tiny_chat.after_turn_text(tok, [QUESTION], turn, [tool("2"), tool("3", "call00001")], [CALCULATE])
     assert after == (
         "\n<|im_start|>user\n<tool_response>\n2\n</tool_response>\n<tool_response>\n3\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n" + EMPTY_THINK

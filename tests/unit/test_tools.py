@@ -9,14 +9,17 @@ import time
 
 import pytest
 
-from orchestrator.tools import (
+from orchestrator.tool_calls import (
     MAX_CALLS,
     ParsedTurn,
     ToolCall,
     ToolCallError,
-    ToolRunner,
     assistant_message,
+    call_id,
     parse_tool_calls,
+)
+from orchestrator.tools import (
+    ToolRunner,
     tool_schema,
 )
 from shared.errors import TriadError
@@ -51,14 +54,17 @@ def json_error(text: str) -> str:
 
 def test_one_call():
     parsed = parse_tool_calls(call("calculate", expression="12*34+5"))
-    assert parsed == ParsedTurn("", [ToolCall("call_0", "calculate", {"expression": "12*34+5"})], [])
+    assert parsed == ParsedTurn("", [ToolCall("call00000", "calculate", {"expression": "12*34+5"})], [])
 
 
 def test_two_calls_with_content_around_them():
     text = f"Let me compute.\n{call('add', a=1, b=2)}\nand\n{call('neg', x=-3)}\nThen done. "
     parsed = parse_tool_calls(text)
     assert parsed.content == "Let me compute.\n\nand\n\nThen done."
-    assert parsed.calls == [ToolCall("call_0", "add", {"a": 1, "b": 2}), ToolCall("call_1", "neg", {"x": -3})]
+    assert parsed.calls == [
+        ToolCall("call00000", "add", {"a": 1, "b": 2}),
+        ToolCall("call00001", "neg", {"x": -3}),
+    ]
     assert parsed.errors == []
 
 
@@ -73,19 +79,19 @@ def test_two_calls_with_content_around_them():
     ],
 )
 def test_whitespace_and_layout_do_not_matter(text):
-    assert parse_tool_calls(text) == ParsedTurn("", [ToolCall("call_0", "f", {"x": 1})], [])
+    assert parse_tool_calls(text) == ParsedTurn("", [ToolCall("call00000", "f", {"x": 1})], [])
 
 
 def test_arguments_given_as_a_json_string_as_openai_sends_them():
     text = block({"name": "f", "arguments": json.dumps({"x": 1, "s": "a b"})})
-    assert parse_tool_calls(text).calls == [ToolCall("call_0", "f", {"x": 1, "s": "a b"})]
+    assert parse_tool_calls(text).calls == [ToolCall("call00000", "f", {"x": 1, "s": "a b"})]
 
 
 @pytest.mark.parametrize(
     "payload", [{"name": "now"}, {"name": "now", "arguments": None}, {"name": "now", "arguments": " "}]
 )
 def test_missing_null_or_empty_arguments_mean_none(payload):
-    assert parse_tool_calls(block(payload)).calls == [ToolCall("call_0", "now", {})]
+    assert parse_tool_calls(block(payload)).calls == [ToolCall("call00000", "now", {})]
 
 
 def test_text_without_calls_is_all_content():
@@ -95,7 +101,7 @@ def test_text_without_calls_is_all_content():
 
 def test_a_newline_inside_a_string_is_accepted():
     text = '<tool_call>{"name": "run", "arguments": {"code": "x = 1\nprint(x)"}}</tool_call>'
-    assert parse_tool_calls(text).calls == [ToolCall("call_0", "run", {"code": "x = 1\nprint(x)"})]
+    assert parse_tool_calls(text).calls == [ToolCall("call00000", "run", {"code": "x = 1\nprint(x)"})]
 
 
 # parsing: truncated and malformed
@@ -105,15 +111,15 @@ def test_no_closing_tag_is_a_truncated_call_that_takes_the_rest_of_the_text():
     text = f'I will call. {call("f", x=1)} then <tool_call>\n{{"name": "g", "argu'
     parsed = parse_tool_calls(text)
     assert parsed.content == "I will call.  then"
-    assert parsed.calls == [ToolCall("call_0", "f", {"x": 1})]
-    assert parsed.errors == [ToolCallError("call_1", TRUNCATED)]
+    assert parsed.calls == [ToolCall("call00000", "f", {"x": 1})]
+    assert parsed.errors == [ToolCallError("call00001", TRUNCATED)]
 
 
 def test_a_call_without_a_closing_tag_ends_at_the_next_call():
     text = '<tool_call>{"name": "f", "arguments": {}} oops ' + call("g", y=1) + " done"
     parsed = parse_tool_calls(text)
     assert parsed == ParsedTurn(
-        "done", [ToolCall("call_1", "g", {"y": 1})], [ToolCallError("call_0", TRUNCATED)]
+        "done", [ToolCall("call00001", "g", {"y": 1})], [ToolCallError("call00000", TRUNCATED)]
     )
 
 
@@ -147,15 +153,19 @@ def test_a_closing_tag_without_an_opening_one_is_text():
 )
 def test_unusable_blocks_are_errors_with_a_one_line_reason(body, message):
     parsed = parse_tool_calls(f"before <tool_call>\n{body}\n</tool_call> after")
-    assert parsed == ParsedTurn("before  after", [], [ToolCallError("call_0", message)])
+    assert parsed == ParsedTurn("before  after", [], [ToolCallError("call00000", message)])
     assert "\n" not in message
 
 
 def test_errors_and_calls_share_one_numbering_in_order():
     text = call("a") + "<tool_call>oops</tool_call>" + call("b") + block([1]) + call("c") + "<tool_call>{"
     parsed = parse_tool_calls(text)
-    assert [(c.id, c.name) for c in parsed.calls] == [("call_0", "a"), ("call_2", "b"), ("call_4", "c")]
-    assert [e.id for e in parsed.errors] == ["call_1", "call_3", "call_5"]
+    assert [(c.id, c.name) for c in parsed.calls] == [
+        ("call00000", "a"),
+        ("call00002", "b"),
+        ("call00004", "c"),
+    ]
+    assert [e.id for e in parsed.errors] == ["call00001", "call00003", "call00005"]
 
 
 # parsing: nested
@@ -163,7 +173,7 @@ def test_errors_and_calls_share_one_numbering_in_order():
 
 def test_nested_arguments_are_kept_as_they_are():
     arguments = {"matrix": [[1, 2], [3, 4]], "opts": {"deep": {"list": [{"k": None}, 1.5, True]}}, "s": "x"}
-    assert parse_tool_calls(call("f", **arguments)).calls == [ToolCall("call_0", "f", arguments)]
+    assert parse_tool_calls(call("f", **arguments)).calls == [ToolCall("call00000", "f", arguments)]
 
 
 def test_tool_call_tags_inside_json_strings_are_data():
@@ -171,14 +181,14 @@ def test_tool_call_tags_inside_json_strings_are_data():
     opening or closing, are text of the arguments and do not start or end a block."""
     arguments = {"text": "<tool_call> and </tool_call> and <tool_call>{}</tool_call>"}
     parsed = parse_tool_calls(f"see {call('echo', **arguments)} ok")
-    assert parsed == ParsedTurn("see  ok", [ToolCall("call_0", "echo", arguments)], [])
+    assert parsed == ParsedTurn("see  ok", [ToolCall("call00000", "echo", arguments)], [])
 
 
 def test_a_block_that_is_not_one_json_value_ends_at_its_first_closing_tag():
     text = '<tool_call>{"name": "f"} x </tool_call> tail </tool_call>'
     parsed = parse_tool_calls(text)
     assert parsed.content == "tail </tool_call>"
-    assert parsed.errors == [ToolCallError("call_0", NOT_JSON + json_error('{"name": "f"} x'))]
+    assert parsed.errors == [ToolCallError("call00000", NOT_JSON + json_error('{"name": "f"} x'))]
 
 
 # parsing: malicious
@@ -187,8 +197,8 @@ def test_a_block_that_is_not_one_json_value_ends_at_its_first_closing_tag():
 def test_a_100_kib_block_is_refused_without_parsing():
     text = call("f", blob="x" * 100 * 1024) + call("g", y=2)
     parsed = parse_tool_calls(text)
-    assert parsed.errors == [ToolCallError("call_0", TOO_LARGE)]
-    assert parsed.calls == [ToolCall("call_1", "g", {"y": 2})]
+    assert parsed.errors == [ToolCallError("call00000", TOO_LARGE)]
+    assert parsed.calls == [ToolCall("call00001", "g", {"y": 2})]
 
 
 @pytest.mark.parametrize(
@@ -208,15 +218,15 @@ def test_a_100_kib_block_is_refused_without_parsing():
     ],
 )
 def test_deep_nesting_is_an_error_not_a_crash(text, message):
-    assert parse_tool_calls(text) == ParsedTurn("", [], [ToolCallError("call_0", message)])
+    assert parse_tool_calls(text) == ParsedTurn("", [], [ToolCallError("call00000", message)])
 
 
 def test_fifty_calls_run_sixteen_and_say_so():
     parsed = parse_tool_calls("".join(call("f", i=i) for i in range(50)) + " end")
     assert parsed.content == "end"
-    assert parsed.calls == [ToolCall(f"call_{i}", "f", {"i": i}) for i in range(MAX_CALLS)]
+    assert parsed.calls == [ToolCall(call_id(i), "f", {"i": i}) for i in range(MAX_CALLS)]
     why = "too many tool calls: 50 in one turn, at most 16; the rest were not run"
-    assert parsed.errors == [ToolCallError("call_16", why)]
+    assert parsed.errors == [ToolCallError("call00016", why)]
 
 
 @pytest.mark.parametrize(
@@ -234,8 +244,8 @@ def test_control_characters_and_lone_surrogates_never_raise():
     weird = "\x00\x01\x1b[31m\ud800 \udfff\ufffe\u2028é\x7f"  # lone surrogates, not a pair
     parsed = parse_tool_calls(f"{weird}{call('f', s=weird)}{weird}<tool_call>{weird}</tool_call>")
     assert parsed.content == weird + weird
-    assert parsed.calls == [ToolCall("call_0", "f", {"s": weird})]
-    assert [e.id for e in parsed.errors] == ["call_1"]
+    assert parsed.calls == [ToolCall("call00000", "f", {"s": weird})]
+    assert [e.id for e in parsed.errors] == ["call00001"]
     assert "\n" not in parsed.errors[0].message
 
 
@@ -269,7 +279,7 @@ def test_random_fragments_never_raise():
     for _ in range(3000):
         parsed = parse_tool_calls("".join(rng.choice(pieces) for _ in range(rng.randint(0, 40))))
         ids = sorted([c.id for c in parsed.calls] + [e.id for e in parsed.errors], key=lambda i: int(i[5:]))
-        assert ids == [f"call_{i}" for i in range(len(ids))]
+        assert ids == [call_id(i) for i in range(len(ids))]
         assert all("\n" not in e.message for e in parsed.errors)
 
 
@@ -279,8 +289,8 @@ def test_code_in_arguments_is_data_never_evaluated(tmp_path):
     text = call("echo", text=payload) + block({"name": "__import__", "arguments": {"name": "os"}})
     text += block({"name": "echo", "arguments": json.dumps({"text": payload})})
     parsed = parse_tool_calls(text)
-    assert parsed.calls[0] == ToolCall("call_0", "echo", {"text": payload})
-    assert parsed.calls[2] == ToolCall("call_2", "echo", {"text": payload})
+    assert parsed.calls[0] == ToolCall("call00000", "echo", {"text": payload})
+    assert parsed.calls[2] == ToolCall("call00002", "echo", {"text": payload})
 
     def echo(text: str) -> str:
         """Say it back."""
@@ -449,8 +459,8 @@ RUNNER = ToolRunner([add, scale, fail, own_timeout, sleep_sync, sleep_async], ti
 
 
 def run(name: str, **arguments: object) -> str:
-    message = asyncio.run(RUNNER.run(ToolCall("call_3", name, arguments)))
-    assert message["role"] == "tool" and message["tool_call_id"] == "call_3" and message["name"] == name
+    message = asyncio.run(RUNNER.run(ToolCall("call00003", name, arguments)))
+    assert message["role"] == "tool" and message["tool_call_id"] == "call00003" and message["name"] == name
     return message["content"]
 
 
@@ -462,9 +472,9 @@ def test_runner_names_and_schemas():
 
 
 def test_runner_returns_the_result_as_text():
-    assert asyncio.run(RUNNER.run(ToolCall("call_0", "add", {"a": 2, "b": 40}))) == {
+    assert asyncio.run(RUNNER.run(ToolCall("call00000", "add", {"a": 2, "b": 40}))) == {
         "role": "tool",
-        "tool_call_id": "call_0",
+        "tool_call_id": "call00000",
         "name": "add",
         "content": "42",
     }
@@ -527,7 +537,7 @@ def test_a_slow_sync_tool_times_out_without_blocking_the_loop():
 
         ticker = asyncio.create_task(tick())
         start = time.monotonic()
-        message = await RUNNER.run(ToolCall("call_0", "sleep_sync", {"seconds": 1.0}))
+        message = await RUNNER.run(ToolCall("call00000", "sleep_sync", {"seconds": 1.0}))
         elapsed = time.monotonic() - start
         ticker.cancel()
         return message["content"], elapsed, ticks
@@ -565,16 +575,16 @@ def test_run_turn_answers_calls_and_errors_in_id_order():
     )
     messages = asyncio.run(RUNNER.run_turn(parse_tool_calls(text)))
     assert messages == [
-        {"role": "tool", "tool_call_id": "call_0", "name": "add", "content": "1"},
+        {"role": "tool", "tool_call_id": "call00000", "name": "add", "content": "1"},
         {
             "role": "tool",
-            "tool_call_id": "call_1",
+            "tool_call_id": "call00001",
             "name": "",
             "content": "error: " + NOT_JSON + json_error("nope"),
         },
-        {"role": "tool", "tool_call_id": "call_2", "name": "mul", "content": UNKNOWN_MUL},
-        {"role": "tool", "tool_call_id": "call_3", "name": "add", "content": "4"},
-        {"role": "tool", "tool_call_id": "call_4", "name": "", "content": "error: " + TRUNCATED},
+        {"role": "tool", "tool_call_id": "call00002", "name": "mul", "content": UNKNOWN_MUL},
+        {"role": "tool", "tool_call_id": "call00003", "name": "add", "content": "4"},
+        {"role": "tool", "tool_call_id": "call00004", "name": "", "content": "error: " + TRUNCATED},
     ]
 
 
@@ -599,12 +609,12 @@ def test_assistant_message_with_calls():
         "content": "Computing.",
         "tool_calls": [
             {
-                "id": "call_0",
+                "id": "call00000",
                 "type": "function",
                 "function": {"name": "calculate", "arguments": '{"expression": "1+2"}'},
             },
             {
-                "id": "call_1",
+                "id": "call00001",
                 "type": "function",
                 "function": {"name": "f", "arguments": '{"nested": {"a": [1]}}'},
             },

@@ -122,3 +122,36 @@ def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():
     assert "--enforce-eager" in args(False, "inference.enforce_eager=true")
     with pytest.raises(TriadError, match="enforce_eager"):
         load_config(None, ["inference.enforce_eager=sometimes"])
+
+
+def test_the_stock_vllm_command_swaps_triads_extension_for_its_engine_and_stays_on_loopback(tmp_path):
+    import json
+    import sys
+
+    from inference.server import stock_vllm_cmd
+    from shared.config import load_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float32"}))
+    cmd = stock_vllm_cmd(load_config(None, ["orchestrator.backend=vllm"]), str(tmp_path), lambda: True)
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert (
+        "--worker-extension-cls" not in cmd and "inference.worker_extension.TriadWorkerExtension" not in cmd
+    )
+    assert cmd[-2:] == ["--weight-transfer-config", '{"backend": "triad_disk"}']
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--dtype") + 1] == "float32"
+    exposed = load_config(None, ["orchestrator.backend=vllm", "inference.host=0.0.0.0"])
+    with pytest.raises(TriadError, match=r"unauthenticated RL routes on '0.0.0.0': set inference.host"):
+        stock_vllm_cmd(exposed, str(tmp_path), lambda: True)
+    smuggled = load_config(None, ["orchestrator.backend=vllm", 'inference.vllm_args=["--host", "10.1.2.3"]'])
+    with pytest.raises(TriadError, match="'10.1.2.3'"):
+        stock_vllm_cmd(smuggled, str(tmp_path), lambda: True)
+
+
+def test_the_engine_registers_once_however_often_vllm_loads_the_plugin():
+    from vllm.distributed.weight_transfer import WeightTransferEngineFactory
+
+    from inference.vllm_engine import ENGINE_NAME, DiskWeightTransferEngine, register
+
+    register()
+    register()
+    assert WeightTransferEngineFactory._registry[ENGINE_NAME]() is DiskWeightTransferEngine

@@ -1,0 +1,43 @@
+"""How an environment's episodes are run: one protocol, one strategy per kind of rollout.
+
+- `TextRollouts` (`rollout.py`): text prompts sent as is;
+- `ChatRollouts` (`chat_rollout.py`): chat prompts, tools and replies as tokens;
+- `AgentRollouts` (`agents.py`): any OpenAI-client program through a per-episode proxy.
+
+The loop and evaluation import this module alone.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+from orchestrator.agents import AgentRollouts
+from orchestrator.chat_rollout import ChatRollouts
+from orchestrator.environments import Environment, Prompt, env_tools
+from orchestrator.pool import ServerPool
+from orchestrator.rollout import TextRollouts
+from orchestrator.sample import Sample
+from shared.config import OrchestratorConfig
+
+
+class Episodes(Protocol):
+    """The episodes of one environment."""
+
+    async def start(self, prompt: Prompt) -> None:
+        """Check, once before the run, that `prompt`'s episodes can be served; fail with one line if not."""
+
+    async def group(self, prompt: Prompt, size: int) -> list[Sample]:
+        """`size` episodes of `prompt`, scored (an agent episode may make several samples)."""
+
+    async def stop(self) -> None: ...
+
+
+def episodes_for(env: Environment, pool: ServerPool, oc: OrchestratorConfig) -> Episodes:
+    """Agent episodes for an environment with `run_agent`; chat episodes by config, for an
+    environment with tools or one whose prompts are chat; text episodes otherwise."""
+    if hasattr(env, "run_agent"):
+        return AgentRollouts(env, pool, oc)
+    if oc.chat or env_tools(env) or env.sample(random.Random(0)).is_chat:
+        return ChatRollouts(env, pool, oc)
+    return TextRollouts(env, pool, oc)

@@ -1,0 +1,140 @@
+"""`triad simulate --from RUN_DIR`: a run's own settings and measured phase times as a Setup.
+
+Read from the run directory alone (its run record and metrics rows):
+- the trainer: `read_s + train_s` against the batch's tokens (a line: overhead and per token),
+  `publish_s` (its mean);
+- the weight load: inference rows' `load_s`; the orchestrator's `assemble_s + write_batch_s`;
+- lengths: a lognormal capped at `max_tokens` whose mean and truncated fraction match the rows'
+  `tokens / samples` and `truncated_frac`;
+- the decode iteration: fitted so that the simulated median request latency equals the rows'
+  `request_latency_s_p50` (the run's own concurrency, so one parameter)."""
+
+from __future__ import annotations
+
+import math
+from statistics import mean, median
+
+from shared.errors import TriadError
+from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
+from simulate.result import WARMUP_FRACTION
+from simulate.setup import Inference, Lengths, Setup, Trainer
+
+CPU_PEAK_FLOPS = 1e11  # nominal; the fitted MFU carries the real rate (only their product matters)
+TINY_PARAMS = 5e5
+
+
+def steady(rows: list[dict]) -> list[dict]:
+    return rows[max(1, int(len(rows) * WARMUP_FRACTION)) :]
+
+
+def line_fit(xs: list[float], ys: list[float], min_spread: float = 0.2) -> tuple[float, float]:
+    """Least squares y = a + b x with a, b >= 0; a flat line through the mean when x spreads less than
+    `min_spread` of its mean (the slope would be noise: a batch's tokens hardly vary in most runs)."""
+    mx, my = mean(xs), mean(ys)
+    if max(xs) - min(xs) <= min_spread * abs(mx):
+        return my, 0.0
+    var = sum((x - mx) ** 2 for x in xs)
+    b = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var, 0.0)
+    if my - b * mx < 0:
+        return 0.0, my / mx
+    return my - b * mx, b
+
+
+def phi(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def capped_mean(median_tokens: float, sigma: float, cap: int) -> float:
+    """E[min(X, cap)] for X lognormal (an integer draw: about half a token less)."""
+    mu, lc = math.log(median_tokens), math.log(cap)
+    body = math.exp(mu + sigma**2 / 2) * phi((lc - mu - sigma**2) / sigma)
+    return body + cap * (1 - phi((lc - mu) / sigma)) - 0.5
+
+
+def fit_lengths(mean_tokens: float, truncated: float, max_tokens: int) -> Lengths:
+    """The capped lognormal whose mean and P(length = max_tokens) match the run's."""
+    grid = [(0.05 * i, max_tokens * 0.01 * j) for i in range(1, 61) for j in range(1, 301)]
+
+    def err(sigma: float, median_tokens: float) -> float:
+        tail = 1 - phi((math.log(max_tokens) - math.log(median_tokens)) / sigma)
+        return ((capped_mean(median_tokens, sigma, max_tokens) - mean_tokens) / mean_tokens) ** 2 + (
+            tail - truncated
+        ) ** 2
+
+    sigma, median_tokens = min(grid, key=lambda p: err(*p))
+    return Lengths(median_tokens, sigma, max_tokens)
+
+
+def measured_samples_per_s(rundir: RunDir) -> float:
+    """Samples over time between batch writes, past the warm-up (as `Result.samples_per_s`)."""
+    rows = rundir.metrics.rows(ORCHESTRATOR)
+    if len(rows) < 5:
+        raise TriadError(f"{rundir.name}: {len(rows)} orchestrator rows; a calibration needs at least 5")
+    k = max(1, int(len(rows) * WARMUP_FRACTION))
+    counted = rows[k:]
+    return sum(r["samples"] for r in counted) / (counted[-1]["time"] - rows[k - 1]["time"])
+
+
+def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
+    """The run's Setup with every phase fitted, and the latency it must reproduce."""
+    cfg = rundir.read_run().config
+    oc = cfg["orchestrator"]
+    orch = steady(rundir.metrics.rows(ORCHESTRATOR))
+    trainer = steady([r for r in rundir.metrics.rows(TRAINER) if "train_s" in r])
+    loads = [r["load_s"] for r in rundir.metrics.rows(INFERENCE) if "load_s" in r]
+    if not orch or not trainer:
+        raise TriadError(f"{rundir.name} has too few orchestrator or trainer rows to calibrate on")
+    overhead, per_token = line_fit(
+        [r["tokens"] for r in trainer], [r.get("read_s", 0) + r["train_s"] for r in trainer]
+    )
+    samples = sum(r["samples"] for r in orch)
+    lengths = fit_lengths(sum(r["tokens"] for r in orch) / samples, mean(r["truncated_frac"] for r in orch),
+                          oc["max_tokens"])  # fmt: skip
+    load_s = median(loads) if loads else 0.0
+    mfu = 6 * TINY_PARAMS / (CPU_PEAK_FLOPS * per_token) if per_token > 0 else math.inf  # no per-token term
+    setup = Setup(
+        servers=max(len(cfg.get("inference_urls") or oc.get("inference_urls") or []), 1),
+        train_gpus=1,
+        inference=Inference(iter_base_s=0.01, iter_per_seq_s=0.0, iter_per_kv_token_s=0.0,
+                            max_seqs=1 << 20, prefill_tokens_per_s=1e12, load_s=load_s),
+        trainer=Trainer(params=TINY_PARAMS, peak_flops=CPU_PEAK_FLOPS, mfu=mfu, overhead_s=overhead,
+                        handoff_bytes_per_s=1e18, publish_overhead_s=mean(r["publish_s"] for r in trainer)),
+        lengths=lengths, prompt_tokens=8, batch_size=oc["batch_size"], group_size=oc["group_size"],
+        max_inflight=oc["max_inflight"], max_async_level=cfg["max_async_level"], max_steps=len(orch) + 10,
+        batch_overhead_s=mean(r["assemble_s"] + r["write_batch_s"] for r in orch),
+    )  # fmt: skip
+    return setup, mean(r["request_latency_s_p50"] for r in orch)
+
+
+def measured_concurrency(rundir: RunDir) -> float:
+    """Requests in flight on average: the rows' request spans over the time they cover."""
+    rows = steady(rundir.metrics.rows(ORCHESTRATOR))
+    spans = [s for r in rows for s in r.get("request_spans", [])]
+    if not spans:
+        return 0.0
+    begin, end = min(s for s, _ in spans), max(s + d for s, d in spans)
+    return sum(d for _, d in spans) / max(end - begin, 1e-12)
+
+
+def scaled(setup: Setup, factor: float) -> Setup:
+    inf = setup.inference
+    return setup.with_(inference=type(inf)(**{**inf.__dict__, "iter_base_s": inf.iter_base_s * factor}))
+
+
+def calibrate(rundir: RunDir, rounds: int = 6) -> Setup:
+    """`setup_from_run`, then two fits by simulating the run's own settings: the decode iteration
+    (scaled until the mean of the rows' median request latency is the measured one) and the per-group overhead
+    (until the mean requests in flight are the measured ones: what the rest of `max_inflight`
+    spends outside a server)."""
+    from simulate.pipeline import simulate
+
+    setup, latency = setup_from_run(rundir)
+    concurrency = measured_concurrency(rundir)
+    for _ in range(rounds):
+        r = simulate(setup)
+        if r.latencies:
+            setup = scaled(setup, latency / mean(r.latencies))
+        if concurrency > 0 and r.concurrency() > 0:
+            per_group = setup.group_overhead_s + mean(r.latencies) * (r.concurrency() / concurrency - 1)
+            setup = setup.with_(group_overhead_s=max(per_group, 0.0))
+    return setup

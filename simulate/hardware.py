@@ -1,0 +1,76 @@
+"""From a GPU and a model size to the per-server decode, prefill and trainer rates.
+
+A decode iteration reads the weights once and each running sequence's KV cache (memory bound,
+at `hbm_efficiency` of the HBM bandwidth), and spends `2 * params` FLOPs per sequence (at
+`compute_efficiency` of peak), plus `launch_s` of fixed cost (kernel launches, scheduling, sampling).
+These are the assumptions docs/simulate.md tables; each is a field, none is hidden in code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulate.setup import Inference, Trainer
+
+# (parameters, layers, KV heads, head dim): the Qwen2.5 / Llama-3 shapes nearest each size
+SHAPES = (
+    (0.5e9, 24, 2, 64), (1.5e9, 28, 2, 128), (3e9, 36, 2, 128), (7e9, 28, 4, 128), (8e9, 32, 8, 128),
+    (14e9, 48, 8, 128), (32e9, 64, 8, 128), (70e9, 80, 8, 128),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str = "H100/H800"
+    peak_flops: float = 989e12  # dense bf16
+    hbm_bytes_per_s: float = 3.35e12
+    memory_bytes: float = 80e9
+    hbm_efficiency: float = 0.6
+    compute_efficiency: float = 0.5
+    launch_s: float = 0.004
+    max_seqs: int = 256  # vLLM's max_num_seqs
+    mfu: float = 0.35  # the trainer's, forward + backward (6 N FLOPs per token)
+    handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
+    load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
+
+
+def kv_bytes_per_token(params: float) -> float:
+    _, layers, heads, dim = min(SHAPES, key=lambda s: abs(s[0] - params) / s[0])
+    return layers * 2 * heads * dim * 2  # K and V, bf16
+
+
+def tp_for(params: float, gpu: Gpu) -> int:
+    """The smallest tensor-parallel degree (1, 2, 4, 8) that leaves half of each GPU for the KV cache."""
+    for tp in (1, 2, 4, 8):
+        if 2 * params / tp <= gpu.memory_bytes / 2:
+            return tp
+    return 8
+
+
+def kv_capacity_tokens(params: float, gpu: Gpu, tp: int) -> float:
+    """Tokens the KV cache holds on a server: 90% of its memory less the weights (vLLM's default)."""
+    return max(0.9 * gpu.memory_bytes * tp - 2 * params, 0.0) / kv_bytes_per_token(params)
+
+
+def inference_for(params: float, gpu: Gpu, tp: int | None = None, mean_context: float = 0.0) -> Inference:
+    """`mean_context` (prompt and mean completion): running sequences are held to what the KV cache
+    holds at that context (vLLM admits no more than fit; the model has no preemption)."""
+    tp = tp or tp_for(params, gpu)
+    fit = int(kv_capacity_tokens(params, gpu, tp) / mean_context) if mean_context else gpu.max_seqs
+    bw = gpu.hbm_bytes_per_s * gpu.hbm_efficiency * tp
+    return Inference(
+        iter_base_s=gpu.launch_s + 2 * params / bw,
+        iter_per_seq_s=2 * params / (gpu.peak_flops * gpu.compute_efficiency * tp),
+        iter_per_kv_token_s=kv_bytes_per_token(params) / bw,
+        max_seqs=max(1, min(gpu.max_seqs, fit)),
+        prefill_tokens_per_s=gpu.peak_flops * gpu.compute_efficiency * tp / (2 * params),
+        load_s=gpu.load_s,
+        tp=tp,
+    )
+
+
+def trainer_for(params: float, gpu: Gpu, colocated: bool = False) -> Trainer:
+    """Colocated (one pool of GPUs takes turns) reshards in memory: no transfer to pay."""
+    return Trainer(
+        params=params, peak_flops=gpu.peak_flops, mfu=gpu.mfu, overhead_s=1.0,
+        handoff_bytes_per_s=1e15 if colocated else gpu.handoff_bytes_per_s, publish_overhead_s=0.5,
+    )  # fmt: skip

@@ -1,0 +1,177 @@
+"""triad's pipeline as events: the producer and assembler (orchestrator/loop.py), the η guard
+(orchestrator/staleness.py), the trainer (wait, train, publish) and the weight follower.
+
+What waits for what, as in triad: a group starts only if fewer than `max_inflight` are pending
+and the served version is fresh enough for the batch it will most likely land in; the assembler
+takes groups in the order they finish and drops those too stale for its batch, and writes a full
+batch (`batch_overhead_s`) before it assembles the next; the trainer takes batch n once written,
+trains, and publishes version n; the follower has every server load the newest published version
+(all at once, each held `load_s`; with `mode = "abort"` running sequences are also aborted and
+resubmitted), and only then is it the served version."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable
+
+from simulate.result import Result
+from simulate.server import Group, Seq, Server
+from simulate.setup import Setup
+
+
+def oldest_allowed_version(step: int, max_async_level: int) -> int:
+    """orchestrator/staleness.py's bound (a unit test holds the two equal)."""
+    return max(step - 1 - max_async_level, 0)
+
+
+class Pipeline:
+    def __init__(self, setup: Setup) -> None:
+        self.s = setup
+        self.rng = random.Random(setup.seed)
+        self.servers = [Server(i, setup.inference, setup.prompt_tokens) for i in range(setup.servers)]
+        self.events: list = []
+        self.order = itertools.count()
+        self.least = [(0, i) for i in range(setup.servers)]  # (groups held, server), lazily updated
+        self.step, self.accepted, self.pending, self.writing = 1, 0, 0, False
+        self.batch: list[Group] = []
+        self.queue: deque[Group] = deque()
+        self.ready: deque[tuple[int, int]] = deque()  # written batches: (step, tokens)
+        self.trainer_busy, self.published, self.served, self.loading = False, 0, 0, 0
+        self.dropped = 0
+        self.r = Result(setup)
+
+    # -- events ---------------------------------------------------------------
+    def at(self, when: float, fn: Callable[..., None], *args: object) -> None:
+        heapq.heappush(self.events, (when, next(self.order), fn, args))
+
+    def run(self) -> Result:
+        self.try_start(0.0)
+        while self.events and self.r.trained < self.s.max_steps:
+            now, _, fn, args = heapq.heappop(self.events)
+            fn(now, *args)
+        self.r.finish(self.servers, self.dropped)
+        return self.r
+
+    def schedule(self, server: Server, now: float) -> None:
+        server.stamp += 1
+        end = server.next_end(now)
+        if end is not None:
+            self.at(end, self.on_server, server, server.stamp)
+
+    # -- the producer ---------------------------------------------------------
+    def target(self) -> int:
+        return self.step + (self.accepted + self.pending) // self.s.batch_size
+
+    def may_start(self) -> bool:
+        target = self.target()
+        return (
+            self.pending < self.s.max_inflight
+            and target <= self.s.max_steps
+            and self.served >= oldest_allowed_version(target, self.s.max_async_level)
+        )
+
+    def pick(self) -> Server:
+        while True:
+            held, i = self.least[0]
+            if held == self.servers[i].groups:
+                return self.servers[i]
+            heapq.heappop(self.least)  # the server has a newer entry
+
+    def try_start(self, now: float) -> None:
+        while self.may_start():
+            self.pending += 1
+            group = Group(self.target(), now, self.s.group_size, self.served)
+            server = self.pick()
+            group.server = server.idx
+            lengths = self.s.lengths.draws(self.rng, self.s.group_size)
+            seqs = [Seq(group, n, self.served) for n in lengths]
+            server.admit(now, seqs)
+            heapq.heapreplace(self.least, (server.groups, server.idx))
+            self.schedule(server, now)
+
+    def on_server(self, now: float, server: Server, stamp: int) -> None:
+        if stamp != server.stamp:
+            return
+        for seq in server.finish(now):
+            g = seq.group
+            g.remaining -= 1
+            g.tokens += seq.tokens + seq.context - self.s.prompt_tokens
+            g.version = min(g.version, seq.version)
+            if g.remaining == 0:
+                server.groups -= 1
+                heapq.heappush(self.least, (server.groups, server.idx))
+                self.r.group_latency(now - g.started)
+                self.at(now + self.s.group_overhead_s, self.on_scored, g)
+        self.schedule(server, now)
+
+    def on_scored(self, now: float, group: Group) -> None:
+        self.queue.append(group)
+        self.assemble(now)
+
+    # -- the assembler ----------------------------------------------------------
+    def assemble(self, now: float) -> None:
+        while self.queue and not self.writing:
+            g = self.queue.popleft()
+            self.pending -= 1
+            if g.version < oldest_allowed_version(self.step, self.s.max_async_level):
+                self.dropped += self.s.group_size
+            else:
+                self.batch.append(g)
+                self.accepted += 1
+            if len(self.batch) == self.s.batch_size:
+                self.writing = True
+                self.r.generated(self.step, now)
+                self.at(now + self.s.batch_overhead_s, self.on_written)
+        self.try_start(now)
+
+    def on_written(self, now: float) -> None:
+        tokens = sum(g.tokens for g in self.batch)
+        busy = sum(server.busy_s for server in self.servers)
+        self.r.written(self.step, now, tokens, self.s.batch_size * self.s.group_size, busy)
+        self.ready.append((self.step, tokens))
+        self.step, self.accepted, self.batch, self.writing = self.step + 1, 0, [], False
+        self.train(now)
+        self.assemble(now)
+
+    # -- the trainer and the weight follower -------------------------------------
+    def train(self, now: float) -> None:
+        if self.trainer_busy or not self.ready:
+            return
+        step, tokens = self.ready.popleft()
+        self.trainer_busy = True
+        trained = now + self.s.trainer.train_s(tokens, self.s.train_gpus)
+        published = trained + self.s.trainer.publish_s()
+        self.r.trainer_step(step, now, trained, published)
+        self.at(published, self.on_published, step)
+
+    def on_published(self, now: float, step: int) -> None:
+        self.trainer_busy, self.published = False, step
+        self.follow(now)
+        self.train(now)
+
+    def follow(self, now: float) -> None:
+        if self.loading or self.published <= self.served:
+            return
+        self.loading = version = self.published
+        done = now
+        for server in self.servers:
+            hold = self.s.inference.load_s
+            if self.s.mode == "abort":
+                hold += server.abort_all(now, version)
+            server.freeze(now, hold)
+            self.schedule(server, now)
+            done = max(done, server.frozen_until)
+        self.r.load(version, now, done)
+        self.at(done, self.on_loaded, version)
+
+    def on_loaded(self, now: float, version: int) -> None:
+        self.served, self.loading = version, 0
+        self.try_start(now)
+        self.follow(now)
+
+
+def simulate(setup: Setup) -> Result:
+    return Pipeline(setup).run()

@@ -1,0 +1,58 @@
+"""A Setup from a few numbers (GPUs, model size, lengths, batch), as `triad simulate --gpus` and
+the published checks give them. Length distributions are the one shared assumption: a capped
+lognormal with mean `mean_fraction` of `max_tokens` and `truncated` of the samples at the cap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.errors import TriadError
+from simulate.calibrate import fit_lengths
+from simulate.hardware import Gpu, inference_for, tp_for, trainer_for
+from simulate.setup import Lengths, Setup
+
+
+@dataclass(frozen=True)
+class Scenario:
+    gpus: int
+    params: float
+    max_tokens: int
+    batch_prompts: int = 512
+    group_size: int = 16
+    prompt_tokens: int = 512
+    mean_fraction: float = 0.35
+    truncated: float = 0.05
+    steps: int = 40
+    gpu: Gpu = Gpu()
+
+    def lengths(self) -> Lengths:
+        return fit_lengths(self.mean_fraction * self.max_tokens, self.truncated, self.max_tokens)
+
+    def colocated_sync(self, lengths: Lengths | None = None) -> Setup:
+        """A synchronous system on one pool (verl's default): all GPUs generate, then all train."""
+        tp = tp_for(self.params, self.gpu)
+        return self.setup(self.gpus // tp, self.gpus, 0, "keep", self.batch_prompts, lengths, colocated=True)
+
+    def split(self, inference_gpus: int, eta: int, mode: str = "keep", lengths: Lengths | None = None,
+              inflight: int | None = None) -> Setup:  # fmt: skip
+        """triad's layout: `inference_gpus` serve, the rest train; `inflight` groups (default: a batch
+        for each version the guard lets run ahead)."""
+        tp = tp_for(self.params, self.gpu)
+        if not tp <= inference_gpus < self.gpus:
+            raise TriadError(
+                f"simulate: {inference_gpus} inference GPUs of {self.gpus} leaves no trainer or server"
+            )
+        inflight = inflight or self.batch_prompts * (eta + 1)
+        return self.setup(inference_gpus // tp, self.gpus - inference_gpus, eta, mode, inflight, lengths)
+
+    def setup(self, servers: int, train_gpus: int, eta: int, mode: str, inflight: int,
+              lengths: Lengths | None, colocated: bool = False) -> Setup:  # fmt: skip
+        lengths = lengths or self.lengths()
+        context = self.prompt_tokens + lengths.mean(4000)
+        return Setup(
+            servers=servers, train_gpus=train_gpus,
+            inference=inference_for(self.params, self.gpu, mean_context=context),
+            trainer=trainer_for(self.params, self.gpu, colocated), lengths=lengths,
+            prompt_tokens=self.prompt_tokens, batch_size=self.batch_prompts, group_size=self.group_size,
+            max_inflight=inflight, max_async_level=eta, max_steps=self.steps, mode=mode, batch_overhead_s=0.5,
+        )  # fmt: skip

@@ -1,0 +1,142 @@
+"""What a simulation is given: the cluster, the model, the task and triad's knobs.
+
+Every number is a plain field with its unit in the name; `describe()` lists them for the
+table of inputs that docs/simulate.md and bench/results show."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
+from statistics import NormalDist
+
+from shared.errors import TriadError
+
+QUANTILES = 4096
+MODES = ("keep", "abort")  # in-flight update: pause and keep the KV cache / abort and resubmit
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Completion lengths: lognormal (median `median_tokens`, log-sd `sigma`) capped at `max_tokens`,
+    or drawn from `empirical` when given (e.g. read from a run)."""
+
+    median_tokens: float
+    sigma: float
+    max_tokens: int
+    empirical: tuple[int, ...] = ()
+
+    @cached_property
+    def table(self) -> tuple[int, ...]:
+        """The distribution at QUANTILES evenly spaced quantiles (or the empirical lengths): a draw
+        is one pick from it, `n` draws one call."""
+        if self.empirical:
+            return self.empirical
+        z = NormalDist()
+        return tuple(
+            max(
+                1,
+                min(
+                    self.max_tokens,
+                    int(self.median_tokens * math.exp(self.sigma * z.inv_cdf((i + 0.5) / QUANTILES))),
+                ),
+            )
+            for i in range(QUANTILES)
+        )
+
+    def draws(self, rng: random.Random, n: int) -> list[int]:
+        return rng.choices(self.table, k=n)
+
+    def draw(self, rng: random.Random) -> int:
+        return rng.choice(self.table)
+
+    def mean(self, n: int = 20000) -> float:
+        rng = random.Random(1)
+        return sum(self.draw(rng) for _ in range(n)) / n
+
+
+@dataclass(frozen=True)
+class Inference:
+    """One server (`tp` GPUs): a decode iteration takes `iter_base_s + iter_per_seq_s * b +
+    iter_per_kv_token_s * kv` for `b` running sequences holding `kv` tokens; at most
+    `max_seqs` run at once (the rest wait); a prompt is prefilled at `prefill_tokens_per_s` with
+    decoding held meanwhile; a weight load holds a server `load_s`."""
+
+    iter_base_s: float
+    iter_per_seq_s: float
+    iter_per_kv_token_s: float
+    max_seqs: int
+    prefill_tokens_per_s: float
+    load_s: float
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A step takes `overhead_s + 6 * params * tokens / (gpus * peak_flops * mfu)`; publishing
+    moves `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
+
+    params: float
+    peak_flops: float
+    mfu: float
+    overhead_s: float
+    handoff_bytes_per_s: float
+    publish_overhead_s: float
+
+    def train_s(self, tokens: int, gpus: int) -> float:
+        return self.overhead_s + 6 * self.params * tokens / (max(gpus, 1) * self.peak_flops * self.mfu)
+
+    def publish_s(self) -> float:
+        return self.publish_overhead_s + 2 * self.params / self.handoff_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One pipeline: `servers` inference servers, `train_gpus` trainer GPUs, and triad's knobs."""
+
+    servers: int
+    train_gpus: int
+    inference: Inference
+    trainer: Trainer
+    lengths: Lengths
+    prompt_tokens: int
+    batch_size: int  # groups per batch
+    group_size: int
+    max_inflight: int  # groups generating or queued
+    max_async_level: int
+    max_steps: int
+    mode: str = "keep"
+    batch_overhead_s: float = 0.0  # the orchestrator's assemble + write of one batch
+    group_overhead_s: float = 0.0  # from a request's end to its group in the queue (scoring, the loop)
+    seed: int = 0
+    notes: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise TriadError(f"simulate: mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.servers < 1 or self.batch_size < 1 or self.group_size < 1 or self.max_inflight < 1:
+            raise TriadError("simulate: servers, batch_size, group_size and max_inflight must be at least 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.servers * self.inference.tp + self.train_gpus
+
+    def with_(self, **changes: object) -> Setup:
+        return replace(self, **changes)
+
+    def describe(self) -> dict[str, object]:
+        d = asdict(self)
+        d["lengths"] = {k: v for k, v in d["lengths"].items() if k != "empirical"}
+        d.pop("notes")
+        return d
+
+
+def parse_count(text: str) -> float:
+    """'7B' -> 7e9, '16k' -> 16000, '1.5M' -> 1.5e6, '512' -> 512."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT]?)\s*", text)
+    if not m:
+        raise TriadError(f"simulate: {text!r} is not a count (e.g. 7B, 16k, 512)")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
+    return float(m.group(1)) * scale

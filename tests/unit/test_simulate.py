@@ -1,0 +1,200 @@
+"""The simulator on cases with closed-form answers, its staleness rule against the orchestrator's,
+and its calibration pieces."""
+
+from __future__ import annotations
+
+import math
+from statistics import mean
+
+import pytest
+
+from orchestrator import staleness
+from shared.errors import TriadError
+from simulate import pipeline
+from simulate.calibrate import capped_mean, fit_lengths, line_fit
+from simulate.pipeline import simulate
+from simulate.setup import Inference, Lengths, Setup, Trainer, parse_count
+from tests.helpers import run_triad
+
+ITER_S, LENGTH = 0.01, 100  # a request of 100 tokens takes 1 s on a server
+
+
+def setup(**changes) -> Setup:
+    """One server, 100-token completions, a trainer and hand-off that take no time."""
+    base = dict(
+        servers=1, train_gpus=1,
+        inference=Inference(iter_base_s=ITER_S, iter_per_seq_s=0.0, iter_per_kv_token_s=0.0, max_seqs=10**6,
+                            prefill_tokens_per_s=1e15, load_s=0.0),
+        trainer=Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
+                        publish_overhead_s=0.0),
+        lengths=Lengths(LENGTH, 1.0, LENGTH, empirical=(LENGTH,)), prompt_tokens=10,
+        batch_size=4, group_size=2, max_inflight=4, max_async_level=1, max_steps=30,
+    )  # fmt: skip
+    base.update(changes)
+    return Setup(**base)
+
+
+def test_one_server_with_fixed_lengths():
+    # a batch is 4 groups of 2 running together: 8 samples a second
+    r = simulate(setup())
+    assert r.samples_per_s() == pytest.approx(8.0, rel=1e-6)
+    assert r.tokens_per_s() == pytest.approx(800.0, rel=1e-6)
+    assert r.step_s() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_the_iteration_grows_with_the_batch_and_kv():
+    # 8 sequences: each iteration 0.01 + 8 * 0.001 s; KV grows 8 tokens per iteration from 8 * 10
+    inf = Inference(ITER_S, 0.001, 0.0, 10**6, 1e15, 0.0)
+    assert simulate(setup(inference=inf)).step_s() == pytest.approx(LENGTH * 0.018, rel=1e-6)
+    inf_kv = Inference(ITER_S, 0.0, 1e-6, 10**6, 1e15, 0.0)
+    mean_kv = 8 * 10 + 8 * LENGTH / 2  # linear growth; the model holds the rate per interval
+    assert simulate(setup(inference=inf_kv)).step_s() == pytest.approx(
+        LENGTH * (ITER_S + 1e-6 * mean_kv), rel=0.05
+    )
+
+
+def test_max_seqs_queues_the_rest():
+    # 8 sequences, 4 at a time: two rounds of 1 s per batch
+    inf = Inference(ITER_S, 0.0, 0.0, 4, 1e15, 0.0)
+    assert simulate(setup(inference=inf)).samples_per_s() == pytest.approx(4.0, rel=1e-6)
+
+
+def test_eta_zero_has_no_overlap():
+    # generate 1 s, write 0.05 s, train 0.5 s, publish 0.2 s, load 0.1 s: one after the other
+    trainer = Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.5, handoff_bytes_per_s=1e30,
+                      publish_overhead_s=0.2)  # fmt: skip
+    inf = Inference(ITER_S, 0.0, 0.0, 10**6, 1e15, 0.1)
+    r = simulate(setup(max_async_level=0, trainer=trainer, inference=inf, batch_overhead_s=0.05))
+    assert r.step_s() == pytest.approx(1.85, rel=1e-6)
+    assert r.samples_per_s() == pytest.approx(8 / 1.85, rel=1e-6)
+    path = r.critical_path()
+    assert path["train"] == pytest.approx(0.5 / 1.85, rel=1e-3)
+    assert path["publish"] == pytest.approx(0.2 / 1.85, rel=1e-3)
+    # one step ahead, training and loading hide behind the next batch's generation
+    r1 = simulate(
+        setup(max_async_level=1, max_inflight=8, trainer=trainer, inference=inf, batch_overhead_s=0.05)
+    )
+    assert r1.samples_per_s() > 1.5 * r.samples_per_s()
+
+
+@pytest.mark.parametrize(("eta", "expected"), [(0, 8.0), (3, 16.0), (5, 16.0)])
+def test_an_infinitely_fast_trainer_leaves_the_servers_the_bound(eta, expected):
+    # 2 servers, 8 groups in flight allowed: 16 sequences at once, 1 s each, so 16 samples/s; with
+    # eta = 0 the guard lets only one batch (4 groups) run at a time: 8 samples/s. (At eta = 1 two
+    # batches' groups finish at once in any order and some land one batch too late: dropped.)
+    r = simulate(setup(servers=2, max_inflight=8, max_async_level=eta))
+    assert r.samples_per_s() == pytest.approx(expected, rel=1e-6)
+    assert r.dropped == 0
+
+
+def test_groups_that_finish_out_of_order_are_dropped_as_stale():
+    r = simulate(setup(servers=2, max_inflight=8, max_async_level=1))
+    assert r.dropped > 0
+    assert r.samples_per_s() < 16.0
+
+
+def test_a_slow_trainer_is_the_bound_at_any_eta():
+    trainer = Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=2.0, handoff_bytes_per_s=1e30,
+                      publish_overhead_s=0.0)  # fmt: skip
+    for eta in (1, 2, 4):
+        r = simulate(setup(max_async_level=eta, max_inflight=16, trainer=trainer))
+        assert r.step_s() == pytest.approx(2.0, rel=1e-6)
+        assert r.critical_path()["train"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_abort_and_resubmit_keeps_the_tokens_and_pays_the_prefill():
+    inf = Inference(ITER_S, 0.0, 0.0, 10**6, 1000.0, 0.0)
+    keep = simulate(setup(inference=inf, max_inflight=8, mode="keep"))
+    abort = simulate(setup(inference=inf, max_inflight=8, mode="abort"))
+    assert abort.tokens == keep.tokens  # every sample still has its 100 tokens
+    assert abort.step_s() > keep.step_s()  # the context prefilled again after each load
+
+
+def test_the_staleness_bound_is_the_orchestrators():
+    for step in range(1, 12):
+        for eta in range(5):
+            assert pipeline.oldest_allowed_version(step, eta) == staleness.oldest_allowed_version(step, eta)
+
+
+def test_line_fit_and_lengths_fit():
+    assert line_fit([1, 2, 3], [3, 5, 7]) == pytest.approx((1.0, 2.0))
+    assert line_fit([2, 2], [1.0, 3.0]) == (2.0, 0.0)
+    assert line_fit([100, 105, 110], [0.5, 0.1, 0.6]) == (0.4, 0.0)  # 10% spread: noise, not a slope
+    assert line_fit([1, 2, 3], [0.0, 0.0, 3.0]) == pytest.approx((0.0, 0.5))  # never a negative overhead
+    lengths = Lengths(4000, 0.8, 16000)
+    tail = 1 - 0.5 * math.erfc(-(math.log(16000) - math.log(4000)) / 0.8 / math.sqrt(2))
+    fitted = fit_lengths(capped_mean(4000, 0.8, 16000), tail, 16000)
+    assert fitted.sigma == pytest.approx(0.8, abs=0.051)
+    assert fitted.median_tokens == pytest.approx(4000, rel=0.05)
+    assert capped_mean(4000, 0.8, 16000) == pytest.approx(lengths.mean(50000), rel=0.02)
+
+
+def test_parse_count():
+    assert parse_count("7B") == 7e9 and parse_count("16k") == 16000 and parse_count("1.5b") == 1.5e9
+    with pytest.raises(TriadError, match="is not a count"):
+        parse_count("seven")
+
+
+def test_cli_advice_and_its_errors(tmp_path):
+    out = tmp_path / "advice.png"
+    r = run_triad("simulate", "--gpus", "8", "--model-size", "1.5B", "--max-tokens", "2k",
+                  "--batch-size", "8", "--group-size", "4", "--steps", "5", "--plot", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "best: max_async_level = " in r.stdout and "trainer's time (critical path): train" in r.stdout
+    assert out.stat().st_size > 10_000
+    r = run_triad("simulate")
+    assert r.returncode == 2 and "give --gpus N" in r.stderr
+
+
+def test_the_simulator_imports_no_service_and_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, simulate.advise, simulate.calibrate, simulate.plot, simulate.pipeline\n"
+        "top = {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(top & {'torch', 'orchestrator', 'trainer', 'inference', 'services', 'vllm'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def synthetic_run(path) -> None:
+    """A run directory with 30 steps of known phase times (16 x 8 samples of ~7 tokens, 0.2 s a step)."""
+    from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
+
+    rundir = RunDir(path)
+    oc = {"batch_size": 16, "group_size": 8, "max_inflight": 16, "max_tokens": 8}
+    config = {"max_async_level": 1, "inference_urls": ["http://a"], "orchestrator": oc}
+    rundir.ensure_run(config)
+    orch, trainer = rundir.metrics.writer(ORCHESTRATOR), rundir.metrics.writer(TRAINER)
+    inference = rundir.metrics.writer(INFERENCE, "abc123")
+    for step in range(1, 31):
+        t = 100 + 0.2 * step
+        spans = [[t - 0.2 + 0.1 * k, 0.1] for k in range(2) for _ in range(16)]  # 16 in flight throughout
+        phases = dict(request_latency_s_p50=0.1, assemble_s=0.001, write_batch_s=0.015, request_spans=spans)
+        orch.log(step, time=t, samples=128, tokens=860 + step % 3, truncated_frac=0.01, **phases)
+        trainer.log(step, time=t + 0.15, tokens=860 + step % 3, read_s=0.01, train_s=0.09, publish_s=0.04)
+        inference.log(step, time=t + 0.18, version=step, load_s=0.03)
+
+
+def test_calibration_reads_the_phases_of_a_run(tmp_path):
+    from shared.rundir import RunDir
+    from simulate.calibrate import calibrate, measured_concurrency, measured_samples_per_s
+
+    synthetic_run(tmp_path)
+    rundir = RunDir(tmp_path)
+    assert measured_samples_per_s(rundir) == pytest.approx(640.0)
+    assert measured_concurrency(rundir) == pytest.approx(16.0)
+    s = calibrate(rundir)
+    assert s.trainer.train_s(860, 1) == pytest.approx(0.1) and s.trainer.train_s(5000, 1) == pytest.approx(
+        0.1
+    )
+    assert s.trainer.publish_s() == pytest.approx(0.04)
+    assert s.inference.load_s == pytest.approx(0.03) and s.batch_overhead_s == pytest.approx(0.016)
+    assert (s.servers, s.batch_size, s.group_size, s.max_async_level) == (1, 16, 8, 1)
+    assert s.group_overhead_s == pytest.approx(0.0, abs=0.005)  # every slot was on a server
+    assert mean(simulate(s).latencies) == pytest.approx(0.1, rel=0.05)
+    r = run_triad("simulate", "--from", str(tmp_path), "--steps", "20")
+    assert r.returncode == 0, r.stderr
+    assert "measured 640.0 samples/s at η=1" in r.stdout and "η=2:" in r.stdout

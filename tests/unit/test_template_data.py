@@ -1,0 +1,52 @@
+"""The vendored templates, the Qwen3 tokenizer and the per-family tokenizers built from them."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+
+from tests.templates import FAMILIES, TEMPLATES, family_tokenizer, qwen3_tokenizer, render
+
+
+def test_every_vendored_template_has_the_bytes_sources_md_records() -> None:
+    lines = re.findall(r"^([0-9a-f]{64})  (\S+\.jinja)$", _sources(), re.M)
+    recorded = {name: digest for digest, name in lines}
+    on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in TEMPLATES.glob("*.jinja")}
+
+    assert recorded == on_disk
+    assert sorted(s["template"] for s in FAMILIES.values()) == sorted(on_disk)
+
+
+def _sources() -> str:
+    return (TEMPLATES / "SOURCES.md").read_text()
+
+
+def test_qwen3_tokenizer_encodes_as_the_published_one() -> None:
+    tokenizer = qwen3_tokenizer()
+
+    assert len(tokenizer) == 151669
+    assert tokenizer.encode("Hello world") == [9707, 1879]
+    assert tokenizer.convert_tokens_to_ids(
+        ["<|im_start|>", "<|im_end|>", "<tool_call>", "<think>", "</think>"]
+    ) == [
+        151644,
+        151645,
+        151657,
+        151667,
+        151668,
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_tokenizer_keeps_each_special_token_whole(name: str) -> None:
+    spec = FAMILIES[name]
+    tokenizer = family_tokenizer(name)
+
+    for token in spec["special_tokens"]:
+        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
+    assert tokenizer.eos_token == spec["eos"][0]
+    prompt = render(name, [{"role": "user", "content": "Hi there"}], add_generation_prompt=True)
+    assert "Hi there" in prompt
+    assert spec["bos"] == "" or prompt.startswith(spec["bos"])

@@ -93,9 +93,12 @@ RECIPES = {
     # the seven inner linears alone: 0.36 -> 0.46; docs/design.md, "What LoRA can learn")
     "tiny-addition-untied": Recipe(task="addition", warmup_steps=137, warmup_lr=3e-4, untied=True),
     "tiny-reverse": Recipe(task="reverse", warmup_steps=160, warmup_lr=3e-4),
-    # TODO measured figures
+    # NOT YET SHOWN TO REACH ITS TARGET (the build then stops in one line and caches nothing):
+    # hidden 64, lr 3e-3, 35% tool episodes: sampled reward 0.00 at 100..900 steps (tool called
+    # in 30-59% of episodes, the copy not learnt yet); the byte-level model of CHAT_VERSION 2
+    # learnt it suddenly after about 450 steps of tool episodes only
     "tiny-tools": ChatRecipe(
-        task="calculator", warmup_steps=450, warmup_lr=1e-3, tool_share=0.35, target=0.2
+        task="calculator", warmup_steps=2000, warmup_lr=3e-3, tool_share=0.35, target=0.15
     ),
 }
 

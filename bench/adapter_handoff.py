@@ -27,8 +27,10 @@ from shared.rundir import TRAINER, RunDir
 RANK = 8
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 LORA = [
-    f"trainer.lora.rank={RANK}", f"trainer.lora.alpha={2 * RANK}", f"trainer.lora.target_modules={TARGETS}",
-]  # fmt: skip
+    f"trainer.lora.rank={RANK}",
+    f"trainer.lora.alpha={2 * RANK}",
+    f"trainer.lora.target_modules={TARGETS}",
+]
 VLLM_LORA = f"inference.vllm_args=['--enable-lora','--max-lora-rank','{RANK}','--max-loras','2']"
 HANDOFF_SIZES = ("5M", "50M")
 
@@ -44,9 +46,13 @@ def adapter_run(workdir: Path, model: str) -> tuple[list[float], int]:
     server = Server(run_dir, model, workdir / "adapter-inference.log", "inference.kv_cache_gib=1", VLLM_LORA)
     server.wait_healthy(600)
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint.every=0",
-        "weights.keep=3", *LORA,
-    ]  # fmt: skip
+        f"run_dir={run_dir}",
+        f"model={model}",
+        f"max_steps={STEPS}",
+        "trainer.checkpoint.every=0",
+        "weights.keep=3",
+        *LORA,
+    ]
     trainer = start_trainer(sets, workdir / "adapter-trainer.log")
     rundir, served, size = RunDir(run_dir), {}, 0
     try:
@@ -76,12 +82,16 @@ def main() -> None:
         full, _ = one_run(workdir / name, str(model_dir), "filesystem")
         adapter, adapter_bytes = adapter_run(workdir / name, str(model_dir))
         results[name] = {
-            "parameters": params, "lora": f"rank {RANK} on {', '.join(TARGETS)}",
-            "full_bytes": full_bytes, "adapter_bytes": adapter_bytes,
-            "full_s": statistics.median(full), "adapter_s": statistics.median(adapter),
-            "full_all_s": full, "adapter_all_s": adapter,
+            "parameters": params,
+            "lora": f"rank {RANK} on {', '.join(TARGETS)}",
+            "full_bytes": full_bytes,
+            "adapter_bytes": adapter_bytes,
+            "full_s": statistics.median(full),
+            "adapter_s": statistics.median(adapter),
+            "full_all_s": full,
+            "adapter_all_s": adapter,
             "speedup": statistics.median(full) / statistics.median(adapter),
-        }  # fmt: skip
+        }
     print(json.dumps(results))
 
 

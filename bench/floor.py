@@ -42,9 +42,12 @@ def settings() -> dict:
     cfg = tomllib.loads(DEFAULT.read_text())
     oc = cfg["orchestrator"]
     return dict(
-        model=cfg["model"], batch_size=oc["batch_size"], group_size=oc["group_size"],
-        max_tokens=oc["max_tokens"], lr=cfg["trainer"]["optim"]["lr"],
-    )  # fmt: skip
+        model=cfg["model"],
+        batch_size=oc["batch_size"],
+        group_size=oc["group_size"],
+        max_tokens=oc["max_tokens"],
+        lr=cfg["trainer"]["optim"]["lr"],
+    )
 
 
 def sample(model, tokenizer, prompts: list[str], group: int, max_tokens: int) -> list[list[int]]:
@@ -52,9 +55,15 @@ def sample(model, tokenizer, prompts: list[str], group: int, max_tokens: int) ->
     encoded = tokenizer([p for p in prompts for _ in range(group)], return_tensors="pt", padding=True)
     with torch.no_grad():
         out = model.generate(
-            **encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
-            pad_token_id=tokenizer.pad_token_id, use_cache=True,
-        )  # fmt: skip
+            **encoded,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            use_cache=True,
+        )
     width = encoded["input_ids"].shape[1]
     completions = []
     for row in out[:, width:].tolist():
@@ -74,10 +83,14 @@ def train_rows(tokenizer, prompts, completions, rewards, group: int) -> list[dic
     for i, ids in enumerate(completions):
         prompt_ids = tokenizer(prompts[i // group].text)["input_ids"]
         advantage = group_advantages(rewards[i - i % group : i - i % group + group], "grpo")[i % group]
-        rows.append(dict(
-            input_ids=prompt_ids + ids, loss_mask=[False] * len(prompt_ids) + [True] * len(ids),
-            logprobs=[0.0] * (len(prompt_ids) + len(ids)), advantage=advantage,
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                input_ids=prompt_ids + ids,
+                loss_mask=[False] * len(prompt_ids) + [True] * len(ids),
+                logprobs=[0.0] * (len(prompt_ids) + len(ids)),
+                advantage=advantage,
+            )
+        )
     return rows
 
 
@@ -129,8 +142,10 @@ def measure(steps: int) -> dict:
         "samples_per_step": s["batch_size"] * s["group_size"],
         "reward_first_10": statistics.mean(r for _, _, r in timings[:10]),
         "reward_last_10": statistics.mean(r for _, _, r in timings[-10:]),
-        "steps": steps, "threads": threads, "model": s["model"],
-    }  # fmt: skip
+        "steps": steps,
+        "threads": threads,
+        "model": s["model"],
+    }
 
 
 if __name__ == "__main__":

@@ -78,8 +78,14 @@ def serve_alone(workdir: Path, *sets: str) -> dict[str, float]:
     url = f"http://127.0.0.1:{PORT}"
     started = time.monotonic()
     out = subprocess.DEVNULL
-    proc = subprocess.Popen(pinned(cmd, cpus[INFERENCE]), cwd=REPO, env=child_env(cfg, INFERENCE, cpus),
-                            stdout=out, stderr=out, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        pinned(cmd, cpus[INFERENCE]),
+        cwd=REPO,
+        env=child_env(cfg, INFERENCE, cpus),
+        stdout=out,
+        stderr=out,
+        start_new_session=True,
+    )
     try:
         wait_healthy(url, proc)
         ready = time.monotonic() - started

@@ -29,11 +29,16 @@ VLLM_LORA = f"inference.vllm_args=['--enable-lora','--max-lora-rank','{RANK}','-
 
 def sets(run_dir: Path, server_url: str) -> list[str]:
     return [
-        f"run_dir={run_dir}", f"max_steps={STEPS}", "trainer.checkpoint.every=0", "weights.keep=3",
-        "orchestrator.eval_every=0", f'orchestrator.inference_urls=["{server_url}"]',
-        f"trainer.lora.rank={RANK}", f"trainer.lora.alpha={2 * RANK}",
+        f"run_dir={run_dir}",
+        f"max_steps={STEPS}",
+        "trainer.checkpoint.every=0",
+        "weights.keep=3",
+        "orchestrator.eval_every=0",
+        f'orchestrator.inference_urls=["{server_url}"]',
+        f"trainer.lora.rank={RANK}",
+        f"trainer.lora.alpha={2 * RANK}",
         f"trainer.lora.target_modules={TARGETS}",
-    ]  # fmt: skip
+    ]
 
 
 def start(run_dir: Path, server_url: str) -> list[subprocess.Popen]:
@@ -42,9 +47,18 @@ def start(run_dir: Path, server_url: str) -> list[subprocess.Popen]:
     flags = [*config, *[f"--set={s}" for s in sets(run_dir, server_url)]]
     cmds = [
         [sys.executable, "-m", "services.cli", "orchestrator", *flags],
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-         "-m", "services.cli", "trainer", *flags],
-    ]  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=1",
+            "-m",
+            "services.cli",
+            "trainer",
+            *flags,
+        ],
+    ]
     run_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for name, cmd in zip(("orchestrator", "trainer"), cmds, strict=True):
@@ -87,11 +101,19 @@ def main() -> None:
     finally:
         server.stop()
     together = both["a"] + both["b"]
-    print(json.dumps({
-        "lora": f"rank {RANK} on {', '.join(TARGETS)}", "steps": STEPS, "warmup": WARMUP,
-        "alone_samples_per_s": alone, "sharing_samples_per_s": both, "together_samples_per_s": together,
-        "together_over_alone": together / alone,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "lora": f"rank {RANK} on {', '.join(TARGETS)}",
+                "steps": STEPS,
+                "warmup": WARMUP,
+                "alone_samples_per_s": alone,
+                "sharing_samples_per_s": both,
+                "together_samples_per_s": together,
+                "together_over_alone": together / alone,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

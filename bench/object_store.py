@@ -48,9 +48,13 @@ def hand_off(workdir: Path, run_dir: str, model: str, name: str, steps: int = ST
     server = Server(run_dir, model, workdir / f"{name}-inference.log", "inference.kv_cache_gib=1", cache)
     server.wait_healthy(600)
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={steps}", "trainer.checkpoint.every=0",
-        "weights.keep=3", f"store.cache_dir={workdir / f'{name}-cache-trainer'}",
-    ]  # fmt: skip
+        f"run_dir={run_dir}",
+        f"model={model}",
+        f"max_steps={steps}",
+        "trainer.checkpoint.every=0",
+        "weights.keep=3",
+        f"store.cache_dir={workdir / f'{name}-cache-trainer'}",
+    ]
     trainer = start_trainer(sets, workdir / f"{name}-trainer.log")
     rundir, served = RunDir(run_dir), {}
     try:

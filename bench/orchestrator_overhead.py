@@ -56,11 +56,16 @@ async def measure(run_dir: Path, url: str, steps: int, in_thread: bool = True) -
     cfg = load_config(
         None,
         [
-            f"run_dir={run_dir}", f"max_steps={steps}", "max_async_level=100000",
-            "weights.keep=100002", "orchestrator.batch_size=32", "orchestrator.group_size=8",
-            "orchestrator.max_inflight=64", "orchestrator.keep_rollouts=100000",
+            f"run_dir={run_dir}",
+            f"max_steps={steps}",
+            "max_async_level=100000",
+            "weights.keep=100002",
+            "orchestrator.batch_size=32",
+            "orchestrator.group_size=8",
+            "orchestrator.max_inflight=64",
+            "orchestrator.keep_rollouts=100000",
         ],
-    )  # fmt: skip
+    )
     run = RunDir(run_dir).ensure_run({})
     client = InferenceClient(url, None, 30)
     client.model = "fake"

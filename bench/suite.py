@@ -212,65 +212,87 @@ def markdown(results: dict) -> str:
         ),
     ]
     if "5M" in t:
-        rows.append((
-            f"trainer tokens/s, 1 rank / plain loop, {t['5M']['parameters'] / 1e6:.0f}M parameters",
-            f"{t['5M']['trainer_tokens_per_s']:.0f}/s ({t['5M']['ratio']:.2f}x)",
-            f"plain {t['5M']['plain_tokens_per_s']:.0f}/s", "goal >= 0.9",
-        ))  # fmt: skip
+        rows.append(
+            (
+                f"trainer tokens/s, 1 rank / plain loop, {t['5M']['parameters'] / 1e6:.0f}M parameters",
+                f"{t['5M']['trainer_tokens_per_s']:.0f}/s ({t['5M']['ratio']:.2f}x)",
+                f"plain {t['5M']['plain_tokens_per_s']:.0f}/s",
+                "goal >= 0.9",
+            )
+        )
     if "trainer_compiled_tokens_per_s" in t:
-        rows.append((
-            "trainer with torch.compile, tiny (0.5M), after warm-up",
-            f"{t['trainer_compiled_tokens_per_s']:.0f}/s",
-            f"eager trainer {t['trainer_tokens_per_s']:.0f}/s",
-            f"{t['trainer_compiled_tokens_per_s'] / t['trainer_tokens_per_s']:.2f}x",
-        ))  # fmt: skip
+        rows.append(
+            (
+                "trainer with torch.compile, tiny (0.5M), after warm-up",
+                f"{t['trainer_compiled_tokens_per_s']:.0f}/s",
+                f"eager trainer {t['trainer_tokens_per_s']:.0f}/s",
+                f"{t['trainer_compiled_tokens_per_s'] / t['trainer_tokens_per_s']:.2f}x",
+            )
+        )
     o = results.get("orchestrator")
     if o:
-        rows.append((
-            "orchestrator: rollouts/s against a zero-latency server",
-            f"{o['rollouts_per_s']:.0f}/s, {o['cpu_ms_per_rollout']:.2f} ms CPU each",
-            f"loop lag p99 {o['loop_lag_ms']['p99']:.0f} ms (saturated)",
-            f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1)",
-        ))  # fmt: skip
+        rows.append(
+            (
+                "orchestrator: rollouts/s against a zero-latency server",
+                f"{o['rollouts_per_s']:.0f}/s, {o['cpu_ms_per_rollout']:.2f} ms CPU each",
+                f"loop lag p99 {o['loop_lag_ms']['p99']:.0f} ms (saturated)",
+                f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1)",
+            )
+        )
         loaded = o["at_1000_per_s"]
-        rows.append((
-            "orchestrator: event-loop lag at ~1000 rollouts/s offered",
-            f"p99 {loaded['loop_lag_ms']['p99']:.1f} ms (median {loaded['loop_lag_ms']['median']:.1f})",
-            f"{loaded['rollouts_per_s']:.0f} rollouts/s", "goal: p99 < 50 ms",
-        ))  # fmt: skip
+        rows.append(
+            (
+                "orchestrator: event-loop lag at ~1000 rollouts/s offered",
+                f"p99 {loaded['loop_lag_ms']['p99']:.1f} ms (median {loaded['loop_lag_ms']['median']:.1f})",
+                f"{loaded['rollouts_per_s']:.0f} rollouts/s",
+                "goal: p99 < 50 ms",
+            )
+        )
     trl = results.get("trl", {})
     for name in ("tiny (0.5M)", "50M"):
         if name not in trl:
             continue
         r = trl[name]
-        rows.append((
-            f"vs TRL GRPOTrainer, {name} model: samples/s",
-            f"triad {r['triad']['samples_per_s']:.1f}/s", f"TRL {r['trl']['samples_per_s']:.1f}/s",
-            f"{r['samples_per_s_ratio']:.1f}x (goal > 1)",
-        ))  # fmt: skip
+        rows.append(
+            (
+                f"vs TRL GRPOTrainer, {name} model: samples/s",
+                f"triad {r['triad']['samples_per_s']:.1f}/s",
+                f"TRL {r['trl']['samples_per_s']:.1f}/s",
+                f"{r['samples_per_s_ratio']:.1f}x (goal > 1)",
+            )
+        )
         if name.startswith("tiny"):
             fmt = lambda s: "not reached" if s is None else f"{s:.0f} s"  # noqa: E731
-            rows.append((
-                f"vs TRL, {name}: wall time to mean reward {trl['threshold']} (from launch)",
-                f"triad {fmt(r['triad']['to_threshold_s'])}", f"TRL {fmt(r['trl']['to_threshold_s'])}",
-                "goal: triad faster",
-            ))  # fmt: skip
+            rows.append(
+                (
+                    f"vs TRL, {name}: wall time to mean reward {trl['threshold']} (from launch)",
+                    f"triad {fmt(r['triad']['to_threshold_s'])}",
+                    f"TRL {fmt(r['trl']['to_threshold_s'])}",
+                    "goal: triad faster",
+                )
+            )
     for size, w in results.get("weight_transport", {}).items():
-        rows.append((
-            f"hand-off by broadcast vs files, {size} ({w['parameters'] / 1e6:.0f}M params)",
-            f"{w['broadcast_s'] * 1000:.0f} ms", f"files {w['filesystem_s'] * 1000:.0f} ms",
-            f"{w['speedup']:.2f}x faster",
-        ))  # fmt: skip
+        rows.append(
+            (
+                f"hand-off by broadcast vs files, {size} ({w['parameters'] / 1e6:.0f}M params)",
+                f"{w['broadcast_s'] * 1000:.0f} ms",
+                f"files {w['filesystem_s'] * 1000:.0f} ms",
+                f"{w['speedup']:.2f}x faster",
+            )
+        )
     rows += digest_rows(results)
     rows += adapter_rows(results)
     rows += floor_rows(results)
     if "startup_s" in a:
         s = a["startup_s"]
-        rows.append((
-            "launch (`triad up`) to first trained step (median of 3 runs)", f"{s['first_step_s']:.1f} s",
-            f"server ready {s['server_ready_s']:.1f} s, first batch {s['first_batch_s']:.1f} s",
-            "goal: halved",
-        ))  # fmt: skip
+        rows.append(
+            (
+                "launch (`triad up`) to first trained step (median of 3 runs)",
+                f"{s['first_step_s']:.1f} s",
+                f"server ready {s['server_ready_s']:.1f} s, first batch {s['first_batch_s']:.1f} s",
+                "goal: halved",
+            )
+        )
     rows += start_rows(results)
     rows += store_rows(results)
     lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
@@ -289,10 +311,18 @@ def digest_rows(results: dict) -> list[tuple[str, str, str, str]]:
         w, cells = d[size], []
         for transport, label in (("filesystem", "files"), ("broadcast", "broadcast")):
             digest_ms = (w[f"{transport}_trainer_digest_s"] + w["inference_digest_s"]) * 1000
-            cells.append(f"{label} {w[f'{transport}_digest_frac'] * 100:.1f}% "
-                         f"({digest_ms:.1f} of {w[f'{transport}_s'] * 1000:.0f} ms)")  # fmt: skip
-        rows.append((f"weight digests (trainer + inference) in the hand-off, {size}", cells[0], cells[1],
-                     "goal < 5% of the hand-off"))  # fmt: skip
+            cells.append(
+                f"{label} {w[f'{transport}_digest_frac'] * 100:.1f}% "
+                f"({digest_ms:.1f} of {w[f'{transport}_s'] * 1000:.0f} ms)"
+            )
+        rows.append(
+            (
+                f"weight digests (trainer + inference) in the hand-off, {size}",
+                cells[0],
+                cells[1],
+                "goal < 5% of the hand-off",
+            )
+        )
     return rows
 
 
@@ -303,17 +333,23 @@ def adapter_rows(results: dict) -> list[tuple[str, str, str, str]]:
     s = results.get("lora_sharing")
     if s:
         a, b = s["sharing_samples_per_s"]["a"], s["sharing_samples_per_s"]["b"]
-        rows.append((
-            "LoRA runs sharing one server: samples/s of two runs vs one alone (tiny, rank 8)",
-            f"{a:.1f} + {b:.1f} = {s['together_samples_per_s']:.1f}/s",
-            f"alone {s['alone_samples_per_s']:.1f}/s", f"{s['together_over_alone']:.2f}x together",
-        ))  # fmt: skip
-    return rows + [(
-        f"hand-off of a LoRA adapter ({r['lora']}) vs full weights, {size}",
-        f"{r['adapter_s'] * 1000:.0f} ms ({r['adapter_bytes'] / 1e3:.0f} kB)",
-        f"full {r['full_s'] * 1000:.0f} ms ({r['full_bytes'] / 1e6:.0f} MB)",
-        f"{r['speedup']:.2f}x faster",
-    ) for size, r in results.get("adapter_handoff", {}).items()]  # fmt: skip
+        rows.append(
+            (
+                "LoRA runs sharing one server: samples/s of two runs vs one alone (tiny, rank 8)",
+                f"{a:.1f} + {b:.1f} = {s['together_samples_per_s']:.1f}/s",
+                f"alone {s['alone_samples_per_s']:.1f}/s",
+                f"{s['together_over_alone']:.2f}x together",
+            )
+        )
+    return rows + [
+        (
+            f"hand-off of a LoRA adapter ({r['lora']}) vs full weights, {size}",
+            f"{r['adapter_s'] * 1000:.0f} ms ({r['adapter_bytes'] / 1e3:.0f} kB)",
+            f"full {r['full_s'] * 1000:.0f} ms ({r['full_bytes'] / 1e6:.0f} MB)",
+            f"{r['speedup']:.2f}x faster",
+        )
+        for size, r in results.get("adapter_handoff", {}).items()
+    ]
 
 
 def floor_rows(results: dict) -> list[tuple[str, str, str, str]]:
@@ -323,13 +359,15 @@ def floor_rows(results: dict) -> list[tuple[str, str, str, str]]:
         return []
     rates = {str(eta): rate for eta, rate in results["asynchrony"]["samples_per_s"].items()}
     triad_step_s = f["samples_per_step"] / rates["1"]
-    return [(
-        "embedded default: steady-state step time / compute floor",
-        f"triad {triad_step_s * 1000:.0f} ms (eta=1)",
-        f"floor {f['step_s'] * 1000:.0f} ms (sampling {f['sample_s'] * 1000:.0f}, training "
-        f"{f['train_s'] * 1000:.0f})",
-        f"{triad_step_s / f['step_s']:.1f}x (goal <= 1.5)",
-    )]  # fmt: skip
+    return [
+        (
+            "embedded default: steady-state step time / compute floor",
+            f"triad {triad_step_s * 1000:.0f} ms (eta=1)",
+            f"floor {f['step_s'] * 1000:.0f} ms (sampling {f['sample_s'] * 1000:.0f}, training "
+            f"{f['train_s'] * 1000:.0f})",
+            f"{triad_step_s / f['step_s']:.1f}x (goal <= 1.5)",
+        )
+    ]
 
 
 def start_rows(results: dict) -> list[tuple[str, str, str, str]]:
@@ -338,17 +376,20 @@ def start_rows(results: dict) -> list[tuple[str, str, str, str]]:
     if not r:
         return []
     launch, vllm, compiled = r["launch"], r["vllm"], r["vllm_compiled"]
-    return [(
-        "launch (`triad up`, embedded default) to first trained step (one run)",
-        f"{launch['first_step_s']:.1f} s",
-        f"server ready {launch['server_ready_s']:.1f} s, first batch {launch['first_batch_s']:.1f} s",
-        "goal: halved",
-    ), (
-        "vLLM start alone (`triad inference` to /health), as configured (eager on CPU) vs compiled",
-        f"{vllm['ready_s']:.1f} s (batch {vllm['batch_s'] * 1000:.0f} ms)",
-        f"compiled {compiled['ready_s']:.1f} s (batch {compiled['batch_s'] * 1000:.0f} ms)",
-        f"compiled batches {r['compiled_batch_ratio']:.2f}x the time",
-    )]  # fmt: skip
+    return [
+        (
+            "launch (`triad up`, embedded default) to first trained step (one run)",
+            f"{launch['first_step_s']:.1f} s",
+            f"server ready {launch['server_ready_s']:.1f} s, first batch {launch['first_batch_s']:.1f} s",
+            "goal: halved",
+        ),
+        (
+            "vLLM start alone (`triad inference` to /health), as configured (eager on CPU) vs compiled",
+            f"{vllm['ready_s']:.1f} s (batch {vllm['batch_s'] * 1000:.0f} ms)",
+            f"compiled {compiled['ready_s']:.1f} s (batch {compiled['batch_s'] * 1000:.0f} ms)",
+            f"compiled batches {r['compiled_batch_ratio']:.2f}x the time",
+        ),
+    ]
 
 
 def store_rows(results: dict) -> list[tuple[str, str, str, str]]:
@@ -356,19 +397,25 @@ def store_rows(results: dict) -> list[tuple[str, str, str, str]]:
     r = results.get("object_store")
     if not r:
         return []
-    rows = [(
-        "orchestrator rollouts/s, run_dir in an object store (moto) vs local",
-        f"{r['rollouts_per_s']['store']:.0f}/s", f"local {r['rollouts_per_s']['local']:.0f}/s",
-        f"{r['rollouts_per_s']['store_over_local']:.2f}x",
-    )]  # fmt: skip
+    rows = [
+        (
+            "orchestrator rollouts/s, run_dir in an object store (moto) vs local",
+            f"{r['rollouts_per_s']['store']:.0f}/s",
+            f"local {r['rollouts_per_s']['local']:.0f}/s",
+            f"{r['rollouts_per_s']['store_over_local']:.2f}x",
+        )
+    ]
     for size in ("5M", "50M"):
         h = r.get(f"hand_off_{size}")
         if h:
-            rows.append((
-                f"hand-off through the object store vs a local run_dir, {size}",
-                f"{h['store_s'] * 1000:.0f} ms", f"local {h['local_s'] * 1000:.0f} ms",
-                f"{h['store_over_local']:.2f}x the time",
-            ))  # fmt: skip
+            rows.append(
+                (
+                    f"hand-off through the object store vs a local run_dir, {size}",
+                    f"{h['store_s'] * 1000:.0f} ms",
+                    f"local {h['local_s'] * 1000:.0f} ms",
+                    f"{h['store_over_local']:.2f}x the time",
+                )
+            )
     return rows
 
 

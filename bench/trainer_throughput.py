@@ -42,11 +42,22 @@ def batches(seed: int = 0) -> list[list[dict]]:
             n_prompt, n_completion = rng.randint(8, 24), rng.randint(16, 48)
             ids = [rng.randrange(256) for _ in range(n_prompt + n_completion)]
             mask = [False] * n_prompt + [True] * n_completion
-            rows.append(dict(
-                sample_id=f"{step}-{i}", group_id=f"{step}-{i // 8}", step=step, policy_version=0,
-                input_ids=ids, loss_mask=mask, logprobs=[-5.5 if m else 0.0 for m in mask],
-                advantage=rng.uniform(-1, 1), reward=0.0, truncated=False, env="bench", metrics="{}",
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    sample_id=f"{step}-{i}",
+                    group_id=f"{step}-{i // 8}",
+                    step=step,
+                    policy_version=0,
+                    input_ids=ids,
+                    loss_mask=mask,
+                    logprobs=[-5.5 if m else 0.0 for m in mask],
+                    advantage=rng.uniform(-1, 1),
+                    reward=0.0,
+                    truncated=False,
+                    env="bench",
+                    metrics="{}",
+                )
+            )
         out.append(rows)
     return out
 
@@ -58,8 +69,17 @@ def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]], *ext
         publish_batch(rundir, run_id, step, rows, temperature=1.0)
     sets = [f"run_dir={workdir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint.every=0"]
     sets += extra_sets
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-           "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        "-m",
+        "services.cli",
+        "trainer",
+        *[f"--set={s}" for s in sets],
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
     subprocess.run(cmd, check=True, capture_output=True, env=env)
     rows = rundir.metrics.rows(TRAINER)[WARMUP:]

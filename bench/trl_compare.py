@@ -56,23 +56,39 @@ def run_trl(python: Path, model: str, steps: int, max_tokens: int, out: Path) ->
     r = json.loads(out.read_text())
     times = r["step_end_times"]
     rate = r["samples_per_step"] * (len(times) - 1 - WARMUP) / (times[-1] - times[WARMUP])
-    return {"samples_per_s": rate, "to_threshold_s": time_to_threshold(times, r["rewards"], launched),
-            "reward_first_last": [r["rewards"][0], r["rewards"][-1]]}  # fmt: skip
+    return {
+        "samples_per_s": rate,
+        "to_threshold_s": time_to_threshold(times, r["rewards"], launched),
+        "reward_first_last": [r["rewards"][0], r["rewards"][-1]],
+    }
 
 
 def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
     # the embedded default's placement: a 1-rank trainer, inference and trainer on their own cores
-    sets = [f"run_dir={run_dir}", f"model={model}", f"max_steps={steps}", "orchestrator.eval_every=0",
-            f"orchestrator.max_tokens={max_tokens}", "trainer.checkpoint.every=0",
-            "inference.port=8421"]  # fmt: skip
+    sets = [
+        f"run_dir={run_dir}",
+        f"model={model}",
+        f"max_steps={steps}",
+        "orchestrator.eval_every=0",
+        f"orchestrator.max_tokens={max_tokens}",
+        "trainer.checkpoint.every=0",
+        "inference.port=8421",
+    ]
     launched = time.time()
-    subprocess.run([sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]], cwd=REPO,
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     rows = RunDir(run_dir).metrics.rows(ORCHESTRATOR)
     times, rewards = [row["time"] for row in rows], [row["reward_mean"] for row in rows]
     rate = sum(row["samples"] for row in rows[WARMUP + 1 :]) / (times[-1] - times[WARMUP])
-    return {"samples_per_s": rate, "to_threshold_s": time_to_threshold(times, rewards, launched),
-            "reward_first_last": [rewards[0], rewards[-1]]}  # fmt: skip
+    return {
+        "samples_per_s": rate,
+        "to_threshold_s": time_to_threshold(times, rewards, launched),
+        "reward_first_last": [rewards[0], rewards[-1]],
+    }
 
 
 def main() -> None:
@@ -89,8 +105,13 @@ def main() -> None:
     for name, (steps, max_tokens) in RUNS.items():
         triad = run_triad(models[name], steps, max_tokens, workdir / f"triad-{name.split()[0]}")
         trl = run_trl(python, models[name], steps, max_tokens, workdir / f"trl-{name.split()[0]}.json")
-        results[name] = {"steps": steps, "completion_tokens": max_tokens, "triad": triad, "trl": trl,
-                         "samples_per_s_ratio": triad["samples_per_s"] / trl["samples_per_s"]}  # fmt: skip
+        results[name] = {
+            "steps": steps,
+            "completion_tokens": max_tokens,
+            "triad": triad,
+            "trl": trl,
+            "samples_per_s_ratio": triad["samples_per_s"] / trl["samples_per_s"],
+        }
     results["threshold"] = THRESHOLD
     print(json.dumps(results))
 

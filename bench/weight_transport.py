@@ -54,11 +54,18 @@ def build_model(dest: Path, hidden: int, layers: int, intermediate: int, heads: 
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=intermediate, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=256, tie_word_embeddings=True, torch_dtype="float32",
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(dest, safe_serialization=True)
     tokenizer.save_pretrained(dest)
@@ -102,10 +109,21 @@ def start_trainer(sets: list[str], log: Path) -> subprocess.Popen:
     """A 1-rank torchrun trainer with these `--set`s, its output to `log`."""
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-             "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=1",
+                "-m",
+                "services.cli",
+                "trainer",
+                *[f"--set={s}" for s in sets],
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], list[float]]:
@@ -120,9 +138,14 @@ def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], lis
     server.wait_healthy(600)
     port = free_port()
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", f'weights.transport="{transport}"',
-        f"weights.broadcast.port={port}", "trainer.checkpoint.every=0", "weights.keep=3",
-    ]  # fmt: skip
+        f"run_dir={run_dir}",
+        f"model={model}",
+        f"max_steps={STEPS}",
+        f'weights.transport="{transport}"',
+        f"weights.broadcast.port={port}",
+        "trainer.checkpoint.every=0",
+        "weights.keep=3",
+    ]
     trainer = start_trainer(sets, workdir / f"{transport}-trainer.log")
     rundir, served = RunDir(run_dir), {}
     try:
@@ -154,9 +177,10 @@ def one_run(workdir: Path, model: str, transport: str) -> tuple[list[float], lis
 def digest_figures(transport: dict) -> dict:
     """The digest's share of the hand-off, per size of `DIGEST_SIZES`, from `main`'s result."""
     keys = ["bytes", "inference_digest_s"] + [
-        f"{t}_{what}" for t in TRANSPORTS
+        f"{t}_{what}"
+        for t in TRANSPORTS
         for what in ("s", "trainer_digest_s", "trainer_digest_max_s", "digest_frac")
-    ]  # fmt: skip
+    ]
     sizes = {size: {k: w[k] for k in keys} for size, w in transport.items() if size in DIGEST_SIZES}
     return {**sizes, "goal": DIGEST_GOAL}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from safetensors.torch import load_file
 
@@ -31,12 +33,20 @@ def file_digests(path) -> dict[str, str]:
 
 class AdapterManager:
     """The loaded adapters by name; `models` is vLLM's `OpenAIServingModels` (set once the app
-    state exists)."""
+    state exists). `clock` (wall-clock seconds) dates each load for the idle sweep.
 
-    def __init__(self, engine, rundir: RunDir, metrics: MetricsWriter) -> None:
-        self.engine, self.rundir, self.metrics = engine, rundir, metrics
+    The record follows what vLLM serves: a version is recorded as soon as vLLM loaded it, and an
+    older version vLLM fails to unload is logged and forgotten (it can no longer be addressed).
+    Each served version's directory is kept in `paths`; its local copy (fetched from an object
+    store) is dropped when the version is unloaded, or when its load fails."""
+
+    def __init__(
+        self, engine, rundir: RunDir, metrics: MetricsWriter, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.engine, self.rundir, self.metrics, self.clock = engine, rundir, metrics, clock
         self.models = None
         self.loaded: dict[str, AdapterInfo] = {}
+        self.paths: dict[str, str] = {}  # served name -> its directory, relative to the run directory
         self._lock = asyncio.Lock()
 
     @property
@@ -62,32 +72,72 @@ class AdapterManager:
         async with self._lock:
             self.check_owner(request)
             served, path = await asyncio.to_thread(resolve_inside, self.rundir, request.path)
-            if not RunDir.has_marker_at(path) or not AdapterFiles.is_adapter_at(path):
-                raise AdminError(409, f"path {request.path!r} holds no published LoRA adapter")
-            check_marker_version(path, request.version)
-            check_size(path)
-            digests = await asyncio.to_thread(file_digests, AdapterFiles.file_at(path))
             started = time.monotonic()
-            new = served_adapter_name(request.name, request.version)
-            previous = self.loaded.get(request.name)
-            kept = [*previous.kept, previous.served_as] if previous is not None else []
-            if new not in kept:
-                await self.call("load_lora_adapter", new, str(path))
-            kept = [k for k in kept if k != new]
-            while len(kept) > ADAPTER_VERSIONS_KEPT - 1:
-                await self.call("unload_lora_adapter", kept.pop(0))
-            self.loaded[request.name] = AdapterInfo(
-                name=request.name, run_id=request.run_id, version=request.version, served_as=new,
-                path=served, digest=version_digest(digests), tensor_digests=digests, kept=kept,
-                loaded_at=time.time(),
-            )  # fmt: skip
-        load_s = time.monotonic() - started
-        log.info("serving adapter %s of run %s from %s", new, request.run_id, served)
+            try:
+                info = await self._load(request, served, path)
+            except BaseException:
+                if served not in self.paths.values():  # a copy no served version uses
+                    self.rundir.store.drop_local(served)
+                raise
+        log.info("serving adapter %s of run %s from %s", info.served_as, request.run_id, served)
         self.metrics.log(
-            request.version, version=request.version, path=served, adapter=new, run_id=request.run_id,
-            load_s=load_s, loaded_at=time.time(),
-        )  # fmt: skip
-        return self.loaded[request.name]
+            request.version,
+            version=request.version,
+            path=served,
+            adapter=info.served_as,
+            run_id=request.run_id,
+            load_s=time.monotonic() - started,
+            loaded_at=info.loaded_at,
+        )
+        return info
+
+    async def _load(self, request: LoadAdapterRequest, served: str, path: Path) -> AdapterInfo:
+        """Check and load the version at `path`, record it, then unload what it replaces."""
+        if not RunDir.has_marker_at(path) or not AdapterFiles.is_adapter_at(path):
+            raise AdminError(409, f"path {request.path!r} holds no published LoRA adapter")
+        check_marker_version(path, request.version)
+        check_size(path)
+        digests = await asyncio.to_thread(file_digests, AdapterFiles.file_at(path))
+        new = served_adapter_name(request.name, request.version)
+        previous = self.loaded.get(request.name)
+        kept = [*previous.kept, previous.served_as] if previous is not None else []
+        if new not in kept:
+            await self.call("load_lora_adapter", new, str(path))
+        self.paths[new] = served
+        kept = [k for k in kept if k != new]
+        cut = max(len(kept) - (ADAPTER_VERSIONS_KEPT - 1), 0)
+        stale, kept = kept[:cut], kept[cut:]
+        self.loaded[request.name] = info = AdapterInfo(
+            name=request.name,
+            run_id=request.run_id,
+            version=request.version,
+            served_as=new,
+            path=served,
+            digest=version_digest(digests),
+            tensor_digests=digests,
+            kept=kept,
+            loaded_at=self.clock(),
+        )
+        for old in stale:
+            try:
+                await self.unload(old)
+            except AdminError as e:
+                log.warning("unloading %s, replaced by %s: %s (forgotten)", old, new, e.detail)
+        return info
+
+    async def unload(self, served_as: str) -> None:
+        """Unload a served version and drop its local copy (even if vLLM refuses: the name is
+        no longer served by this manager)."""
+        try:
+            await self.call("unload_lora_adapter", served_as)
+        finally:
+            self.forget(served_as)
+
+    def forget(self, served_as: str) -> None:
+        """Drop the local copy of an unloaded version's directory unless another version uses it."""
+        directory = self.paths.pop(served_as, None)
+        if directory is not None and directory not in self.paths.values():
+            self.rundir.store.drop_local(directory)
 
     async def call(self, method: str, name: str, path: str | None = None) -> None:
         from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
@@ -107,7 +157,7 @@ class AdapterManager:
         vLLM fails to unload stays listed."""
         unloaded = []
         async with self._lock:
-            now = time.time()
+            now = self.clock()
             for name, held in list(self.loaded.items()):
                 if now - held.loaded_at <= idle_s:
                     continue
@@ -115,13 +165,19 @@ class AdapterManager:
                     for served_as in [*held.kept, held.served_as]:
                         await self.call("unload_lora_adapter", served_as)
                         held.kept = [k for k in held.kept if k != served_as]
+                        self.forget(served_as)
                 except AdminError as e:
                     log.warning("unloading idle adapter %s: %s", held.served_as, e.detail)
                     continue
                 del self.loaded[name]
                 unloaded.append(name)
-                log.info("unloaded adapter %s of run %s: no new version for %.0f s", held.served_as,
-                         held.run_id, now - held.loaded_at)  # fmt: skip
+                idle = now - held.loaded_at
+                log.info(
+                    "unloaded adapter %s of run %s: no new version for %.0f s",
+                    held.served_as,
+                    held.run_id,
+                    idle,
+                )
         return unloaded
 
     async def sweep_forever(self, idle_s: float) -> None:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ValidationError
 from safetensors import safe_open
 
+from inference.deltas import ChainBroken, DeltaChain, is_delta
 from inference.vllm_api import pause_keeping_requests
 from shared.admin_api import (
     ADAPTERS_ROUTE,
@@ -39,7 +40,7 @@ from shared.digest import agreed, version_digest
 from shared.errors import TriadError
 from shared.faults import audit_read
 from shared.metrics import MetricsWriter
-from shared.rundir import INFERENCE, AdapterFiles, Handshake, RunDir, has_marker, pull_step_dir
+from shared.rundir import INFERENCE, AdapterFiles, DeltaFiles, Handshake, RunDir, has_marker, pull_step_dir
 
 log = logging.getLogger("triad.inference")
 T = TypeVar("T")
@@ -70,8 +71,8 @@ def resolve_weights_dir(rundir: RunDir, raw: str, base_path: str) -> tuple[str, 
     if not RunDir.has_marker_at(path):
         rundir.store.drop_local(served)
         raise AdminError(409, f"path {raw!r} has no {RunDir.marker_name()} marker: not published yet")
-    if not RunDir.tensor_files_at(path):
-        raise AdminError(400, f"path {raw!r} holds no .safetensors files")
+    if not RunDir.tensor_files_at(path) and not DeltaFiles.file_at(path).is_file():
+        raise AdminError(400, f"path {raw!r} holds no .safetensors files and no delta")
     return served, path
 
 
@@ -142,6 +143,7 @@ class WeightManager:
         self.metrics = metrics
         self._lock = asyncio.Lock()
         self.group: BroadcastInit | None = None
+        self.deltas = DeltaChain(rundir)
 
     def workers(self) -> int:
         parallel = getattr(getattr(self.engine, "vllm_config", None), "parallel_config", None)
@@ -219,15 +221,27 @@ class WeightManager:
         """Check and load a pulled version; the seconds the load took."""
         if path is not None:
             self._check_pulled(served, path, version)
+            path = await asyncio.to_thread(self._full, version, path)
         previous = self.info.path
         started = time.monotonic()
         loaded = await self._swap("triad_load_weights", str(path) if path else None)
         load_s = time.monotonic() - started
         digests = digest_fields(loaded)
         self.info = WeightsInfo(version=version, path=served, base_path=self.base_path, **digests)
+        self.deltas.served(version, path, digests.get("digest"))
         if previous not in (served, self.base_path, ""):
             self.rundir.store.drop_local(previous)  # the cache holds the served version only
         return load_s
+
+    def _full(self, version: int, path: Path) -> Path:
+        """A directory of full weights for the pulled version: itself, or a delta rebuilt."""
+        marker = RunDir.marker_at(path)
+        if not is_delta(marker):
+            return path
+        try:
+            return self.deltas.rebuild(version, marker, DeltaFiles.file_at(path).read_bytes())
+        except ChainBroken as e:
+            raise AdminError(400, f"cannot rebuild version {version}: {e}; load a newer one") from None
 
     def _failed(self, request: LoadWeightsRequest, served: str | None, error: Exception) -> None:
         """After a failed load: drop the copy of the version from the cache, and if the version
@@ -243,9 +257,10 @@ class WeightManager:
             return
         why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
         raise AdminError(
-            400, f"weights version {request.version} at {request.path} was pruned from the run directory "
+            400,
+            f"weights version {request.version} at {request.path} was pruned from the run directory "
             f"while this server fetched or loaded it ({why}): load a newer version",
-        ) from None  # fmt: skip
+        ) from None
 
     def _check_pulled(self, served: str, path: Path, version: int) -> None:
         try:

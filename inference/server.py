@@ -102,21 +102,29 @@ def vllm_cli_args(
 ) -> list[str]:
     inf = cfg.inference
     return [
-        "--model", model_path,
-        "--host", inf.host,
-        "--port", str(inf.port),
-        "--dtype", model_dtype(inf.dtype, model_path),
-        "--gpu-memory-utilization", str(inf.gpu_memory_utilization),
-        "--seed", str(cfg.seed),
-        "--worker-extension-cls", WORKER_EXTENSION,
-        "--logprobs-mode", "processed_logprobs",
+        "--model",
+        model_path,
+        "--host",
+        inf.host,
+        "--port",
+        str(inf.port),
+        "--dtype",
+        model_dtype(inf.dtype, model_path),
+        "--gpu-memory-utilization",
+        str(inf.gpu_memory_utilization),
+        "--seed",
+        str(cfg.seed),
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+        "--logprobs-mode",
+        "processed_logprobs",
         "--disable-uvicorn-access-log",
         "--enable-scale-out",  # render, derender: chat rollouts in the model's own formats
         *parser_args(cfg, model_path),
         *(["--max-model-len", str(inf.max_model_len)] if inf.max_model_len else []),
         *(["--enforce-eager"] if eager(inf.enforce_eager, cpu_build) else []),
         *inf.vllm_args,
-    ]  # fmt: skip
+    ]
 
 
 def stock_vllm_cmd(
@@ -233,9 +241,13 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         metrics.log(0, version=0, path=args.model)
         async with joined(cfg, join_as, server_id):  # serve_http returns once the server has stopped
             shutdown = await serve_http(
-                app, sock=sock, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                app,
+                sock=sock,
+                host=args.host,
+                port=args.port,
+                log_level=args.uvicorn_log_level,
                 access_log=False,
-            )  # fmt: skip
+            )
     try:
         await shutdown
     finally:

@@ -31,6 +31,11 @@ LAUNCHER_ATTRIBUTES = (
 ENGINE_METHODS = ("get_supported_tasks", "resume_generation", "collective_rpc", "reset_prefix_cache")
 ENGINE_CORE_METHODS = ("pause_scheduler_async",)  # on the engine's core client, `engine.engine_core`
 CPU_REPACK = "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm"
+# The in-place reload logs the model's parameters that no loaded tensor reached, with this
+# message, on this logger (`inference/worker_extension.py` turns it into an error).
+RELOAD = "vllm.model_executor.model_loader.reload.inplace:reload_weights"
+SKIPPED_LOGGER = "vllm.model_executor.model_loader.reload.inplace"
+SKIPPED_MESSAGE = "Following weights were not loaded from checkpoint"
 
 
 def missing(what: str) -> TriadError:
@@ -94,3 +99,15 @@ def check_worker(
     lm_head = getattr(runner.get_model(), "lm_head", None)
     if lm_head is not None and not hasattr(lm_head, "cpu_linear"):
         raise missing(f"lm_head.cpu_linear on the CPU build (the tied head's prepacked copy, {CPU_REPACK})")
+
+
+def check_reload_report(importer: Callable[[str], ModuleType] = importlib.import_module) -> None:
+    """The in-place reload still reports the parameters it skipped, as the worker expects:
+    without that report a skipped parameter would go unnoticed."""
+    reload = resolve(RELOAD, importer)
+    try:
+        source = inspect.getsource(reload)
+    except (OSError, TypeError):
+        source = ""
+    if SKIPPED_MESSAGE not in source:
+        raise missing(f"report of skipped parameters ({SKIPPED_MESSAGE!r} in {RELOAD.replace(':', '.')})")

@@ -9,12 +9,52 @@ each layer's post-load processing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from shared.digest import digesting
+
+
+class SkippedParameters(logging.Handler):
+    """Collects the parameters vLLM's in-place reload reports it gave no value."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.names: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from inference.vllm_api import SKIPPED_MESSAGE
+
+        if SKIPPED_MESSAGE in str(record.msg) and record.args:
+            self.names.update(str(name) for name in record.args[0])
+
+
+@contextmanager
+def every_parameter_loaded(what: str) -> Iterator[None]:
+    """Fail the reload inside if vLLM reports a parameter of the model that no loaded tensor
+    reached: the model would serve a mix of versions (peers saw NaN logits from it)."""
+    from inference.vllm_api import SKIPPED_LOGGER
+
+    logger, skipped = logging.getLogger(SKIPPED_LOGGER), SkippedParameters()
+    level = logger.level
+    if not logger.isEnabledFor(logging.WARNING):
+        logger.setLevel(logging.WARNING)  # the report is a warning: hear it at any log level
+    logger.addHandler(skipped)
+    try:
+        yield
+    finally:
+        logger.removeHandler(skipped)
+        logger.setLevel(level)
+    if skipped.names:
+        names = sorted(skipped.names)
+        raise RuntimeError(
+            f"loading {what} left {len(names)} parameter(s) of the model without a value: "
+            f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''} (publish every parameter)"
+        )
 
 
 def iter_safetensors(weights_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -56,9 +96,10 @@ class TriadWorkerExtension:
 
     def triad_check_worker(self) -> None:
         """At start-up: every vLLM attribute the weight swap uses is there (`inference.vllm_api`)."""
-        from inference.vllm_api import check_worker
+        from inference.vllm_api import check_reload_report, check_worker
 
         check_worker(self, on_cpu_build())
+        check_reload_report()
 
     def triad_load_weights(self, weights_dir: str | None) -> dict[str, str] | None:
         """Load a published weights directory, or the server's base model (None); returns the
@@ -68,9 +109,10 @@ class TriadWorkerExtension:
             self.model_runner.reload_weights()
         else:
             digests = {}
-            self.model_runner.reload_weights(
-                weights_iterator=digesting(iter_safetensors(weights_dir), digests)
-            )
+            with every_parameter_loaded(weights_dir):
+                self.model_runner.reload_weights(
+                    weights_iterator=digesting(iter_safetensors(weights_dir), digests)
+                )
         refresh_cpu_lm_head(self.model_runner.get_model())
         return digests
 
@@ -85,7 +127,8 @@ class TriadWorkerExtension:
         try:
             group = self._triad_receiver.join(spec, local_rank, device)
             received = receive_buckets(group, spec, device)
-            self.model_runner.reload_weights(weights_iterator=digesting(received, digests))
+            with every_parameter_loaded("a broadcast version"):
+                self.model_runner.reload_weights(weights_iterator=digesting(received, digests))
         except Exception:
             self._triad_receiver.close_dialer()
             self._triad_receiver = BroadcastReceiver()  # a broken group is never reused

@@ -72,6 +72,7 @@ class ChatRollouts:
             await self.renderer.tail({"role": "assistant", "content": "."}, PROBE_REPLY)
             if self.runner.names:
                 await self.renderer.tail(*probe_tool_turn(self.runner.names[0]))
+            await self.parser.check(self.renderer, self.runner.names[0] if self.runner.names else None)
         except TriadError as e:
             if str(e).startswith(self.where):
                 raise

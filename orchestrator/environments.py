@@ -45,29 +45,17 @@ import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from orchestrator import untrusted
+from orchestrator.prompt import Prompt
 from orchestrator.untrusted import TooManyStuck
 from shared.errors import TriadError
 
 log = logging.getLogger("triad.orchestrator")
 ENTRY_POINT_GROUP = "triad.environments"
 EVAL_SEED = "held-out"
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str = ""
-    answer: str = ""
-    meta: dict[str, str] = field(default_factory=dict)
-    messages: list[dict[str, Any]] | None = None  # a chat prompt, OpenAI format
-
-    @property
-    def is_chat(self) -> bool:
-        return self.messages is not None
 
 
 @runtime_checkable

@@ -27,6 +27,7 @@ from shared.fleet import FleetView, parse_records
 from shared.rundir import RunDir
 
 log = logging.getLogger("triad.orchestrator")
+BRING_UP_LOADS = 8  # versions a joiner may load while catching up before it is refused
 
 
 class Fleet:
@@ -97,7 +98,8 @@ class Fleet:
             await client.close()
             return
         finally:
-            self.admitting.pop(url, None)
+            if self.admitting.get(url) is asyncio.current_task():  # not a newer admission's entry
+                del self.admitting[url]
         self.pool.add(server)
         self.joined[url] = server
         log.info("inference server %s admitted, serving version %d", url, server.version)
@@ -119,7 +121,8 @@ class Fleet:
         """Make it serve the trainer's newest version written as files (also one published while
         it loaded; between this check and joining the pool nothing awaits, so the weight follower
         takes it every later version). A version sent by broadcast only reaches it with the next
-        broadcast, as it reaches a server that came back."""
+        broadcast, as it reaches a server that came back. A joiner still behind the trainer after
+        `BRING_UP_LOADS` loads loads slower than the trainer publishes: refused, saying so."""
         weights = self.weights
         if weights is None:
             raise TriadError("the orchestrator is not following weights yet")
@@ -129,10 +132,20 @@ class Fleet:
             return
         server.version = -1  # what it holds was loaded before we knew it
         await weights.align(server)
-        while (newer := weights.published.newest(after=server.version, loadable=True)) is not None:
+        for _ in range(BRING_UP_LOADS):
+            newer = weights.published.newest(after=server.version, loadable=True)
+            if newer is None:
+                return
             await weights.load(server, newer)
             if not server.healthy:
                 raise TriadError(server.why_out)
+        newest = weights.published.newest(after=server.version, loadable=True)
+        if newest is not None:
+            raise TriadError(
+                f"it is still behind the trainer after loading {BRING_UP_LOADS} versions while joining "
+                f"(serves {server.version}, the trainer has published {newest}): it loads slower than "
+                f"the trainer publishes"
+            )
 
     async def leave(self, url: str, why: str) -> None:
         server = self.joined.pop(url)

@@ -53,6 +53,7 @@ from orchestrator.evaluation import evaluate_and_log
 from orchestrator.fleet import Fleet
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
+from orchestrator.retention import BatchRetention
 from orchestrator.staleness import is_fresh, oldest_allowed_version, step_for_next_group
 from orchestrator.stats import LoopLag, rates, summarize
 from orchestrator.weights import WeightFollower
@@ -112,7 +113,8 @@ class Orchestrator:
         self.rundir = RunDir.of(cfg)
         self.pool = pool
         self.env = env
-        self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify)
+        retention = BatchRetention(self.rundir, run_id, self.oc.keep_rollouts)  # prunes at each new version
+        self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify, retention.prune_consumed)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
         self.episodes = episodes_for(env, pool, self.oc)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)

@@ -10,13 +10,14 @@ and only `tool_parser = "hermes"` is served that way.
 
 from __future__ import annotations
 
-from orchestrator.chat import ChatRenderer
+from orchestrator.chat import PROBE_USER, ChatRenderer
 from orchestrator.client import Completion
 from orchestrator.pool import Server, ServerPool
-from orchestrator.tool_calls import ParsedTurn, parse_tool_calls, turn_from_message
+from orchestrator.tool_calls import ParsedTurn, call_id, parse_tool_calls, turn_from_message
 from shared.errors import TriadError
 
 HERMES = "hermes"
+PROBE_REASONING = "Let me think this over first."
 
 
 def pool_renderer(pool: ServerPool, tools: list[dict] | None, options: dict) -> ChatRenderer:
@@ -37,16 +38,52 @@ class TurnParser:
     def __init__(self, pool: ServerPool, tools: list[dict] | None, options: dict, tool_parser: str) -> None:
         self.pool, self.tools, self.options, self.tool_parser = pool, tools, options, tool_parser
 
-    async def parse(self, c: Completion, prompt_ids: list[int], server: Server | None) -> ParsedTurn:
-        """The turn `c` (sampled after `prompt_ids`) as content, reasoning and checked tool calls."""
-
-        async def derender(s: Server) -> dict | None:
+    async def derender(
+        self, token_ids: list[int], finish_reason: str, prompt_ids: list[int], server: Server | None
+    ) -> dict | None:
+        async def call(s: Server) -> dict | None:
             messages = [{"role": "user", "content": "."}]  # the parsers read only tools and options
             return await s.client.chat.derender(
-                c.token_ids, c.finish_reason, messages, self.tools, self.options, prompt_ids
+                token_ids, finish_reason, messages, self.tools, self.options, prompt_ids
             )
 
-        message, _ = await self.pool.request(derender, "parsing a model turn", server)
+        return (await self.pool.request(call, "parsing a model turn", server))[0]
+
+    async def check(self, renderer: ChatRenderer, tool: str | None) -> None:
+        """The template's own rendering of a reply (its reasoning, and a call of `tool`) must come back
+        split by the server's parsers: a server started with parsers that do not fit the model fails here."""
+        reply: dict = {"role": "assistant", "content": "Done.", "reasoning_content": PROBE_REASONING}
+        if tool is not None:
+            call = {"id": call_id(0), "type": "function", "function": {"name": tool, "arguments": "{}"}}
+            reply = {**reply, "tool_calls": [call]}
+        prompt = await renderer.prompt([PROBE_USER])
+        full = await renderer.render([PROBE_USER, reply], False)
+        if full[: len(prompt)] != prompt:  # the template rewrites a last reply (Qwen3, thinking off)
+            return
+        message = await self.derender(full[len(prompt) :], "stop", prompt, None)
+        if message is None:
+            return
+        content = message.get("content") or ""
+        if PROBE_REASONING in content:
+            raise TriadError(
+                "the server's reasoning parser does not split this model's reasoning from its answer: set "
+                "orchestrator.reasoning_parser (vLLM's --reasoning-parser) to one that fits the model"
+            )
+        if tool is not None and not message.get("tool_calls") and tool in content:
+            raise TriadError(
+                f"the server's tool parser does not read this model's tool calls back (it left a call of "
+                f"{tool!r} in the text): set orchestrator.tool_parser (vLLM's --tool-call-parser) to one "
+                "that fits the model's chat template"
+            )
+
+    async def parse(self, c: Completion, prompt_ids: list[int], server: Server | None) -> ParsedTurn:
+        """The turn `c` (sampled after `prompt_ids`) as content, reasoning and checked tool calls. A turn
+        that ended on its end-of-turn token is parsed without it, as vLLM's chat route parses a reply:
+        derender keeps special tokens' text, and `<|im_end|>` is no part of the answer."""
+        ids = c.token_ids[:-1] if c.finish_reason == "stop" else c.token_ids
+        if not ids:  # the model ended its turn at once: an empty reply
+            return ParsedTurn(content="")
+        message = await self.derender(ids, c.finish_reason, prompt_ids, server)
         if message is not None:
             return turn_from_message(message)
         if not self.tools:

@@ -3,7 +3,9 @@
 It watches the trainer's published versions (`weights/step_V/DONE`, or the
 broadcast handshake), has every healthy server load the newest one through its
 weight backend, aligns a server that (re)connects with this run's newest
-loadable version, and prunes the batches the trainer is done with. With a
+loadable version, and tells its owner of each new version (`on_version`: the orchestrator
+prunes the batches the trainer is done with, `orchestrator/retention.py`). Each load is checked
+against the trainer's digests (`CheckedLoads`). With a
 backend that cannot load weights (`none`) the policy is frozen; the trainer's
 published version then stands in for the served one, so it still paces rollouts.
 """
@@ -31,19 +33,70 @@ log = logging.getLogger("triad.orchestrator")
 POLL_S = 0.1
 
 
+class CheckedLoads:
+    """Loads compared with the trainer's digests of the version (`orchestrator/integrity.py`)."""
+
+    def __init__(self, rundir: RunDir, run_id: str) -> None:
+        self.rundir, self.run_id = rundir, run_id
+        self.unverified: set[str] = set()  # servers told of once: they report no digests
+
+    async def load(self, server: Server, version: int, path: str) -> None:
+        """Load, then compare what the server loaded with the trainer's digests; on a mismatch
+        load once more, then stop the run naming the server, the version and the tensor."""
+        marker = (
+            await asyncio.to_thread(self.rundir.weights.marker, version, self.run_id) if version else None
+        )
+        required = self.verifiable(server)
+        problem = mismatch(marker, await server.backend.load(version, path), required)
+        if problem is None:
+            return
+        log.warning(
+            "%s loaded version %d with other bytes than published (%s): loading it again",
+            server.url,
+            version,
+            problem,
+        )
+        problem = mismatch(marker, await server.backend.load(version, path), required)
+        if problem is not None:
+            raise DigestMismatch(
+                f"{server.url} serves version {version} from {path} with other bytes than "
+                f"the trainer published, also after a reload: {problem}"
+            )
+
+    def verifiable(self, server: Server) -> bool:
+        """triad's servers report digests of what they load; others are trusted, said once."""
+        if server.backend.kind in ("triad", "triad-lora"):
+            return True
+        if server.url not in self.unverified:
+            self.unverified.add(server.url)
+            log.warning(
+                "%s (backend %r) reports no weight digests: loads there are not verified",
+                server.url,
+                server.backend.kind,
+            )
+        return False
+
+
 class WeightFollower:
     def __init__(
-        self, cfg: TriadConfig, rundir: RunDir, run_id: str, pool: ServerPool,
+        self,
+        cfg: TriadConfig,
+        rundir: RunDir,
+        run_id: str,
+        pool: ServerPool,
         on_change: Callable[[], Awaitable[None]],
-    ) -> None:  # fmt: skip
+        on_version: Callable[[int], None] | None = None,
+    ) -> None:
+        """`on_change` is awaited after each new version; `on_version(version)` runs in a thread
+        before it (store work of the follower's owner)."""
         self.cfg, self.rundir, self.run_id, self.pool = cfg, rundir, run_id, pool
-        self.on_change = on_change
+        self.on_change, self.on_version = on_change, on_version
         self.published = PublishedWeights(rundir, run_id)
+        self.checked = CheckedLoads(rundir, run_id)
         self.frozen = not any(s.backend.updates for s in pool.servers)
         self.trainer_version = 0  # the newest version the trainer has published
         self.trainer_version_created = 0.0  # its marker's time: a resumed trainer republishes
         self.broadcast = None
-        self.unverified: set[str] = set()  # servers told of once: they report no digests
         if cfg.weights.transport == "broadcast" and not self.frozen and not cfg.trainer.lora.rank:
             self.broadcast = BroadcastCoordinator(rundir, run_id, pool, cfg.weights.broadcast)
 
@@ -61,40 +114,13 @@ class WeightFollower:
             if server.version >= version:
                 return
             try:
-                await self.load_checked(server, version, self.rundir.weights.relative(version))
+                await self.checked.load(server, version, self.rundir.weights.relative(version))
             except DigestMismatch:
                 raise
             except TriadError as e:
                 self.pool.take_out(server, f"could not load version {version}: {e}")
                 return
             server.version = version
-
-    async def load_checked(self, server: Server, version: int, path: str) -> None:
-        """Load, then compare what the server loaded with the trainer's digests; on a mismatch
-        load once more, then stop the run naming the server, the version and the tensor."""
-        marker = (
-            await asyncio.to_thread(self.rundir.weights.marker, version, self.run_id) if version else None
-        )
-        required = self.verifiable(server)
-        problem = mismatch(marker, await server.backend.load(version, path), required)
-        if problem is None:
-            return
-        log.warning("%s loaded version %d with other bytes than published (%s): loading it again",
-                    server.url, version, problem)  # fmt: skip
-        problem = mismatch(marker, await server.backend.load(version, path), required)
-        if problem is not None:
-            raise DigestMismatch(f"{server.url} serves version {version} from {path} with other bytes than "
-                                 f"the trainer published, also after a reload: {problem}")  # fmt: skip
-
-    def verifiable(self, server: Server) -> bool:
-        """triad's servers report digests of what they load; others are trusted, said once."""
-        if server.backend.kind in ("triad", "triad-lora"):
-            return True
-        if server.url not in self.unverified:
-            self.unverified.add(server.url)
-            log.warning("%s (backend %r) reports no weight digests: loads there are not verified",
-                        server.url, server.backend.kind)  # fmt: skip
-        return False
 
     async def check_received(self, server: Server, version: int, files: bool) -> None:
         """A version that came by broadcast: compare the server's digests with the marker's;
@@ -117,9 +143,13 @@ class WeightFollower:
                     f"{server.url} received version {version} by broadcast with other bytes than the "
                     f"trainer sent, and there are no files to reload: {problem}"
                 )
-            log.warning("%s received version %d with other bytes than sent (%s): loading its files",
-                        server.url, version, problem)  # fmt: skip
-            await self.load_checked(server, version, self.rundir.weights.relative(version))
+            log.warning(
+                "%s received version %d with other bytes than sent (%s): loading its files",
+                server.url,
+                version,
+                problem,
+            )
+            await self.checked.load(server, version, self.rundir.weights.relative(version))
 
     async def align(self, server: Server) -> None:
         """Make a server serve this run's newest published weights (or its base).
@@ -139,7 +169,7 @@ class WeightFollower:
                 return
             path = self.rundir.weights.relative(newest) if newest else info.base_path
             log.info("%s serves %s v%d: loading this run's v%d", server.url, info.path, info.version, newest)
-            await self.load_checked(server, newest, path)
+            await self.checked.load(server, newest, path)
             server.version = newest
 
     async def connect(self) -> None:
@@ -174,13 +204,8 @@ class WeightFollower:
         marker = None if version is None else self.rundir.weights.marker(version, self.run_id)
         return None if version is None or marker is None else (version, marker)
 
-    def prune_consumed(self, version: int) -> None:
-        """A batch is done with once trained *and* checkpointed: a resumed trainer restarts after C."""
-        consumed = min(version, newest_checkpoint(self.rundir, self.run_id))
-        self.rundir.rollouts.prune(self.cfg.orchestrator.keep_rollouts, done_upto=consumed)
-
     async def follow(self) -> None:
-        """Forever: take each newly published version to the servers, then prune consumed batches.
+        """Forever: take each newly published version to the servers, then tell `on_version`.
         Looks for a new version from the store's `poll_floor_s` up to `poll_cap` of it (`Backoff`),
         and at once when a marker is written where the store can tell (`shared/watch.py`): the
         next version usually comes one training step after the last. Store reads and writes run
@@ -198,8 +223,9 @@ class WeightFollower:
         sleep = asyncio.sleep if watch is None else watch.wait_async
         while True:
             if self.broadcast is not None:
-                await asyncio.to_thread(self.published.check_lineage, self.trainer_version,
-                                        self.trainer_version_created)  # fmt: skip
+                await asyncio.to_thread(
+                    self.published.check_lineage, self.trainer_version, self.trainer_version_created
+                )
                 ready = await asyncio.to_thread(self.broadcast.ready_to_send, self.trainer_version)
                 if ready is not None:
                     await self.broadcast.deliver(ready)
@@ -217,7 +243,8 @@ class WeightFollower:
             if not self.frozen and files:
                 await asyncio.gather(*(self.load(s, version) for s in self.pool.healthy()))
                 log.info("inference now serves version %d", self.served_version)
-            await asyncio.to_thread(self.prune_consumed, version)
+            if self.on_version is not None:
+                await asyncio.to_thread(self.on_version, version)
             await self.on_change()
 
     async def wait_for_version(self, version: int) -> None:

@@ -155,14 +155,19 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name)
         s.add_argument("-c", "--config", type=Path, help="TOML config file")
         s.add_argument(
-            "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
             help="override a config key (dotted for tables: trainer.optim.lr=1e-5)",
-        )  # fmt: skip
+        )
         if name == INFERENCE:
             s.add_argument(
-                "--join", action="store_true",
+                "--join",
+                action="store_true",
                 help="register with the run's fleet so a running orchestrator discovers this server",
-            )  # fmt: skip
+            )
     return p
 
 

@@ -13,11 +13,20 @@ from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
 PHASE_COLOURS = {
-    "generate": "tab:green", "assemble": "yellowgreen", "write_batch": "darkgreen",
-    "wait": "lightgrey", "read": "tab:gray", "train": "tab:blue", "forward_backward": "tab:blue",
-    "optimizer": "tab:cyan", "publish": "tab:orange", "gather": "tab:orange", "write": "tab:brown",
-    "mark": "tab:pink", "load": "tab:red",
-}  # fmt: skip
+    "generate": "tab:green",
+    "assemble": "yellowgreen",
+    "write_batch": "darkgreen",
+    "wait": "lightgrey",
+    "read": "tab:gray",
+    "train": "tab:blue",
+    "forward_backward": "tab:blue",
+    "optimizer": "tab:cyan",
+    "publish": "tab:orange",
+    "gather": "tab:orange",
+    "write": "tab:brown",
+    "mark": "tab:pink",
+    "load": "tab:red",
+}
 LABELLED = ("generate", "train", "forward_backward", "load")  # bars that carry their step number
 
 
@@ -117,17 +126,29 @@ def plot_timeline(rundir: RunDir, first: int, last: int) -> Path:
     fig, ax = plt.subplots(figsize=(12, 3.2))
     for s in chosen:
         width = max(s.end - s.start, 0.002)  # a load without a duration still shows as a tick
-        ax.broken_barh([(s.start - origin, width)], (lanes[s.service] - 0.35, 0.7),
-                       facecolors=PHASE_COLOURS[s.phase], edgecolor="black", linewidth=0.3)  # fmt: skip
+        ax.broken_barh(
+            [(s.start - origin, width)],
+            (lanes[s.service] - 0.35, 0.7),
+            facecolors=PHASE_COLOURS[s.phase],
+            edgecolor="black",
+            linewidth=0.3,
+        )
         if s.phase in LABELLED:
-            ax.text(s.start - origin + width / 2, lanes[s.service], str(s.step), ha="center", va="center",
-                    fontsize=6)  # fmt: skip
+            ax.text(
+                s.start - origin + width / 2,
+                lanes[s.service],
+                str(s.step),
+                ha="center",
+                va="center",
+                fontsize=6,
+            )
     ax.set_yticks(list(lanes.values()), list(lanes))
     ax.set_xlabel("seconds")
     shown = [p for p in PHASE_COLOURS if any(s.phase == p for s in chosen)]
     handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLOURS[p]) for p in shown]
-    ax.legend(handles, shown, loc="upper center", ncol=min(len(shown), 7),
-              bbox_to_anchor=(0.5, -0.25), fontsize=8)  # fmt: skip
+    ax.legend(
+        handles, shown, loc="upper center", ncol=min(len(shown), 7), bbox_to_anchor=(0.5, -0.25), fontsize=8
+    )
     ax.set_title(f"triad run {rundir.read_run().run_id}: steps {first}..{last} (numbers: step or version)")
     fig.tight_layout()
     out = rundir.plot_file(timeline=True)

@@ -87,9 +87,14 @@ def publish_batch(
     tokens = sum(len(r["input_ids"]) for r in rows)
     versions = [r["policy_version"] for r in rows]
     rundir.rollouts.write_marker(
-        step, run_id, samples=len(rows), tokens=tokens, min_policy_version=min(versions),
-        max_policy_version=max(versions), temperature=temperature,
-    )  # fmt: skip
+        step,
+        run_id,
+        samples=len(rows),
+        tokens=tokens,
+        min_policy_version=min(versions),
+        max_policy_version=max(versions),
+        temperature=temperature,
+    )
     return tokens
 
 

@@ -281,6 +281,12 @@ class WeightsConfig(Table):
     )
     keep: int = Field(3, ge=1, description="weight step directories kept on disk")
     sharded: bool = Field(False, description="each trainer rank writes its own shard (large models)")
+    dtype: Literal["auto", "model", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="published dtype; auto: bfloat16 on GPU, the model's own dtype on CPU"
+    )
+    snapshot_every: int = Field(
+        1, ge=1, description="a full snapshot every K versions and at checkpoints, deltas between (1: none)"
+    )
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
 
 
@@ -350,6 +356,11 @@ class TriadConfig(BaseSettings):
             raise ValueError(
                 f"orchestrator.heartbeat_timeout_s ({timeout:g}) must be more than twice "
                 f"inference.heartbeat_interval_s ({interval:g})"
+            )
+        if self.weights.snapshot_every > 1 and (self.weights.sharded or self.trainer.lora.enabled):
+            raise ValueError(
+                f"weights.snapshot_every = {self.weights.snapshot_every}: delta versions are published "
+                "from full weights gathered on rank 0; set it to 1 with weights.sharded or trainer.lora"
             )
         if self.weights.keep < self.max_async_level + 2:
             raise ValueError(

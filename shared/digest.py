@@ -1,21 +1,38 @@
 """Digests of published weights, so inference can prove it serves what the trainer sent.
 
-A tensor's digest is an exact integer checksum of its raw bytes. The bytes are read as
-64-bit words (the last one zero-padded) laid out in rows of `WIDTH`; the digest is the
-byte count, `R = sum_r (2r + 1) * rowsum_r` and `C = sum_c (2c + 1) * colsum_c`, all
-sums mod 2^64 (two's-complement wrap-around, so the order of summation does not matter and
-CPU and GPU agree). The weights are odd, hence invertible mod 2^64: a change to any one
-word always changes both R and C; words moved between rows change R, within a row C.
+A tensor's digest names its dtype, shape and byte count, and holds two exact integer
+checksums of its raw bytes. The bytes are read as unsigned 32-bit words `w_i` (the last
+one zero-padded), laid out in `R` rows of `WIDTH` (word i at row r = i // WIDTH, column
+c = i % WIDTH, the last row zero-padded); all sums are mod 2^64 (two's-complement
+wrap-around, so the order of summation does not matter and CPU and GPU agree):
+
+- `P = sum_i (2i + 1) * w_i`: each word weighted by an odd multiplier of its position. A
+  single changed word changes P by (2i + 1) * delta, never 0 mod 2^64 (odd times a nonzero
+  delta below 2^32); two different words swapped change it by 2 (i - j) (w_j - w_i), never 0
+  for tensors under 2^31 words (8 GiB).
+- `Q = sum_i (h_c * (R - r) + k_c) * w_i`, with pseudo-random column weights
+  `h_c = mix(c + H_SEED)` and `k_c = mix(c + K_SEED)` (splitmix64's finalizer). It catches
+  what P, linear in i, cannot: a 2x2 "rectangle" of +x, -x, -x, +x keeps P (and every row
+  and column sum) but changes Q; on the grid's rows and columns by x (h_c - h_c') (r' - r),
+  0 mod 2^64 only if the pseudo-random difference has at least 64 - v(x) - v(r' - r)
+  factors of two (v: the factors of two; 2^-33 for an odd x one row apart, 2^-9 at worst,
+  a sign-bit x 2^24 rows apart); a rectangle off the grid's columns mixes four weights.
+
+Both are one pass of additions: per column, `A_c` sums the words and `B_c` sums `A_c`
+after each row, so `B_c = sum_r (R - r) w_rc`; then
+`P = sum_c (2c + 1) A_c + 2 WIDTH (R A_c - B_c)` and `Q = sum_c h_c B_c + k_c A_c`.
+Reinterpreting the bytes as another dtype, or reshaping them, changes the name, not the sums.
+
 It costs one pass over the bytes where the tensors already are (the trainer's gathered
 tensors, the inference worker's loaded ones; `bench/` measures it against the hand-off):
-on a GPU two torch reductions; on the CPU a numba kernel that reads each word once and
-adds it to its row's and its column's sum, on the calling thread, over the tensor's own
-memory. Not torch there: its CPU reductions split each sum over its OpenMP threads, and
-next to a busy inference process one of them waits for a core, so each of the hundreds
-of reductions of a publish waited a scheduler slice; not numpy's two reductions, which
-read the bytes twice (bench/README.md has the figures). The kernel is compiled on first
-use and cached beside this file. It guards against corruption (a flipped byte in a file
-or a bucket), not against an attacker, who could forge it.
+on a GPU a few torch reductions over blocks of rows; on the CPU a numba kernel that reads
+each word once and adds it into the column sums (vectorised across the columns), on the
+calling thread, over the tensor's own memory. Not torch there: its CPU reductions split
+each sum over its OpenMP threads, and next to a busy inference process one of them waits
+for a core, so each of the hundreds of reductions of a publish waited a scheduler slice
+(bench/README.md has the figures). The kernel is compiled on first use and cached beside this file. It guards
+against corruption and mix-ups (a flipped byte in a file or a bucket, a tensor in the wrong
+place), not against an attacker, who could forge it.
 
 A version's digest is a BLAKE2b of its tensors' names and digests in name order.
 
@@ -32,6 +49,29 @@ from typing import Any
 
 WIDTH = 64  # words per row
 MOD = 1 << 64
+H_SEED, K_SEED = 1 << 32, 1 << 33  # the column weights of Q: mix(c + H_SEED), mix(c + K_SEED)
+BLOCK_ROWS = 1 << 16  # rows per torch reduction on a device: int64 temporaries of 32 MiB
+
+
+def mix(x: int) -> int:
+    """splitmix64's finalizer of `x + golden ratio`, mod 2^64."""
+    z = (x + 0x9E3779B97F4A7C15) % MOD
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % MOD
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % MOD
+    return z ^ (z >> 31)
+
+
+H = [mix(c + H_SEED) for c in range(WIDTH)]
+K = [mix(c + K_SEED) for c in range(WIDTH)]
+
+
+def combine(rows: int, a: Iterable[int], b: Iterable[int]) -> tuple[int, int]:
+    """P and Q from the column sums A and B of `rows` rows."""
+    p = q = 0
+    for col, (a_c, b_c) in enumerate(zip(a, b, strict=True)):
+        p += (2 * col + 1) * a_c + 2 * WIDTH * (rows * a_c - b_c)
+        q += H[col] * b_c + K[col] * a_c
+    return p % MOD, q % MOD
 
 
 def _bytes(tensor: Any) -> Any:
@@ -42,29 +82,32 @@ def _bytes(tensor: Any) -> Any:
 
 
 @functools.cache
-def _row_col_kernel() -> Any:
-    """`(R, C)` of a 1-D int64 array in one pass (wrapping int64, so mod 2^64), compiled
-    once per machine by numba and cached beside this file."""
+def _kernel() -> Any:
+    """The column sums `(A, B)` of a 1-D uint32 array in one pass (wrapping int64, so
+    mod 2^64), compiled once per machine by numba and cached beside this file."""
     import numba
     import numpy as np
 
     @numba.njit(cache=True, nogil=True)
-    def row_col_sums(words):  # row i holds words[i * WIDTH : (i + 1) * WIDTH], the last maybe short
-        col_sums = np.zeros(WIDTH, np.int64)
-        r = np.int64(0)
-        for i in range(words.size // WIDTH + 1):
-            row_sum = np.int64(0)
-            for c in range(min(WIDTH, words.size - i * WIDTH)):
-                word = words[i * WIDTH + c]
-                row_sum += word
-                col_sums[c] += word
-            r += (2 * i + 1) * row_sum
-        c_total = np.int64(0)
-        for c in range(WIDTH):
-            c_total += (2 * c + 1) * col_sums[c]
-        return r, c_total
+    def column_sums(words):  # row r holds words[r * WIDTH : (r + 1) * WIDTH], the last maybe short
+        full = words.size // WIDTH
+        grid = words[: full * WIDTH].reshape(full, WIDTH)
+        a = np.zeros(WIDTH, np.int64)
+        b = np.zeros(WIDTH, np.int64)
+        for r in range(full):
+            for col in range(WIDTH):
+                running = a[col] + grid[r, col]
+                a[col] = running
+                b[col] += running
+        if full * WIDTH < words.size:
+            last = np.zeros(WIDTH, np.int64)
+            last[: words.size - full * WIDTH] = words[full * WIDTH :]
+            for col in range(WIDTH):
+                a[col] += last[col]
+                b[col] += a[col]
+        return a, b
 
-    return row_col_sums
+    return column_sums
 
 
 def load_cpu_kernel() -> None:
@@ -72,57 +115,54 @@ def load_cpu_kernel() -> None:
     takes about 0.5 s, which the first publish would otherwise spend."""
     import numpy as np
 
-    _row_col_kernel()(np.zeros(WIDTH, dtype=np.int64))
+    _kernel()(np.zeros(WIDTH, dtype=np.uint32))
 
 
 def _cpu_sums(raw: Any) -> tuple[int, int]:
-    """R and C of a CPU tensor's bytes, on this thread, without a copy."""
+    """P and Q of a CPU tensor's bytes, on this thread, without a copy where aligned."""
     import numpy as np
 
     data = raw.numpy()
-    if data.ctypes.data % 8:  # a view into a bucket: int64 words need aligned memory
-        data = data.copy()
-    whole = data.size // 8 * 8
-    words = data[:whole].view(np.int64)
-    r, c = (int(x) for x in _row_col_kernel()(words))
-    if whole < data.size:  # the last word, zero-padded, adds its own terms to R and C
-        tail = np.zeros(8, dtype=np.uint8)
-        tail[: data.size - whole] = data[whole:]
-        word, (row, col) = int(tail.view(np.int64)[0]), divmod(words.size, WIDTH)
-        r, c = r + (2 * row + 1) * word, c + (2 * col + 1) * word
-    return r % MOD, c % MOD
+    if data.size % 4 or data.ctypes.data % 4:  # a padded last word, or a view into a bucket
+        padded = np.zeros(-(-data.size // 4) * 4, dtype=np.uint8)
+        padded[: data.size] = data
+        data = padded
+    a, b = _kernel()(data.view(np.uint32))
+    return combine(-(-data.size // (4 * WIDTH)), a.tolist(), b.tolist())
 
 
 def _device_sums(raw: Any) -> tuple[int, int]:
-    """R and C of a device (GPU) tensor's bytes, reduced by torch where they are."""
+    """P and Q of a device (GPU) tensor's bytes, reduced by torch where they are, a block of
+    rows at a time (int64 temporaries stay small)."""
     import torch
 
-    if raw.storage_offset() % 8:  # a view into a bucket: int64 views need aligned storage
-        raw = raw.clone()
-    whole = raw.numel() // 8 * 8
-    words = raw[:whole].view(torch.int64)
-    if whole < raw.numel():
-        tail = torch.zeros(8, dtype=torch.uint8, device=raw.device)
-        tail[: raw.numel() - whole] = raw[whole:]
-        words = torch.cat([words, tail.view(torch.int64)])
-    rows = words.numel() // WIDTH
-    grid, rest = words[: rows * WIDTH].view(rows, WIDTH), words[rows * WIDTH :]
-    row_sums = torch.cat([grid.sum(1), rest.sum().reshape(1)])
-    col_sums = grid.sum(0)
-    col_sums[: rest.numel()] += rest
-    device = words.device
-    r = (row_sums * torch.arange(1, 2 * rows + 3, 2, dtype=torch.int64, device=device)).sum()
-    c = (col_sums * torch.arange(1, 2 * WIDTH + 1, 2, dtype=torch.int64, device=device)).sum()
-    r_c = torch.stack([r, c]).tolist()
-    return r_c[0] % MOD, r_c[1] % MOD
+    device = raw.device
+    if raw.numel() % 4 or raw.storage_offset() % 4:
+        padded = torch.zeros(-(-raw.numel() // 4) * 4, dtype=torch.uint8, device=device)
+        padded[: raw.numel()] = raw
+        raw = padded
+    words = raw.view(torch.int32)
+    rows = -(-words.numel() // WIDTH)
+    sums = torch.zeros(2, WIDTH, dtype=torch.int64, device=device)
+    for first in range(0, rows, BLOCK_ROWS):
+        block = words[first * WIDTH : (first + BLOCK_ROWS) * WIDTH].to(torch.int64) & 0xFFFFFFFF
+        count = -(-block.numel() // WIDTH)
+        grid = torch.nn.functional.pad(block, (0, count * WIDTH - block.numel())).view(count, WIDTH)
+        left = rows - first - torch.arange(count, dtype=torch.int64, device=device)  # R - r
+        sums[0] += grid.sum(0)
+        sums[1] += (grid * left[:, None]).sum(0)
+    a, b = sums.tolist()
+    return combine(rows, a, b)
 
 
 def tensor_digest(tensor: Any) -> str:
-    """The digest of a torch tensor's raw bytes (any dtype, any device)."""
+    """The digest of a torch tensor (any dtype, any device): `dtype[shape]:bytes-P-Q`."""
     nbytes = tensor.numel() * tensor.element_size()
     raw = _bytes(tensor)
-    r, c = _cpu_sums(raw) if raw.device.type == "cpu" else _device_sums(raw)
-    return f"{nbytes:x}-{r:016x}{c:016x}"
+    p, q = _cpu_sums(raw) if raw.device.type == "cpu" else _device_sums(raw)
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    shape = "x".join(str(n) for n in tensor.shape)
+    return f"{dtype}[{shape}]:{nbytes:x}-{p:016x}{q:016x}"
 
 
 def version_digest(tensors: Mapping[str, str]) -> str:

@@ -21,7 +21,7 @@ class Family:
     marks: tuple[str, ...]  # all of these are in the template
     tool_parser: str | None
     reasoning_parser: str | None = None
-    thinking_marks: tuple[str, ...] = ()  # the reasoning parser applies only if one of these is there too
+    thinking_marks: tuple[str, ...] = ()  # the reasoning parser applies if one is there too; none: always
 
 
 # the first match wins: more specific families first
@@ -35,7 +35,9 @@ FAMILIES = (
     Family("deepseek-r1", ("<｜Assistant｜>",), None, "deepseek_r1", ("<think>",)),
     Family("glm-4.5", ("<arg_key>",), "glm45", "glm45", ("<think>",)),
     Family("qwen3-coder", ("<function=", "<parameter="), "qwen3_coder", "qwen3", ("<think>",)),
+    Family("granite-4", ("<|start_of_role|>", "<tool_call>"), "granite4", "granite", ("thinking",)),
     Family("granite", ("<|start_of_role|>",), "granite", "granite", ("thinking",)),
+    Family("smollm3", ("/no_think",), "hermes", "qwen3", ("<think>",)),
     Family("phi-4-mini", ("<|tool|>",), "phi4_mini_json"),
     Family("hermes", ("<tool_call>",), "hermes", "qwen3", ("<think>",)),
     Family("llama-3", ("<|start_header_id|>",), "llama3_json"),
@@ -57,7 +59,8 @@ def parsers_for(
         tool = family.tool_parser if family else None
     reasoning = reasoning_parser
     if reasoning == "auto":
-        thinks = family is not None and any(mark in (template or "") for mark in family.thinking_marks)
+        marks = family.thinking_marks if family is not None else ()
+        thinks = family is not None and (not marks or any(mark in (template or "") for mark in marks))
         reasoning = family.reasoning_parser if thinks else None
     return (None if tool == NONE else tool), (None if reasoning == NONE else reasoning)
 

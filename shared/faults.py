@@ -22,6 +22,8 @@ ORCHESTRATOR_BEFORE_MARKER = "orchestrator.before_marker"
 TRAINER_MID_STEP = "trainer.mid_step"
 TRAINER_CORRUPT_BUCKET = "trainer.corrupt_bucket"
 TRAINER_HOLD_BROADCAST = "trainer.hold_broadcast"
+TRAINER_BEFORE_DELTA_MARKER = "trainer.before_delta_marker"  # a delta version uploaded, its DONE not yet
+INFERENCE_MID_APPLY = "inference.mid_apply"  # a delta applied in memory, the new version not yet loaded
 HOLD_S = 3.0
 
 

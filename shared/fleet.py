@@ -134,6 +134,8 @@ class FleetView:
             self.leftovers[record.server_id] = record.beat
             log.info(
                 "ignoring the fleet record of %s: written %.0f s ago, by its own clock (a server that "
-                "stopped; if its beat goes on, it is alive)", record.url, wall_now - record.written_at,
-            )  # fmt: skip
+                "stopped; if its beat goes on, it is alive)",
+                record.url,
+                wall_now - record.written_at,
+            )
         return self.leftovers[record.server_id] == record.beat

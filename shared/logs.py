@@ -57,8 +57,9 @@ def restore_root_levels(saved: RootLevels) -> None:
     if root.level != level:
         logging.getLogger(f"{TRIAD}.logs").info(
             "restoring the root log level %s (a library set it to %s)",
-            logging.getLevelName(level), logging.getLevelName(root.level),
-        )  # fmt: skip
+            logging.getLevelName(level),
+            logging.getLevelName(root.level),
+        )
         root.setLevel(level)
     for handler, handler_level in handlers:
         handler.setLevel(handler_level)

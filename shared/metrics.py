@@ -1,6 +1,6 @@
 """Metrics as JSON lines under `run_dir/metrics/`, through the run directory's store.
 
-Each writer has files of its own (`shared/rundir.py` names them: one per service, and one per
+Each writer has files of its own (`shared/rundir/` names them: one per service, and one per
 inference server, since several servers may serve one run). On a local store rows are appended
 in place; on an object store, where an object cannot be appended to, each row rewrites the
 writer's current part, which is rotated every `part_rows` rows so a rewrite stays small.
@@ -27,9 +27,13 @@ class MetricsWriter:
     The part to continue is found at the first row (after a restart's `drop_after`)."""
 
     def __init__(
-        self, store: Storage, key: str, part_rows: int = 0,
-        part_key: Callable[[int], str] | None = None, last_part: Callable[[], int] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        store: Storage,
+        key: str,
+        part_rows: int = 0,
+        part_key: Callable[[int], str] | None = None,
+        last_part: Callable[[], int] | None = None,
+    ) -> None:
         self.store, self.key, self.part_rows = store, key, part_rows
         self.part_key, self.last_part = part_key, last_part
         self.part: int | None = None

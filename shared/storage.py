@@ -9,7 +9,8 @@ Writes are atomic: a file is written under a temporary name beside its key and
 renamed into place, so a reader sees the old file, the new one, or none.
 Writers that need a real path (safetensors, Parquet, torch.distributed.checkpoint,
 `save_pretrained`) get one from `writing` or `writing_dir`; readers that need a directory
-`fetch` it (and `drop_local` it when done). `shared/objectstore.py` has the object store.
+`fetch` it (and `drop_local` it when done). `shared/objectstore.py` has the object store
+(`shared/storecall.py` its requests, `shared/objectcache.py` its local copies).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Protocol
 
 from shared.errors import TriadError
+from shared.tmpname import TMP_PREFIX
 from shared.watch import DirWatch, open_watch
 
-TMP_PREFIX = ".tmp-"
+__all__ = ["TMP_PREFIX", "LocalStore", "Storage", "open_store"]
 FILE_MODE = 0o644  # mkstemp's 0600 would hide published files from services running as other users
 
 
@@ -98,6 +100,12 @@ def atomic_path(path: Path) -> Iterator[Path]:
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def raise_unless_gone(function, path: str, exc_info) -> None:
+    """`shutil.rmtree`'s error handler: what is gone already is fine, anything else raises."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -223,9 +231,11 @@ class LocalStore:
         return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
     def remove(self, key: str) -> None:
+        """Gone afterwards; a key already missing, or removed by another process meanwhile, is
+        no error, but anything that stays (a failed prune) is."""
         path = self.local_path(key)
         if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, onerror=raise_unless_gone)
         else:
             path.unlink(missing_ok=True)
 

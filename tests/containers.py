@@ -151,8 +151,11 @@ class PodmanService:
         self.log = (root / "podman-service.log").open("ab")
         self.proc = subprocess.Popen(
             ["podman", "system", "service", "--time=0", self.docker_host],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_for(self._answers, f"podman's API socket {self.socket}", timeout=30, poll=0.2)
         except WaitTimeout:
@@ -189,9 +192,12 @@ class HealthChecks:
         script = REPO / "deploy" / "podman" / "healthchecks.sh"
         self.log = log.open("ab")
         self.proc = subprocess.Popen(
-            [str(script), project, str(interval)], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [str(script), project, str(interval)],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -228,8 +234,9 @@ class Compose:
     def container(self, service: str) -> dict:
         """podman's inspection of the service's (one) container."""
         label = f"label=com.docker.compose.project={self.project}"
-        ids = self.podman("ps", "-a", "-q", "--filter", label,
-                          "--filter", f"label=com.docker.compose.service={service}").split()  # fmt: skip
+        ids = self.podman(
+            "ps", "-a", "-q", "--filter", label, "--filter", f"label=com.docker.compose.service={service}"
+        ).split()
         assert len(ids) == 1, f"{service}: containers {ids}"
         return json.loads(self.podman("inspect", ids[0]))[0]
 

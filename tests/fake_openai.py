@@ -125,7 +125,7 @@ def make_app(state: FakeState) -> Starlette:
                 },
                 "prompt_token_ids": prompt_ids,
                 "token_ids": ids,
-            }  # fmt: skip
+            }
             for i in range(body.get("n", 1))
         ]
         return JSONResponse(
@@ -135,8 +135,9 @@ def make_app(state: FakeState) -> Starlette:
     async def model_info(request: Request) -> JSONResponse:
         if state.sglang_model is None:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
-        return JSONResponse({"model_path": state.sglang_model, "tokenizer_path": state.sglang_model,
-                             "is_generation": True})  # fmt: skip
+        return JSONResponse(
+            {"model_path": state.sglang_model, "tokenizer_path": state.sglang_model, "is_generation": True}
+        )
 
     async def update_from_disk(request: Request) -> JSONResponse:
         if state.sglang_model is None:
@@ -147,8 +148,9 @@ def make_app(state: FakeState) -> Starlette:
             return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, 400)
         state.sglang_loaded.append(path)
         state.sglang_model = path
-        return JSONResponse({"success": True, "message": "Succeeded to update model weights.",
-                             "num_paused_requests": 0})  # fmt: skip
+        return JSONResponse(
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        )
 
     async def vllm_rl(request: Request) -> JSONResponse:
         if not state.vllm_routes:

@@ -63,22 +63,33 @@ def run_triad(
     )
 
 
-# what a user of a Qwen3-format chat model adds to `vllm serve` for triad's chat rollouts
-CHAT_VLLM_ARGS = (
-    "--enable-scale-out",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser", "hermes",
-    "--reasoning-parser", "qwen3",
-)  # fmt: skip
+# what a user of the embedded chat model (Hermes tool calls; it does not reason, so no reasoning
+# parser, which would read its whole answer as reasoning) adds to `vllm serve` for triad's chat rollouts
+CHAT_VLLM_ARGS = ("--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
 def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple[str, ...] = ()) -> list[str]:
     """vLLM's own OpenAI server, without triad's admin routes."""
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
-        "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log", "--enforce-eager", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(max_model_len),
+        "--disable-uvicorn-access-log",
+        "--enforce-eager",
+        *extra,
+    ]
 
 
 class Server:
@@ -86,9 +97,17 @@ class Server:
     in a subprocess, logging to a file."""
 
     def __init__(
-        self, run_dir: Path, model: str, log_path: Path, *extra: str, plain: bool = False, port: int = 0,
-        max_model_len: int = 256, join: bool = False, vllm_args: tuple[str, ...] = (),
-    ) -> None:  # fmt: skip
+        self,
+        run_dir: Path,
+        model: str,
+        log_path: Path,
+        *extra: str,
+        plain: bool = False,
+        port: int = 0,
+        max_model_len: int = 256,
+        join: bool = False,
+        vllm_args: tuple[str, ...] = (),
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path

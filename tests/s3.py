@@ -16,8 +16,11 @@ import pyarrow.fs as pafs
 from shared.net import free_port
 from shared.waiting import wait_for
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "triad-test", "AWS_SECRET_ACCESS_KEY": "triad-test-secret",
-               "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "triad-test",
+    "AWS_SECRET_ACCESS_KEY": "triad-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 class MotoServer:
@@ -29,8 +32,10 @@ class MotoServer:
         self.log = open(log_path, "wb")  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", host, "-p", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         wait_for(self._up, f"moto server at {self.url}", timeout=60, poll=0.2)
 
     @property
@@ -50,9 +55,12 @@ class MotoServer:
 
     def create_bucket(self, name: str) -> None:
         fs = pafs.S3FileSystem(
-            endpoint_override=self.url, allow_bucket_creation=True, region="us-east-1",
-            access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        )  # fmt: skip
+            endpoint_override=self.url,
+            allow_bucket_creation=True,
+            region="us-east-1",
+            access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        )
         fs.create_dir(name)
 
     @contextmanager

@@ -33,8 +33,8 @@ from shared.errors import TriadError
 from shared.faults import TRAINER_CORRUPT_BUCKET, TRAINER_HOLD_BROADCAST, armed, hold
 from shared.process_group import generation_store, make_group
 from shared.rundir import Handshake, RunDir
+from trainer.exported import published_parameters
 from trainer.parallel import full_tensor
-from trainer.publish import published_parameters
 
 log = logging.getLogger("triad.trainer")
 POLL_S = 0.02
@@ -55,8 +55,9 @@ def bound_store(host: str, port: int, timeout: timedelta):
         raise TriadError(
             f"cannot listen on weights.broadcast.host:port = {host}:{port} for the broadcast group: {e}"
         ) from None
-    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
-                    master_listen_fd=sock.detach())  # fmt: skip
+    return TCPStore(
+        host, port, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=sock.detach()
+    )
 
 
 def hosted_store(bc: BroadcastConfig, token: str | None, run_id: str, timeout: timedelta):
@@ -114,7 +115,8 @@ class WeightSender:
             if self.rank == 0 and ok[0]:
                 digest_started = time.monotonic()
                 digests.update(
-                    (specs[i].name, tensor_digest(part)) for i, part in zip(bucket, parts, strict=True)
+                    (specs[i].name, tensor_digest(part.view(specs[i].shape)))  # the shape is in the digest
+                    for i, part in zip(bucket, parts, strict=True)
                 )
                 self.digest_s += time.monotonic() - digest_started
                 if index == 0:

@@ -69,6 +69,9 @@ def load_checkpoint(
     if leader:
         rundir.store.drop_local(rundir.trainer_state_key(step))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
         options=options(trained_only),
-    )  # fmt: skip
+    )

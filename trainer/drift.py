@@ -32,8 +32,10 @@ class DriftAlarm:
             return False
         self.in_a_row += 1
         where = ", ".join(servers) or "unnamed servers"
-        said = (f"step {step}: mismatch KL {value:.3g} between the sampler ({where}) and the trainer is over "
-                f"trainer.max_mismatch_kl = {self.limit:g}")  # fmt: skip
+        said = (
+            f"step {step}: mismatch KL {value:.3g} between the sampler ({where}) and the trainer is over "
+            f"trainer.max_mismatch_kl = {self.limit:g}"
+        )
         if self.in_a_row >= self.steps:
             raise TriadError(
                 f"{said} for {self.in_a_row} updates in a row: the sampler and the trainer disagree on the "

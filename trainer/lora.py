@@ -26,9 +26,22 @@ def linear_layers(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     return found
 
 
+def ties_output_to_input(model: torch.nn.Module) -> bool:
+    """Whether the model's output layer shares its weight with the input embeddings."""
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    return output is not None and inputs is not None and output.weight is inputs.weight
+
+
 def check_lora_fits(model: torch.nn.Module, lora: LoraConfig) -> None:
-    """One-line TriadError unless every target module is a linear layer of the model and the
-    rank is below each one's smaller dimension."""
+    """One-line TriadError unless every target module is a linear layer of the model, the rank
+    is below each one's smaller dimension, and `lm_head` is a target only if it has a weight of
+    its own (merging W+BA into a tied one would change the input embeddings too)."""
+    if "lm_head" in lora.target_modules and ties_output_to_input(model):
+        raise TriadError(
+            "trainer.lora.target_modules: lm_head shares its weight with the input embeddings in "
+            "this model (tie_word_embeddings), so an adapter on it cannot be merged into what was "
+            "trained; drop lm_head from the targets or use a model with its own lm_head"
+        )
     linears = linear_layers(model)
     missing = [m for m in lora.target_modules if m not in linears]
     if missing:
@@ -50,9 +63,13 @@ def peft_config(lora: LoraConfig):
     from peft import LoraConfig as PeftLoraConfig
 
     return PeftLoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def wrap_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:

@@ -41,7 +41,7 @@ from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
 from trainer.phases import CHECKPOINT, RESUME, STEP_STATS, TRAIN, collective_phase
-from trainer.publish import Publisher
+from trainer.publish import Publisher, published_dtype
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
@@ -92,10 +92,16 @@ def step_phases(
     train_s, publish_s = t2 - t1, t3 - t2
     mark_s = max(publish_s - publish["gather_s"] - publish["write_s"], 0.0)
     return dict(
-        wait_s=t_read - t0, read_s=t1 - t_read, train_s=train_s, publish_s=publish_s,
-        forward_backward_s=max(train_s - optimizer_s, 0.0), optimizer_s=optimizer_s,
-        gather_s=publish["gather_s"], write_s=publish["write_s"], mark_s=mark_s,
-    )  # fmt: skip
+        wait_s=t_read - t0,
+        read_s=t1 - t_read,
+        train_s=train_s,
+        publish_s=publish_s,
+        forward_backward_s=max(train_s - optimizer_s, 0.0),
+        optimizer_s=optimizer_s,
+        gather_s=publish["gather_s"],
+        write_s=publish["write_s"],
+        mark_s=mark_s,
+    )
 
 
 def config_dtype(config) -> torch.dtype:
@@ -103,9 +109,38 @@ def config_dtype(config) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
+def load_policy(tc, model_path: str, device: torch.device, mesh, dtype: torch.dtype) -> torch.nn.Module:
+    """The model to train, on `device`: LoRA-wrapped if configured, with activation checkpointing
+    and compiled blocks as configured, sharded by FSDP2 (`tc`: the `[trainer]` section)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    if tc.lora.enabled:  # before sharding: FSDP2 then shards the adapters with their blocks
+        from trainer.lora import wrap_lora
+
+        model = wrap_lora(model, tc.lora)
+    if tc.parallel.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if tc.parallel.compile:
+        for block in decoder_blocks(model):
+            block.compile()
+    apply_fsdp(model, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
+    return model
+
+
+def load_reference(model_path: str, device: torch.device, mesh, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of the base model (the KL reference), sharded as the policy is."""
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    reference.requires_grad_(False).eval()
+    apply_fsdp(reference, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
+    return reference
+
+
 class Trainer:
     def __init__(self, cfg: TriadConfig, model_path: str, device: torch.device, mesh) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.cfg, self.tc = cfg, cfg.trainer
         self.optim, self.loss, self.parallel = cfg.trainer.optim, cfg.trainer.loss, cfg.trainer.parallel
@@ -116,23 +151,11 @@ class Trainer:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         torch.manual_seed(cfg.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        if self.tc.lora.enabled:  # before sharding: FSDP2 then shards the adapters with their blocks
-            from trainer.lora import wrap_lora
-
-            self.model = wrap_lora(self.model, self.tc.lora)
-        if self.parallel.activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.parallel.compile:
-            for block in decoder_blocks(self.model):
-                block.compile()
-        apply_fsdp(self.model, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
+        self.model = load_policy(self.tc, model_path, device, mesh, self.compute_dtype())
         self.reference = None
-        if self.loss.kl_target == "reference":  # a frozen copy of the base model, sharded the same way
+        if self.loss.kl_target == "reference":
             # loaded once the policy is sharded: two full copies at once need not fit on a device
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-            self.reference.requires_grad_(False).eval()
-            apply_fsdp(self.reference, mesh, param_dtype=self.compute_dtype(), reduce_dtype=torch.float32)
+            self.reference = load_reference(model_path, device, mesh, self.compute_dtype())
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.optim.lr,
@@ -141,7 +164,8 @@ class Trainer:
         self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
         self.optimizer_s = 0.0  # of the current update: clipping and optimizer steps
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, config_dtype(hf_config))
+        dtype = published_dtype(cfg.weights.dtype, device, config_dtype(hf_config))
+        self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, dtype)
 
     def compute_dtype(self) -> torch.dtype:
         precision = self.parallel.mixed_precision
@@ -183,15 +207,29 @@ class Trainer:
         reference = None if self.reference is None else self.logprobs_of(self.reference, rows, temperature)
         logprobs, entropy = self.forward(self.model, batch, temperature)
         parts = policy_loss(
-            logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, self.loss, totals,
-            logp_prox=proximal, logp_ref=reference,
-        )  # fmt: skip
+            logprobs,
+            batch.sampler_logprobs,
+            batch.advantages,
+            batch.loss_mask,
+            self.loss,
+            totals,
+            logp_prox=proximal,
+            logp_ref=reference,
+        )
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
         (parts.loss * self.world).backward()
         with torch.no_grad():
             ent = (entropy * batch.loss_mask).sum()
-            return torch.stack([parts.loss.detach(), parts.clipped_low, parts.clipped_high,
-                                parts.mismatch_kl_sum, ent, parts.ref_kl_sum])  # fmt: skip
+            return torch.stack(
+                [
+                    parts.loss.detach(),
+                    parts.clipped_low,
+                    parts.clipped_high,
+                    parts.mismatch_kl_sum,
+                    ent,
+                    parts.ref_kl_sum,
+                ]
+            )
 
     def optimizer_step(self, step: int, part: Slice, temperature: float) -> tuple[torch.Tensor, float]:
         """Accumulate the slice's gradients over its micro-batches, clip, step; (sums, grad norm)."""
@@ -281,8 +319,13 @@ class Trainer:
                 self.metrics.log(step, **stats, **phases, digest_s=self.publisher.digest_s)
                 log.info(
                     "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
-                    step, stats["loss"], stats["grad_norm"], stats["mismatch_kl"], t2 - t1, t3 - t2,
-                )  # fmt: skip
+                    step,
+                    stats["loss"],
+                    stats["grad_norm"],
+                    stats["mismatch_kl"],
+                    t2 - t1,
+                    t3 - t2,
+                )
             if self.should_checkpoint(step):
                 with collective_phase(CHECKPOINT, self.tc.collective_timeout_s):
                     save_checkpoint(

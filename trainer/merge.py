@@ -21,6 +21,7 @@ from shared.digest import tensor_digest, version_digest
 from shared.errors import TriadError
 from shared.rundir import AdapterFiles, Marker, RunDir, pull_step_dir
 from shared.storage import TMP_PREFIX
+from trainer.lora import ties_output_to_input
 
 log = logging.getLogger("triad.merge")
 
@@ -74,15 +75,32 @@ def check_digest(adapter_dir: Path, marker: Marker, where: str) -> None:
         raise TriadError(f"adapter {where} does not match its marker's digest ({got} != {expected})")
 
 
+def untie_output(model: torch.nn.Module) -> None:
+    """Give the output layer a weight of its own, so merging into it leaves the input
+    embeddings as trained; the saved config says the weights are untied."""
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    model.config.get_text_config().tie_word_embeddings = False
+    model.config.tie_word_embeddings = False
+
+
 def merged_model(base: str, adapter_dir: Path) -> torch.nn.Module:
-    """The base model with the adapter merged into its weights (in float32), in the base's dtype."""
-    from peft import PeftModel
+    """The base model with the adapter merged into its weights (in float32), in the base's dtype.
+    An adapter on a tied `lm_head` (the trainer refuses one; made elsewhere) is merged into an
+    untied copy of the head."""
+    from peft import PeftConfig, PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = getattr(AutoConfig.from_pretrained(base), "dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    targets = PeftConfig.from_pretrained(adapter_dir).target_modules or ()
+    if "lm_head" in targets and ties_output_to_input(model):
+        log.warning(
+            "the adapter takes lm_head, tied to the input embeddings in %s: merging into an untied copy", base
+        )
+        untie_output(model)
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     return merged.to(dtype).eval()
 

@@ -10,35 +10,45 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
 from shared.config import TriadConfig
+from shared.delta import DeltaMismatch, pack, to_words
 from shared.digest import tensor_digest, version_digest
+from shared.faults import TRAINER_BEFORE_DELTA_MARKER, failpoint
 from shared.resume import checkpointed_steps
-from shared.rundir import RunDir
+from shared.rundir import DeltaFiles, RunDir
+from trainer.exported import export_state_dict, published_parameters
 from trainer.parallel import full_tensor
 from trainer.phases import BROADCAST, GATHER_FOR_PUBLISH, PUBLISH_BARRIER, collective_phase
 
 log = logging.getLogger("triad.trainer")
 
 
-def export_state_dict(state: dict[str, torch.Tensor], tied_embeddings: bool, dtype: torch.dtype) -> dict:
-    """Contiguous CPU tensors in the published dtype; a tied head is stored once."""
-    out = {}
-    for name, tensor in state.items():
-        if tied_embeddings and name == "lm_head.weight":
-            continue
-        out[name] = tensor.detach().to("cpu", dtype).contiguous()
-    return out
+def published_dtype(choice: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """`[weights] dtype`: "auto" is bfloat16 on a GPU, the model's own dtype elsewhere."""
+    if choice == "auto":
+        return torch.bfloat16 if device.type == "cuda" else model_dtype
+    return model_dtype if choice == "model" else getattr(torch, choice)
 
 
-def published_parameters(model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.nn.Parameter]]:
-    """Parameters under their Hugging Face names; a tied head is published once, as the embedding."""
-    return [(n, p) for n, p in model.named_parameters() if not (tied and n == "lm_head.weight")]
+@dataclass(frozen=True)
+class Published:
+    """A version this process published as files: the base of the next delta."""
+
+    version: int
+    words: dict[str, Any]  # a copy of each tensor's words (`shared/delta.py`): never the live parameters
+    digests: dict[str, str]
+
+    @classmethod
+    def of(cls, version: int, state: dict[str, torch.Tensor], digests: dict[str, str]) -> Published:
+        return cls(version, {n: to_words(t).copy() for n, t in state.items()}, digests)
 
 
 def timed_digests(state: dict[str, torch.Tensor]) -> tuple[dict[str, str], float]:
@@ -75,11 +85,17 @@ class Metadata:
 
 
 def write_weights(
-    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor],
-    metadata: Metadata, keep_last: int, protect: frozenset[int] = frozenset(),
-) -> tuple[float, float]:  # fmt: skip
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    state: dict[str, torch.Tensor],
+    metadata: Metadata,
+    keep_last: int,
+    protect: frozenset[int] = frozenset(),
+) -> tuple[float, float, dict[str, str]]:
     """Write `weights/step_V/` (config, tokenizer, safetensors), then its `DONE` with the
-    tensors' digests; returns the seconds the writing (digests included) and the digests took."""
+    tensors' digests; returns the seconds the writing (digests included) and the digests took,
+    and the digests."""
     started = time.monotonic()
     rundir.weights.clear(version)
     metadata.put(version)
@@ -92,7 +108,33 @@ def write_weights(
         version, run_id, version=version, bytes=size, files=True, **digest_fields(digests)
     )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
-    return written, seconds
+    return written, seconds, digests
+
+
+def write_delta(
+    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor], base: Published,
+    metadata: Metadata, keep_last: int, protect: frozenset[int] = frozenset(),
+) -> tuple[float, float, dict[str, str]]:  # fmt: skip
+    """Write `weights/step_V/` as a delta from `base` (config, tokenizer, the packed difference,
+    `shared/delta.py`), then its `DONE` naming the base and its digest beside the new version's
+    digests; returns the seconds the writing and the digests took, and the digests.
+    `DeltaMismatch` (nothing written) if one delta cannot join the two."""
+    started = time.monotonic()
+    blob = pack(base.words, {n: to_words(t) for n, t in state.items()})
+    rundir.weights.clear(version)
+    metadata.put(version)
+    with DeltaFiles(rundir.weights).writing(version) as tmp:
+        tmp.write_bytes(blob)
+    size = rundir.weights.size(version)
+    digests, seconds = timed_digests(state)
+    written = time.monotonic() - started
+    failpoint(TRAINER_BEFORE_DELTA_MARKER, version)
+    rundir.weights.write_marker(
+        version, run_id, version=version, bytes=size, files=True, delta_base=base.version,
+        base_digest=version_digest(base.digests), **digest_fields(digests),
+    )  # fmt: skip
+    rundir.weights.prune(keep_last, done_upto=version, protect=protect)
+    return written, seconds, digests
 
 
 def mark_broadcast(
@@ -111,9 +153,15 @@ def mark_broadcast(
 
 
 def finish_shards(
-    rundir: RunDir, run_id: str, version: int, names: list[str], world: int, keep_last: int,
-    protect: frozenset[int], digests: dict[str, str],
-) -> None:  # fmt: skip
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    names: list[str],
+    world: int,
+    keep_last: int,
+    protect: frozenset[int],
+    digests: dict[str, str],
+) -> None:
     """The Hugging Face index (which shard holds each tensor), then `DONE`."""
     size = rundir.tensor_bytes(version)
     weight_map = {name: rundir.shard_name(i % world, world) for i, name in enumerate(names)}
@@ -124,12 +172,58 @@ def finish_shards(
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
 
 
+class VersionWriter:
+    """Rank 0's choice between a full snapshot and a delta for each version published as files
+    (`weights.snapshot_every` = K), and the version the next delta starts from."""
+
+    def __init__(self, rundir: RunDir, metadata: Metadata, every: int, keep: int) -> None:
+        self.rundir, self.metadata, self.every, self.keep = rundir, metadata, every, keep
+        self.base: Published | None = None  # the last version written
+        self.snapshot = 0  # the newest full snapshot
+
+    def delta_base(self, version: int, snapshot: bool) -> Published | None:
+        if snapshot or self.every == 1 or version % self.every == 0:
+            return None
+        return self.base if self.base is not None and self.base.version == version - 1 else None
+
+    def write(
+        self, version: int, run_id: str, exported: dict[str, torch.Tensor], snapshot: bool
+    ) -> tuple[float, float]:
+        """Version V as a delta from V-1, unless `snapshot` (a checkpoint), V is a multiple of
+        K or there is no V-1 to start from; the seconds the writing and the digests took. Kept
+        from pruning: checkpointed versions, and the newest snapshot with every delta after it."""
+        base = self.delta_base(version, snapshot)
+        protect = checkpointed_steps(self.rundir, run_id) | frozenset(range(self.snapshot, version + 1))
+        if base is not None:
+            try:
+                written, digest_s, digests = write_delta(
+                    self.rundir, run_id, version, exported, base, self.metadata, self.keep, protect
+                )
+                self.base = Published.of(version, exported, digests)
+                return written, digest_s
+            except DeltaMismatch as e:
+                log.warning("version %d: publishing a full snapshot, not a delta: %s", version, e)
+        protect = checkpointed_steps(self.rundir, run_id) | frozenset([version])
+        written, digest_s, digests = write_weights(
+            self.rundir, run_id, version, exported, self.metadata, self.keep, protect
+        )
+        self.snapshot, self.base = version, Published.of(version, exported, digests)
+        return written, digest_s
+
+
 class Publisher:
     """Hands each version of the (FSDP2-sharded) model to inference. Collective: every rank
     calls `publish` and `publish_files` together."""
 
-    def __init__(self, cfg: TriadConfig, rundir: RunDir, model: torch.nn.Module, tokenizer,
-                 tied: bool, dtype: torch.dtype) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TriadConfig,
+        rundir: RunDir,
+        model: torch.nn.Module,
+        tokenizer,
+        tied: bool,
+        dtype: torch.dtype,
+    ) -> None:
         self.wc, self.rundir, self.model, self.tokenizer = cfg.weights, rundir, model, tokenizer
         self.tied, self.dtype = tied, dtype
         self.timeout_s = cfg.trainer.collective_timeout_s
@@ -140,6 +234,7 @@ class Publisher:
         self.lora = cfg.trainer.lora.enabled
         self.metadata = Metadata(rundir, self.save_metadata)
         self.phase_s = {"gather_s": 0.0, "write_s": 0.0}  # of the last publish, on this rank
+        self.versions = VersionWriter(rundir, self.metadata, cfg.weights.snapshot_every, cfg.weights.keep)
 
     def start_broadcasting(self, run_id: str, device: torch.device) -> None:
         if self.wc.transport == "broadcast" and self.lora:
@@ -161,13 +256,14 @@ class Publisher:
             self.digest_s = self.sender.digest_s
             self.phase_s["gather_s"] = time.monotonic() - started  # gathered and sent, part by part
         if sent is not None and not files:
+            self.versions.base = None  # the next files version is a snapshot
             if self.rank == 0:
                 protect = checkpointed_steps(self.rundir, run_id)
                 mark_broadcast(self.rundir, run_id, version, self.wc.keep, protect, sent)
             with collective_phase(PUBLISH_BARRIER, self.timeout_s):
                 dist.barrier()
             return
-        self.publish_files(version, run_id)
+        self.publish_files(version, run_id, snapshot=files)
 
     def save_metadata(self, directory: Path) -> None:
         self.model.config.save_pretrained(directory)
@@ -175,10 +271,12 @@ class Publisher:
         if self.model.generation_config is not None:
             self.model.generation_config.save_pretrained(directory)
 
-    def publish_files(self, version: int, run_id: str) -> None:
+    def publish_files(self, version: int, run_id: str, snapshot: bool = True) -> None:
         """Safetensors in the Hugging Face layout: one file gathered on rank 0, or with
         `weights.sharded` one shard per rank (each the parameters it owns) plus an index;
-        with LoRA only the adapter."""
+        with LoRA only the adapter. With `weights.snapshot_every` K > 1, a delta from the
+        version before unless `snapshot` (a checkpoint), V is a multiple of K, or this process
+        has no base."""
         if self.lora:
             self.publish_adapter(version, run_id)
             return
@@ -194,10 +292,7 @@ class Publisher:
         if self.rank == 0:
             exported = export_state_dict(state, self.tied, self.dtype)
             self.phase_s["gather_s"] += time.monotonic() - started
-            protect = checkpointed_steps(self.rundir, run_id)
-            written, digest_s = write_weights(
-                self.rundir, run_id, version, exported, self.metadata, self.wc.keep, protect
-            )
+            written, digest_s = self.versions.write(version, run_id, exported, snapshot)
             self.phase_s["write_s"] += written
             self.digest_s += digest_s
         with collective_phase(PUBLISH_BARRIER, self.timeout_s):
@@ -252,9 +347,14 @@ class Publisher:
 
 
 def write_adapter(
-    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor], config: dict,
-    keep_last: int, protect: frozenset[int] = frozenset(),
-) -> float:  # fmt: skip
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    state: dict[str, torch.Tensor],
+    config: dict,
+    keep_last: int,
+    protect: frozenset[int] = frozenset(),
+) -> float:
     """Write `weights/step_V/` as a PEFT adapter, then its `DONE` (`adapter: true`) with the
     tensors' digests; returns the seconds the digests took."""
     rundir.weights.clear(version)

@@ -47,22 +47,45 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     config = GRPOConfig(
-        output_dir="/tmp/trl-grpo-bench", use_cpu=True, use_vllm=False, bf16=False,
-        per_device_train_batch_size=128, num_generations=8, gradient_accumulation_steps=1,
-        max_completion_length=max_tokens, temperature=1.0, learning_rate=3e-4, beta=0.0, num_iterations=1,
-        max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", seed=0,
-        lr_scheduler_type="constant", warmup_steps=0,
-    )  # fmt: skip
+        output_dir="/tmp/trl-grpo-bench",
+        use_cpu=True,
+        use_vllm=False,
+        bf16=False,
+        per_device_train_batch_size=128,
+        num_generations=8,
+        gradient_accumulation_steps=1,
+        max_completion_length=max_tokens,
+        temperature=1.0,
+        learning_rate=3e-4,
+        beta=0.0,
+        num_iterations=1,
+        max_steps=steps,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+    )
     times = StepTimes()
     trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer, reward_funcs=exact_answer, args=config,
-        train_dataset=addition_dataset(16 * steps * 2), callbacks=[times],
-    )  # fmt: skip
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=exact_answer,
+        args=config,
+        train_dataset=addition_dataset(16 * steps * 2),
+        callbacks=[times],
+    )
     started = time.time()
     trainer.train()
     rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
-    result = {"launched": launched, "started": started, "step_end_times": times.times, "rewards": rewards,
-              "samples_per_step": 128}  # fmt: skip
+    result = {
+        "launched": launched,
+        "started": started,
+        "step_end_times": times.times,
+        "rewards": rewards,
+        "samples_per_step": 128,
+    }
     with open(out, "w") as f:
         json.dump(result, f)
 

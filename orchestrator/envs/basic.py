@@ -6,7 +6,7 @@ import random
 import string
 from dataclasses import dataclass
 
-from orchestrator.environments import Prompt
+from orchestrator.prompt import Prompt
 
 
 def positional_match(prediction: str, target: str) -> float:

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from orchestrator.environments import Prompt
 from orchestrator.envs.grade_school import parse_number
+from orchestrator.prompt import Prompt
 
 CALL = re.compile(r"calc\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
 ANSWER = re.compile(r"answer:\s*(-?\d+)")

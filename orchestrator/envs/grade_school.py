@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from orchestrator.environments import Prompt
 from orchestrator.envs.extras import require
+from orchestrator.prompt import Prompt
 from shared.errors import TriadError
 
 DATA = Path(__file__).with_name("data") / "grade_school_math.jsonl"

@@ -21,8 +21,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from orchestrator.environments import Prompt
 from orchestrator.envs.extras import require
+from orchestrator.prompt import Prompt
 from shared.errors import TriadError
 
 NO_SYSTEM_PROMPT = "none"

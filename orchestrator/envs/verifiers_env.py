@@ -19,8 +19,8 @@ import logging
 import random
 from typing import Any
 
-from orchestrator.environments import Prompt
 from orchestrator.envs.extras import require
+from orchestrator.prompt import Prompt
 from shared.errors import TriadError
 
 log = logging.getLogger("triad.orchestrator")

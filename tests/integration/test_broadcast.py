@@ -128,17 +128,37 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
     token = (f'inference.admin_token="{TOKEN}"',)  # the store admits only peers holding it
     receivers = start_servers(run_dir, tiny_model, ["a", "b"], token)
     sets = [
-        *token, f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-3",
-        'weights.transport="broadcast"', f"weights.broadcast.port={port}", "weights.broadcast.timeout_s=60",
-        "trainer.checkpoint.every=1", "weights.keep=10", "weights.broadcast.bucket_mb=0.5",
-    ]  # fmt: skip
+        *token,
+        f"run_dir={run_dir}",
+        f"model={tiny_model}",
+        f"max_steps={STEPS}",
+        "trainer.optim.lr=1e-3",
+        'weights.transport="broadcast"',
+        f"weights.broadcast.port={port}",
+        "weights.broadcast.timeout_s=60",
+        "trainer.checkpoint.every=1",
+        "weights.keep=10",
+        "weights.broadcast.bucket_mb=0.5",
+    ]
     log = open(tmp_path / "trainer.log", "wb")  # noqa: SIM115
     corrupt = {**os.environ, FAILPOINT_VAR: f"{TRAINER_CORRUPT_BUCKET}:{STEPS}"}
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "services.cli", "trainer", *[f"--set={s}" for s in sets]],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=corrupt,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "services.cli",
+            "trainer",
+            *[f"--set={s}" for s in sets],
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=corrupt,
+    )
     try:
         for i, s in enumerate(receivers):
             init = dict(
@@ -150,8 +170,9 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
         for version in range(1, STEPS + 1):
             wait_while_running(
                 lambda v=version: rundir.has_handshake(v, Handshake.SEND_READY),
-                f"{Handshake.SEND_READY} for version {version}", trainer,
-            )  # fmt: skip
+                f"{Handshake.SEND_READY} for version {version}",
+                trainer,
+            )
             ready = read_handshake(rundir, version, Handshake.SEND_READY, SendReady, run_id)
             assert ready is not None and len({t.dtype for t in ready.tensors}) == 1
             receiving = Receiving(run_id=run_id, version=version, generation=7, world_size=3)
@@ -200,18 +221,35 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
     steps, port = 6, free_port()
     servers = start_servers(run_dir, tiny_model, ["a", "b"])
     sets = [
-        f"run_dir={run_dir}", f"model={tiny_model}", f"max_steps={steps}", "trainer.checkpoint.every=0",
-        'weights.transport="broadcast"', f"weights.broadcast.port={port}", "weights.broadcast.timeout_s=10",
+        f"run_dir={run_dir}",
+        f"model={tiny_model}",
+        f"max_steps={steps}",
+        "trainer.checkpoint.every=0",
+        'weights.transport="broadcast"',
+        f"weights.broadcast.port={port}",
+        "weights.broadcast.timeout_s=10",
         f'orchestrator.inference_urls=["{servers[0].url}", "{servers[1].url}"]',
-        "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
-        "orchestrator.health_interval_s=1", "orchestrator.retry_backoff_s=0.2",
-    ]  # fmt: skip
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.max_tokens=4",
+        "orchestrator.health_interval_s=1",
+        "orchestrator.retry_backoff_s=0.2",
+    ]
     flags = [f"--set={s}" for s in sets]
     commands = {
         "orchestrator": triad_cmd("orchestrator", *flags),
-        "trainer": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-                    "-m", "services.cli", "trainer", *flags],
-    }  # fmt: skip
+        "trainer": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=1",
+            "-m",
+            "services.cli",
+            "trainer",
+            *flags,
+        ],
+    }
     logs = {n: open(tmp_path / f"{n}.out", "wb") for n in commands}  # noqa: SIM115
     # the trainer holds its send of version 3 for HOLD_S once the orchestrator has answered: the
     # send took milliseconds, and a kill that came after it was not seen by the trainer
@@ -224,9 +262,11 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
     rundir = RunDir(run_dir)
     try:
         wait_while_running(
-            lambda: rundir.has_handshake(3, Handshake.RECEIVING), "an update in flight", procs["trainer"],
+            lambda: rundir.has_handshake(3, Handshake.RECEIVING),
+            "an update in flight",
+            procs["trainer"],
             timeout=300,
-        )  # fmt: skip
+        )
         servers[1].kill()  # while version 3 is being handed over: before the trainer sends it
         codes = {n: p.wait(timeout=400) for n, p in procs.items()}
         text = {n: (tmp_path / f"{n}.out").read_text(errors="replace") for n in logs}

@@ -56,8 +56,11 @@ SETTINGS = {
 }
 
 S3_STEPS = 10
-S3_SETTINGS = {"TRIAD_MAX_STEPS": S3_STEPS, "TRIAD_ORCHESTRATOR__KEEP_ROLLOUTS": S3_STEPS,
-               "TRIAD_WEIGHTS__KEEP": S3_STEPS}  # fmt: skip
+S3_SETTINGS = {
+    "TRIAD_MAX_STEPS": S3_STEPS,
+    "TRIAD_ORCHESTRATOR__KEEP_ROLLOUTS": S3_STEPS,
+    "TRIAD_WEIGHTS__KEEP": S3_STEPS,
+}
 S3_COMPOSE = REPO / "deploy" / "compose" / "compose.s3.yaml"
 SERVICES = ("inference", "orchestrator", "trainer")
 
@@ -158,8 +161,10 @@ def test_compose_up_trains_survives_a_killed_trainer_and_comes_down_clean(compos
     killed_at = trained_steps(rundir)[-1]
     wait_for(
         lambda: "waiting for the trainer to publish weights" in compose.logs("orchestrator") or None,
-        "the orchestrator to say it waits for the trainer", timeout=120, poll=2,
-    )  # fmt: skip
+        "the orchestrator to say it waits for the trainer",
+        timeout=120,
+        poll=2,
+    )
     assert compose.container("orchestrator")["State"]["Running"]
     assert compose.container("inference")["State"]["Running"]
 
@@ -191,8 +196,9 @@ def test_compose_s3_trains_with_no_shared_volume_audited_from_the_bucket_alone(
     for name in SERVICES:  # each keeps only its container's own files: no volume, no bind but the token
         mounts = compose.container(name)["Mounts"]
         assert all(m["Type"] == "bind" and m["Destination"] == "/run/secrets/admin_token" for m in mounts), (
-            name, mounts
-        )  # fmt: skip
+            name,
+            mounts,
+        )
     assert compose.leftovers()["volumes"] == []
     for name in ("trainer", "orchestrator"):
         assert compose.exit_code(name, timeout=600) == 0, compose.logs(name)[-4000:]

@@ -28,9 +28,11 @@ def test_interrupted_and_resumed_demo_learns(tmp_path: Path, tiny_model: str) ->
     sets.append("--set=trainer.checkpoint.every=25")
     # started with SIGINT ignored, as under nohup or from a script's background job: Ctrl-C still stops it
     proc = subprocess.Popen(
-        triad_cmd("up", *sets), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        triad_cmd("up", *sets),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )  # fmt: skip
+    )
     rundir = RunDir(run_dir)
 
     def checkpointed() -> int:

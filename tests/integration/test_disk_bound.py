@@ -69,10 +69,16 @@ class Sampler(threading.Thread):
 def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
     sets = [
-        f"run_dir={run_dir}", f"max_steps={STEPS}", f"inference.port={free_port()}",
-        "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
-        "orchestrator.eval_every=0", f"trainer.checkpoint.every={EVERY}", f"max_async_level={ETA}",
-    ]  # fmt: skip
+        f"run_dir={run_dir}",
+        f"max_steps={STEPS}",
+        f"inference.port={free_port()}",
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.max_tokens=4",
+        "orchestrator.eval_every=0",
+        f"trainer.checkpoint.every={EVERY}",
+        f"max_async_level={ETA}",
+    ]
     rundir = RunDir(run_dir)
     sampler = Sampler(rundir)
     sampler.start()

@@ -51,11 +51,17 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
     cfg = load_config(
         None,
         [
-            f"run_dir={run_dir}", f"model={model}", f'orchestrator.inference_urls=["{url}"]',
-            'orchestrator.env="calculator_text"', "orchestrator.batch_size=3", "orchestrator.group_size=3",
-            "orchestrator.max_tokens=8", "orchestrator.temperature=0.4", "max_steps=2",
+            f"run_dir={run_dir}",
+            f"model={model}",
+            f'orchestrator.inference_urls=["{url}"]',
+            'orchestrator.env="calculator_text"',
+            "orchestrator.batch_size=3",
+            "orchestrator.group_size=3",
+            "orchestrator.max_tokens=8",
+            "orchestrator.temperature=0.4",
+            "max_steps=2",
         ],
-    )  # fmt: skip
+    )
     rundir = RunDir(run_dir)
     run = rundir.ensure_run({})
 
@@ -125,22 +131,44 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
     write_env_plugin(plugins, "echo_env_pkg", "echo")
     run_dir = tmp_path / "run"
     sets = [
-        f"run_dir={run_dir}", f"model={tiny_model}", "max_steps=3",
-        f'orchestrator.inference_urls=["{plain_server.url}"]', 'orchestrator.env="echo"',
-        "orchestrator.batch_size=4", "orchestrator.group_size=4", "orchestrator.max_tokens=4",
-        "trainer.optim.lr=1e-4", "trainer.batch_timeout_s=300", "orchestrator.weights_timeout_s=300",
-    ]  # fmt: skip
+        f"run_dir={run_dir}",
+        f"model={tiny_model}",
+        "max_steps=3",
+        f'orchestrator.inference_urls=["{plain_server.url}"]',
+        'orchestrator.env="echo"',
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.max_tokens=4",
+        "trainer.optim.lr=1e-4",
+        "trainer.batch_timeout_s=300",
+        "orchestrator.weights_timeout_s=300",
+    ]
     flags = [f"--set={s}" for s in sets]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}
     logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("orchestrator", "trainer")}  # noqa: SIM115
-    trainer_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-                   "-m", "services.cli", "trainer", *flags]  # fmt: skip
+    trainer_cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        "-m",
+        "services.cli",
+        "trainer",
+        *flags,
+    ]
     procs = {
-        "orchestrator": subprocess.Popen(triad_cmd("orchestrator", *flags), cwd=REPO, env=env,
-                                         stdout=logs["orchestrator"], stderr=subprocess.STDOUT),
-        "trainer": subprocess.Popen(trainer_cmd, cwd=REPO, env=env, stdout=logs["trainer"],
-                                    stderr=subprocess.STDOUT),
-    }  # fmt: skip
+        "orchestrator": subprocess.Popen(
+            triad_cmd("orchestrator", *flags),
+            cwd=REPO,
+            env=env,
+            stdout=logs["orchestrator"],
+            stderr=subprocess.STDOUT,
+        ),
+        "trainer": subprocess.Popen(
+            trainer_cmd, cwd=REPO, env=env, stdout=logs["trainer"], stderr=subprocess.STDOUT
+        ),
+    }
     try:
         codes = {name: p.wait(timeout=400) for name, p in procs.items()}
     finally:
@@ -161,8 +189,12 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
 
 def test_a_chat_environment_needs_a_chat_template(tmp_path, tiny_model, plain_server):
     """tiny-addition has no chat template: the orchestrator says so in one line, before any rollout."""
-    sets = [f"run_dir={tmp_path / 'run'}", f"model={tiny_model}", 'orchestrator.env="calculator"',
-            f'orchestrator.inference_urls=["{plain_server.url}"]']  # fmt: skip
+    sets = [
+        f"run_dir={tmp_path / 'run'}",
+        f"model={tiny_model}",
+        'orchestrator.env="calculator"',
+        f'orchestrator.inference_urls=["{plain_server.url}"]',
+    ]
     result = run_triad("orchestrator", *[f"--set={s}" for s in sets], timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error:" in line]

@@ -53,19 +53,36 @@ class Run:
 
     def sets(self) -> list[str]:
         return [
-            f"run_dir={self.run_dir}", f"model={self.model}", *self.shared_sets(),
-            f'orchestrator.inference_urls=["{self.url}"]', "orchestrator.batch_size=4",
-            "orchestrator.group_size=4", "orchestrator.max_tokens=6", "orchestrator.health_interval_s=1",
-            "orchestrator.retry_backoff_s=0.2", "orchestrator.inference_timeout_s=240",
-            "orchestrator.keep_rollouts=100", "weights.keep=100", "trainer.optim.lr=1e-4",
-        ]  # fmt: skip
+            f"run_dir={self.run_dir}",
+            f"model={self.model}",
+            *self.shared_sets(),
+            f'orchestrator.inference_urls=["{self.url}"]',
+            "orchestrator.batch_size=4",
+            "orchestrator.group_size=4",
+            "orchestrator.max_tokens=6",
+            "orchestrator.health_interval_s=1",
+            "orchestrator.retry_backoff_s=0.2",
+            "orchestrator.inference_timeout_s=240",
+            "orchestrator.keep_rollouts=100",
+            "weights.keep=100",
+            "trainer.optim.lr=1e-4",
+        ]
 
     def start(self, service: str, failpoint: str | None = None) -> None:
         flags = [f"--set={s}" for s in self.sets()]
         cmd = triad_cmd(service, *flags)
         if service == "trainer":
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-                   "-m", "services.cli", "trainer", *flags]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=1",
+                "-m",
+                "services.cli",
+                "trainer",
+                *flags,
+            ]
         env = {**os.environ}
         env.pop(FAILPOINT_VAR, None)
         if failpoint:
@@ -153,8 +170,9 @@ def test_inference_killed_mid_generation_is_re_detected_and_realigned(run):
     run.inference.kill()  # generation for the next batches is in flight
     served_before = max(r["version"] for r in RunDir(run.run_dir).metrics.rows("inference"))
     time.sleep(3)
-    run.inference = Server(run.run_dir, run.model, run.root / "inference.log", *run.shared_sets(),
-                           port=run.inference.port)  # fmt: skip
+    run.inference = Server(
+        run.run_dir, run.model, run.root / "inference.log", *run.shared_sets(), port=run.inference.port
+    )
     run.inference.wait_healthy()
     run.finish()
     run.check()

@@ -45,25 +45,45 @@ class Run:
 
     def shared_sets(self) -> list[str]:
         return [
-            f"max_steps={STEPS}", f"max_async_level={ASYNC}", "inference.heartbeat_interval_s=0.5",
-            "orchestrator.heartbeat_timeout_s=3", "orchestrator.fleet_poll_s=0.5",
-        ]  # fmt: skip
+            f"max_steps={STEPS}",
+            f"max_async_level={ASYNC}",
+            "inference.heartbeat_interval_s=0.5",
+            "orchestrator.heartbeat_timeout_s=3",
+            "orchestrator.fleet_poll_s=0.5",
+        ]
 
     def sets(self) -> list[str]:
         return [
-            f"run_dir={self.run_dir}", f"model={self.model}", *self.shared_sets(),
-            f'orchestrator.inference_urls=["{self.first.url}"]', "orchestrator.batch_size=4",
-            "orchestrator.group_size=4", "orchestrator.max_tokens=6", "orchestrator.health_interval_s=1",
-            "orchestrator.retry_backoff_s=0.2", "orchestrator.inference_timeout_s=240",
-            "orchestrator.keep_rollouts=100", "weights.keep=100", "trainer.checkpoint.every=0",
-        ]  # fmt: skip
+            f"run_dir={self.run_dir}",
+            f"model={self.model}",
+            *self.shared_sets(),
+            f'orchestrator.inference_urls=["{self.first.url}"]',
+            "orchestrator.batch_size=4",
+            "orchestrator.group_size=4",
+            "orchestrator.max_tokens=6",
+            "orchestrator.health_interval_s=1",
+            "orchestrator.retry_backoff_s=0.2",
+            "orchestrator.inference_timeout_s=240",
+            "orchestrator.keep_rollouts=100",
+            "weights.keep=100",
+            "trainer.checkpoint.every=0",
+        ]
 
     def start(self, service: str) -> None:
         flags = [f"--set={s}" for s in self.sets()]
         cmd = triad_cmd(service, *flags)
         if service == "trainer":
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-                   "-m", "services.cli", "trainer", *flags]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=1",
+                "-m",
+                "services.cli",
+                "trainer",
+                *flags,
+            ]
         log = open(self.root / f"{service}.log", "ab")  # noqa: SIM115 (the child keeps it)
         self.procs[service] = subprocess.Popen(
             cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

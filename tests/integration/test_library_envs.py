@@ -27,8 +27,14 @@ from tests.integration.test_chat import config, runs, train
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 3
 # the learning config's task (configs/tiny-reasoning-gym.toml): sums the base model scores on
-ARITH = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"], "allow_parentheses": False,
-         "allow_negation": False}  # fmt: skip
+ARITH = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "max_digits": 1,
+    "operators": ["+"],
+    "allow_parentheses": False,
+    "allow_negation": False,
+}
 
 
 def rows_of(run_dir) -> list[dict]:
@@ -52,18 +58,26 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     chat prompts (the default) to the embedded chat model, rendered with its template."""
     import reasoning_gym as rg
 
-    model, url = (chat_model, request.getfixturevalue("chat_server").url) if chat else (
-        tiny_model, request.getfixturevalue("plain_server").url)  # fmt: skip
+    model, url = (
+        (chat_model, request.getfixturevalue("chat_server").url)
+        if chat
+        else (tiny_model, request.getfixturevalue("plain_server").url)
+    )
     args = {"config": ARITH, "system_prompt": "none", "answer_tag": False, "size": 300, "chat": chat}
     config_toml = (
         'config={min_terms=2,max_terms=2,max_digits=1,operators=["+"],'
         "allow_parentheses=false,allow_negation=false}"
     )
     cfg, flags = config(
-        tmp_path / "run", model, url, "reasoning_gym:basic_arithmetic",
+        tmp_path / "run",
+        model,
+        url,
+        "reasoning_gym:basic_arithmetic",
         f'orchestrator.env_args={{{config_toml},system_prompt="none",answer_tag=false,size=300,chat={str(chat).lower()}}}',
-        "orchestrator.max_tokens=2", f"max_steps={STEPS}", "orchestrator.group_size=8",
-    )  # fmt: skip
+        "orchestrator.max_tokens=2",
+        f"max_steps={STEPS}",
+        "orchestrator.group_size=8",
+    )
     assert cfg.orchestrator.env_args == args
     train(
         cfg,
@@ -95,8 +109,10 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
         scores.append(want)
     # the base model samples many lone bytes: 46 of 96 rows were UTF-8 in one run
     assert len(scores) >= len(rows) // 4, f"only {len(scores)} of {len(rows)} rows were UTF-8"
-    print(f"reasoning-gym ({'chat' if chat else 'text'}): {len(scores)} samples, mean reward "
-          f"{sum(scores) / len(scores):.3f}, {sum(s > 0 for s in scores)} above 0")  # fmt: skip
+    print(
+        f"reasoning-gym ({'chat' if chat else 'text'}): {len(scores)} samples, mean reward "
+        f"{sum(scores) / len(scores):.3f}, {sum(s > 0 for s in scores)} above 0"
+    )
     # whether any sample scores is chance (a frozen policy on a new prompt format); non-zero
     # scores against the library's are checked in tests/unit/test_env_adapters.py
     trainer_rows = RunDir(cfg.run_dir).metrics.rows("trainer")
@@ -109,9 +125,13 @@ def test_a_verifiers_environment_runs_its_own_rollouts_and_rubric(
     write_verifiers_env(tmp_path, "vf_two_turns")
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg, flags = config(
-        tmp_path / "run", chat_model, chat_server.url, "verifiers:vf_two_turns", "orchestrator.max_tokens=24",
+        tmp_path / "run",
+        chat_model,
+        chat_server.url,
+        "verifiers:vf_two_turns",
+        "orchestrator.max_tokens=24",
         f"max_steps={STEPS}",
-    )  # fmt: skip
+    )
     train(cfg, flags, load_environment(cfg.orchestrator.env), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
     rows = rows_of(cfg.run_dir)

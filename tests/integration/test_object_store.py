@@ -92,9 +92,12 @@ def service_env(store: MotoServer, role: str, cache: Path) -> dict[str, str]:
 def start(ns: str, env: dict[str, str], *cmd: str, log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            ["ip", "netns", "exec", ns, *cmd], stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env,
-        )  # fmt: skip
+            ["ip", "netns", "exec", ns, *cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
 
 
 def trained_steps(rundir: RunDir) -> list[int]:

@@ -103,13 +103,27 @@ def test_three_hosts_share_only_a_directory(hosts, orchestrator_venv, tiny_model
         hosts["inf"], py, "-m", "services.cli", "inference", "-c", str(config), log=tmp_path / "inf.log"
     )
     trainer = in_ns(
-        hosts["trn"], py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        "-m", "services.cli", "trainer", "-c", str(config), log=tmp_path / "trn.log",
-    )  # fmt: skip
+        hosts["trn"],
+        py,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "services.cli",
+        "trainer",
+        "-c",
+        str(config),
+        log=tmp_path / "trn.log",
+    )
     orchestrator = in_ns(
-        hosts["orc"], str(orchestrator_venv / "bin" / "triad"), "orchestrator", "-c", str(config),
+        hosts["orc"],
+        str(orchestrator_venv / "bin" / "triad"),
+        "orchestrator",
+        "-c",
+        str(config),
         log=tmp_path / "orc.log",
-    )  # fmt: skip
+    )
     try:
         for name, proc in (("orchestrator", orchestrator), ("trainer", trainer)):
             code = proc.wait(timeout=600)

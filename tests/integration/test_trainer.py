@@ -23,9 +23,13 @@ STEPS = 4
 
 
 def make_batches(
-    run_dir: Path, model_dir: str, steps: range, seed: int = 0, sampler_noise: float = 0.0,
+    run_dir: Path,
+    model_dir: str,
+    steps: range,
+    seed: int = 0,
+    sampler_noise: float = 0.0,
     temperature: float = 1.0,
-) -> None:  # fmt: skip
+) -> None:
     """Batches of random prompt/completion tokens sampled (as far as the trainer can
     tell) by the base model: version 0, with its logprobs as the sampler's, or with
     `sampler_noise` those plus Gaussian noise (a sampler that differs from the base model).
@@ -50,13 +54,23 @@ def make_batches(
             mask = [False] * len(prompt) + [True] * len(completion)
             rows.append(
                 dict(
-                    sample_id=f"{step}-{i}", group_id=f"{step}-{i // 4}", step=step,
-                    policy_version=0, input_ids=ids, loss_mask=mask,
-                    logprobs=[lp + noise.gauss(0, sampler_noise) if m else 0.0
-                              for lp, m in zip(lps.tolist(), mask, strict=True)],
-                    advantage=rng.uniform(-1, 1), reward=0.0, truncated=False, env="test", metrics="{}",
+                    sample_id=f"{step}-{i}",
+                    group_id=f"{step}-{i // 4}",
+                    step=step,
+                    policy_version=0,
+                    input_ids=ids,
+                    loss_mask=mask,
+                    logprobs=[
+                        lp + noise.gauss(0, sampler_noise) if m else 0.0
+                        for lp, m in zip(lps.tolist(), mask, strict=True)
+                    ],
+                    advantage=rng.uniform(-1, 1),
+                    reward=0.0,
+                    truncated=False,
+                    env="test",
+                    metrics="{}",
                 )
-            )  # fmt: skip
+            )
         publish_batch(rundir, run_id, step, rows, temperature=temperature)
 
 
@@ -69,10 +83,16 @@ def trainer_cmd(
     base = [f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-5"]
     base += ["trainer.checkpoint.every=2", "weights.keep=10", "trainer.batch_timeout_s=120"]
     return [
-        sys.executable, "-m", "torch.distributed.run", *(launch or ("--standalone",)),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(launch or ("--standalone",)),
         f"--nproc-per-node={nproc}",
-        "-m", "services.cli", "trainer", *[f"--set={s}" for s in [*base, *sets]],
-    ]  # fmt: skip
+        "-m",
+        "services.cli",
+        "trainer",
+        *[f"--set={s}" for s in [*base, *sets]],
+    ]
 
 
 def train(run_dir: Path, model: str, nproc: int, *sets: str) -> None:
@@ -117,9 +137,12 @@ def test_killed_and_resumed_equals_straight(straight: Path, tiny_model: str, tmp
     run_dir = tmp_path / "resumed"
     make_batches(run_dir, tiny_model, range(1, 3))  # only batches 1 and 2 exist at first
     proc = subprocess.Popen(
-        trainer_cmd(run_dir, tiny_model, 2), cwd=REPO, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        trainer_cmd(run_dir, tiny_model, 2),
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     checkpoints = RunDir(run_dir).checkpoints
 
     def checkpointed() -> bool | None:
@@ -154,14 +177,25 @@ def test_two_nodes_on_one_machine_equal_one_node(straight: Path, tiny_model: str
     port = free_port()
     nodes = [
         subprocess.Popen(
-            trainer_cmd(run_dir, tiny_model, 1, launch=(
-                "--nnodes=2", f"--node-rank={rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=triad-test",
-            )),
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            trainer_cmd(
+                run_dir,
+                tiny_model,
+                1,
+                launch=(
+                    "--nnodes=2",
+                    f"--node-rank={rank}",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}",
+                    "--rdzv-id=triad-test",
+                ),
+            ),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         for rank in (0, 1)
-    ]  # fmt: skip
+    ]
     outputs = [node.communicate(timeout=300)[0].decode() for node in nodes]
     assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-5
@@ -298,9 +332,15 @@ def plain_loop(
         for batch, lp_prox, lp_ref in zip(parts, prox, ref, strict=True):
             totals = BatchTotals(len(batch.advantages), int(batch.loss_mask.sum()))
             policy_loss(
-                logprobs(model, batch), batch.sampler_logprobs, batch.advantages, batch.loss_mask, spec,
-                totals, logp_prox=lp_prox, logp_ref=lp_ref,
-            ).loss.backward()  # fmt: skip
+                logprobs(model, batch),
+                batch.sampler_logprobs,
+                batch.advantages,
+                batch.loss_mask,
+                spec,
+                totals,
+                logp_prox=lp_prox,
+                logp_ref=lp_ref,
+            ).loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
@@ -319,10 +359,19 @@ def test_decoupled_mini_batches_and_reference_kl_equal_a_plain_loop(tiny_model: 
     make_batches(run_dir, tiny_model, range(1, STEPS + 1), sampler_noise=0.3)
     lr = 1e-3
     spec = LossConfig(eps_low=0.05, eps_high=0.05, importance="tis", importance_cap=1.2, kl_coef=0.5)
-    train(run_dir, tiny_model, 2, f"trainer.optim.lr={lr}", "trainer.optim.optimizer_steps=2",
-          "trainer.loss.eps_low=0.05", "trainer.loss.eps_high=0.05", "trainer.loss.importance=tis",
-          "trainer.loss.importance_cap=1.2", "trainer.loss.kl_coef=0.5",
-          "trainer.loss.kl_target=reference")  # fmt: skip
+    train(
+        run_dir,
+        tiny_model,
+        2,
+        f"trainer.optim.lr={lr}",
+        "trainer.optim.optimizer_steps=2",
+        "trainer.loss.eps_low=0.05",
+        "trainer.loss.eps_high=0.05",
+        "trainer.loss.importance=tis",
+        "trainer.loss.importance_cap=1.2",
+        "trainer.loss.kl_coef=0.5",
+        "trainer.loss.kl_target=reference",
+    )
     trained = final_weights(run_dir)
 
     def gap(**variant: bool) -> float:
@@ -367,8 +416,11 @@ def test_the_drift_alarm_fires_when_the_sampler_temperature_differs(
     make_batches(run_dir, tiny_model, range(1, STEPS + 1), temperature=0.5)
     r = subprocess.run(
         trainer_cmd(run_dir, tiny_model, 1, "trainer.mismatch_kl_steps=2"),
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = r.stdout + r.stderr
     assert r.returncode != 0, out[-3000:]
     assert "step 1: mismatch KL" in out and "over trainer.max_mismatch_kl = 1 (1 of 2 in a row" in out, out[

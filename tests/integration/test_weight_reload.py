@@ -17,8 +17,11 @@ TOKEN = "s3cret"
 PROMPTS = ["reverse abcd: ", "reverse hello: ", "reverse xyz: "]
 
 
-def perturbed_weights(model_dir: str, rundir: RunDir, version: int, seed: int) -> Path:
-    """Publish the tiny model with noise added (tied embeddings included) as `version`."""
+def perturbed_weights(
+    model_dir: str, rundir: RunDir, version: int, seed: int, without: tuple[str, ...] = ()
+) -> Path:
+    """Publish the tiny model with noise added (tied embeddings included) as `version`; the
+    tensors named in `without` left out (the marker vouches for the rest)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.publish import Metadata, export_state_dict, write_weights
@@ -29,6 +32,7 @@ def perturbed_weights(model_dir: str, rundir: RunDir, version: int, seed: int) -
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.05)
     state = export_state_dict(model.state_dict(), tied_embeddings=True, dtype=torch.float32)
+    state = {name: tensor for name, tensor in state.items() if name not in without}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
     def metadata(d: Path) -> None:
@@ -84,8 +88,10 @@ def test_reloaded_weights_match_a_fresh_server(server: Server, run_dir: Path, ti
     assert r.status_code == 200, r.text
     info = admin(server, "GET").json()
     assert {k: info[k] for k in ("version", "path", "base_path")} == {
-        "version": 1, "path": relative, "base_path": tiny_model,
-    }  # fmt: skip
+        "version": 1,
+        "path": relative,
+        "base_path": tiny_model,
+    }
     marker = rundir.weights.marker(1, "test-run")
     assert info["digest"] == marker.digest and info["tensor_digests"] == marker.tensor_digests
     reloaded = greedy_logprobs(server.url, model_id(server.url))
@@ -145,6 +151,22 @@ def test_admin_rejects_bad_requests_and_keeps_weights(server: Server, run_dir: P
     assert admin(server, "GET", token=None).status_code == 401
     rundir.weights.write_marker(3, "test-run")  # a marker alone vouches for no weights
     assert admin(server, "POST", json={"version": 3, "path": str(incomplete)}).status_code == 400
+
+
+def test_a_parameter_the_reload_skipped_fails_the_load(server: Server, run_dir: Path, tiny_model: str):
+    """A version whose files lack a parameter, with a marker vouching for what is there: every
+    digest matches, but vLLM reports the parameter unloaded, and the load must fail."""
+    rundir = RunDir(run_dir)
+    # versions of their own: the module's tests share one run directory, and another counts loads of 7 and 8
+    perturbed_weights(tiny_model, rundir, version=11, seed=7, without=("model.norm.weight",))
+    r = admin(server, "POST", json={"version": 11, "path": rundir.weights.relative(11)})
+    assert r.status_code == 500, r.text
+    assert admin(server, "GET").json()["version"] == -1  # half-loaded weights are no version
+    line = "left 1 parameter(s) of the model without a value: model.norm.weight"
+    assert line in Path(server.log.name).read_text()
+    perturbed_weights(tiny_model, rundir, version=12, seed=8)  # a whole version loads again
+    r = admin(server, "POST", json={"version": 12, "path": rundir.weights.relative(12)})
+    assert r.status_code == 200 and r.json()["version"] == 12, r.text
 
 
 def flip_tensor_byte(file: Path) -> str:

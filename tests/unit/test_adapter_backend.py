@@ -30,10 +30,15 @@ class FakeAdminClient:
     async def load_adapter(self, body, timeout: float) -> AdapterInfo:
         self.loads.append(body)
         held = AdapterInfo(
-            name=body.name, run_id=body.run_id, version=body.version,
-            served_as=f"{body.name}@v{body.version}", path=body.path, digest="d", tensor_digests={"a": "d"},
+            name=body.name,
+            run_id=body.run_id,
+            version=body.version,
+            served_as=f"{body.name}@v{body.version}",
+            path=body.path,
+            digest="d",
+            tensor_digests={"a": "d"},
             loaded_at=0.0,
-        )  # fmt: skip
+        )
         self.listed.adapters = [a for a in self.listed.adapters if a.name != body.name] + [held]
         return held
 

@@ -3,6 +3,8 @@ real sockets, a real torch TCPStore behind the gate."""
 
 import logging
 import socket
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -69,3 +71,49 @@ def test_a_peer_without_the_secret_is_refused_logged_once_and_the_store_keeps_wo
     assert store.get("k") == b"v"
     wrong.close()
     good.close()
+
+
+def test_the_handshake_has_one_deadline_not_one_per_read(gated):
+    """A peer that answers one byte at a time, each well within the deadline, is cut off when the
+    whole handshake's time is up (a per-read timeout would wait for all 32 bytes)."""
+    store, _ = gated
+    gate = Gate("127.0.0.1", free_port(), store.port, SECRET, handshake_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", gate.port), timeout=3) as raw:
+            nonce = raw.recv(NONCE_BYTES)
+            reply = answer(SECRET, nonce)
+            sent = 0
+            with pytest.raises(OSError):  # reset by the gate, or the EOF below
+                for byte in reply:
+                    raw.sendall(bytes([byte]))
+                    sent += 1
+                    time.sleep(0.1)
+                assert raw.recv(1) != b"", "the gate admitted a handshake that took 3.2 s"
+            assert sent < 12  # cut off after about 0.5 s
+    finally:
+        gate.close()
+
+
+def test_pending_handshakes_are_bounded_and_a_peer_gets_in_once_they_go(gated):
+    store, _ = gated
+    gate = Gate("127.0.0.1", free_port(), store.port, SECRET, handshake_s=30.0, max_pending=3)
+    silent = [socket.create_connection(("127.0.0.1", gate.port), timeout=3) for _ in range(3)]
+    try:
+        for s in silent:
+            assert len(s.recv(NONCE_BYTES)) == NONCE_BYTES  # each one's handshake started
+        threads = threading.active_count()
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", gate.port), timeout=3) as extra:
+                assert extra.recv(NONCE_BYTES) == b""  # turned away: no nonce, no thread
+        assert threading.active_count() == threads and gate.turned_away == 5
+    finally:
+        for s in silent:
+            s.close()
+    dialer = Dialer("127.0.0.1", gate.port, SECRET)
+    try:
+        c = client(dialer.port)  # the silent peers' slots are free again
+        c.set("k", "v")
+        assert store.get("k") == b"v"
+    finally:
+        dialer.close()
+        gate.close()

@@ -23,8 +23,10 @@ def test_sglang_backend_is_detected_loads_absolute_paths_and_names_a_refusal(tmp
                 backend = await detect(client, "auto", tmp_path, timeout=30)
                 assert isinstance(backend, SGLangUpdate) and backend.updates
                 assert (await backend.current()).model_dump(include={"version", "path", "base_path"}) == {
-                    "version": 0, "path": "/models/base", "base_path": "/models/base",
-                }  # fmt: skip
+                    "version": 0,
+                    "path": "/models/base",
+                    "base_path": "/models/base",
+                }
                 info = await backend.load(3, "published/v3")
                 assert fake.state.sglang_loaded == [
                     str(tmp_path.resolve() / "published/v3")

@@ -114,7 +114,7 @@ def test_a_template_that_hides_assistant_content_is_refused():
         ([USER, {"role": "tool", "content": None}], "message 1 (tool) has neither content nor tool_calls"),
         (["user: hi"], "message 0 is malformed"),
     ],
-)  # fmt: skip
+)
 def test_malformed_messages_get_one_line_naming_the_message(messages, message):
     with pytest.raises(TriadError) as e:
         check_messages(messages, "environment 'x': prompt")
@@ -181,7 +181,7 @@ def test_a_call_extends_the_chain_only_after_the_previous_messages_and_reply():
         ({"messages": [USER], "max_tokens": 0}, "max_tokens must be a positive integer"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "tools must be a list"),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_are_named(body, message):
     with pytest.raises(TriadError, match=message):
         check_request(body, 32)
@@ -191,3 +191,68 @@ def test_max_tokens_is_capped_by_the_run():
     body = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 500}
     assert check_request(body, 32)[2] == 32
     assert check_request({**body, "max_completion_tokens": 8}, 32)[2] == 8
+
+
+class Parsing:
+    """A server whose parsers split (or fail to split) the template's own rendering of a reply."""
+
+    def __init__(self, message: dict | None) -> None:
+        self.message = message
+
+    async def request(self, call, what, prefer=None):
+        return await call(self), self
+
+    @property
+    def client(self):
+        return self
+
+    @property
+    def chat(self):
+        return self
+
+    async def derender(self, token_ids, finish_reason, messages, tools, options, prompt_ids):
+        return self.message
+
+
+def qwen_with_reasoning(messages: list[dict], generation_prompt: bool) -> list[int]:
+    """ChatML that writes a reply's reasoning_content as a think block."""
+    return chatml([with_think(m) for m in messages], generation_prompt)
+
+
+def with_think(message: dict) -> dict:
+    if not message.get("reasoning_content"):
+        return message
+    return message | {"content": f"<think>{message['reasoning_content']}</think>{message['content']}"}
+
+
+THOUGHT = "Let me think this over first."
+LEFT_IN_TEXT = '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    "message, tool, error",
+    [
+        ({"content": f"<think>{THOUGHT}</think>Done."}, None, "reasoning parser does not split"),
+        (
+            {"content": f"Done.{LEFT_IN_TEXT}", "reasoning_content": THOUGHT},
+            "calc",
+            "tool parser does not read",
+        ),
+    ],
+)
+def test_parsers_that_do_not_fit_the_model_are_named_at_start(message, tool, error):
+    from orchestrator.turns import TurnParser
+
+    renderer, _ = fake_renderer(qwen_with_reasoning)
+    parser = TurnParser(Parsing(message), None, {}, "auto")
+    with pytest.raises(TriadError, match=error):
+        asyncio.run(parser.check(renderer, tool))
+
+
+def test_parsers_that_fit_pass_the_start_check_and_a_server_without_derender_is_not_asked():
+    from orchestrator.turns import TurnParser
+
+    renderer, _ = fake_renderer(qwen_with_reasoning)
+    fits = {"content": "Done.", "reasoning_content": THOUGHT, "tool_calls": [CALL]}
+    asyncio.run(TurnParser(Parsing(fits), None, {}, "auto").check(renderer, "calc"))
+    asyncio.run(TurnParser(Parsing(None), None, {}, "auto").check(renderer, "calc"))

@@ -65,9 +65,12 @@ def test_unknown_environment_fails_before_waiting_for_inference(tmp_path):
 
 def test_a_joiner_advertised_off_loopback_needs_the_admin_token(tmp_path, tiny_model):
     r = run_triad(
-        "inference", "--join", f"--set=run_dir={tmp_path}", f"--set=model={tiny_model}",
+        "inference",
+        "--join",
+        f"--set=run_dir={tmp_path}",
+        f"--set=model={tiny_model}",
         "--set=inference.advertise_url=http://gpu-7.example:9000",
-    )  # fmt: skip
+    )
     assert_one_line_error(
         r, "--join would advertise http://gpu-7.example:9000 (not loopback)", "without a token"
     )

@@ -1,8 +1,10 @@
 """Rules of the code base, measured on the source with `ast`.
 
-- Run-directory file names are defined in `shared/rundir.py` alone: no other code (tests and
+- Run-directory file names are defined in the `shared/rundir/` package alone: no other code (tests and
   benchmarks included) spells one in a string; documentation (docstrings, comments) may.
 - No function longer than 60 lines and no class longer than 200, outside tests and `bench/`.
+- No import circles among the project's modules (imports at module level or inside functions,
+  `TYPE_CHECKING` aside; importing `a.b.c` imports the packages `a` and `a.b` too).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 
 from tests.helpers import REPO
 
-OWNER = "shared/rundir.py"
+OWNER = "shared/rundir/"  # the package (its names.py spells them; the rest builds paths)
 THIS = "tests/unit/test_code_rules.py"  # names the names it looks for
 # run-directory names: file names matched anywhere in a string, directory names as whole strings
 NAMES_IN = ("DONE", "batch.parquet", "model.safetensors", "run.json", "plot.png", "SEND_READY")
@@ -27,14 +29,18 @@ ALLOWED = {
 }
 STEP_DIR = re.compile(r"(^|/)step_(\d|$)")
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 60, 200
+PACKAGES = ("shared", "inference", "orchestrator", "trainer", "services", "simulate")
 
 
 def python_files() -> list[Path]:
     """The repository's tracked and untracked-but-not-ignored Python files."""
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [REPO / line for line in out.splitlines() if (REPO / line).is_file()]
 
 
@@ -78,22 +84,28 @@ def test_run_directory_names_live_in_rundir_only():
     offences = []
     for path in python_files():
         rel = path.relative_to(REPO).as_posix()
-        if rel in (OWNER, THIS):
+        if rel.startswith(OWNER) or rel == THIS:
             continue
         for line, text in literal_pieces(ast.parse(path.read_text(), rel)):
             if (rel, text) not in ALLOWED:
                 offences += [f"{rel}:{line}: {name!r} in {text!r}" for name in names_in(text)]
-    assert not offences, "run-directory names outside shared/rundir.py:\n" + "\n".join(offences)
+    assert not offences, "run-directory names outside shared/rundir/:\n" + "\n".join(offences)
 
 
 @pytest.mark.parametrize(
     "text, found",
     [
-        ("DONE", ["DONE"]), ("x/batch.parquet", ["batch.parquet"]), ("step_{}", ["step_"]),
-        ("weights/step_000003", ["weights", "step_"]), ("rollouts", ["rollouts"]),
-        ("step_time_s", []), ("reward_mean", []), ("the weights are loaded", []), ("logs are here", []),
+        ("DONE", ["DONE"]),
+        ("x/batch.parquet", ["batch.parquet"]),
+        ("step_{}", ["step_"]),
+        ("weights/step_000003", ["weights", "step_"]),
+        ("rollouts", ["rollouts"]),
+        ("step_time_s", []),
+        ("reward_mean", []),
+        ("the weights are loaded", []),
+        ("logs are here", []),
     ],
-)  # fmt: skip
+)
 def test_the_name_rule_finds_names_not_words(text, found):
     assert sorted(names_in(text)) == sorted(found)
 
@@ -132,3 +144,138 @@ def test_no_long_functions_or_classes():
 def test_the_size_rule_measures_nested_definitions():
     tree = ast.parse("class A:\n    def f(self):\n        x = 1\n        return x\n")
     assert sizes(tree) == [("class", "A", 4), ("function", "A.f", 3)]
+
+
+def module_name(rel: str) -> str:
+    parts = rel.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the statements under `if TYPE_CHECKING:`, which never run."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            found.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    return found
+
+
+def module_imports(tree: ast.Module, name: str, is_package: bool, known: set[str]) -> set[str]:
+    """The project modules `name` imports, at module level or inside a function (a deferred
+    import is still a dependency: deferring it only hides a circle), each with the packages
+    above it; imports under `if TYPE_CHECKING:` aside."""
+    package = name if is_package else name.rpartition(".")[0]
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    skipped = type_checking_only(tree)
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        """`target` and the packages above it, but not this module's own packages: they are
+        imported (or being imported) before it runs."""
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in known and prefix not in ancestors:
+                found.add(prefix)
+
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            add(base)
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    add(f"{base}.{alias.name}")  # `from package import module`
+                elif base in ancestors:
+                    found.add(base)  # a name from its own package's __init__: needs it done
+    found.discard(name)
+    return found
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, from {relative path: source}."""
+    names = {module_name(rel): rel for rel in sources}
+    known = set(names)
+    return {
+        name: module_imports(ast.parse(sources[rel], rel), name, rel.endswith("__init__.py"), known)
+        for name, rel in names.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_import_circles():
+    sources = {}
+    for path in python_files():
+        rel = path.relative_to(REPO).as_posix()
+        if rel.split("/")[0] in PACKAGES:
+            sources[rel] = path.read_text()
+    found = circles(import_graph(sources))
+    assert not found, "import circles (module-level imports):\n" + "\n".join(
+        " <-> ".join(sorted(c)) for c in found
+    )
+
+
+def test_the_circle_rule_finds_a_circle_in_a_small_package():
+    sources = {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg.b import thing\n",
+        "pkg/b.py": "from typing import TYPE_CHECKING\nimport pkg.sub.c\n"
+        "if TYPE_CHECKING:\n    import pkg.d\n",
+        "pkg/sub/__init__.py": "from . import c\n",
+        "pkg/sub/c.py": "from .. import a\n",
+        "pkg/d.py": "import pkg.b\n",
+    }
+    graph = import_graph(sources)
+    assert graph["pkg.b"] == {"pkg.sub", "pkg.sub.c"}  # not pkg.d: only for type checking
+    assert graph["pkg.sub.c"] == {"pkg.a"}
+    assert circles(graph) == [{"pkg.a", "pkg.b", "pkg.sub", "pkg.sub.c"}]
+    sources["pkg/sub/c.py"] = "from pkg.sub import helper\n"  # its own package: already importing
+    assert import_graph(sources)["pkg.sub.c"] == {"pkg.sub"} and circles(import_graph(sources)) == [
+        {"pkg.sub", "pkg.sub.c"}  # the package's name `helper` may not exist yet: a real circle
+    ]
+    sources["pkg/sub/c.py"] = "import pkg.sub.e\nfrom pkg.sub.e import f\n"  # a sibling, by its full name
+    sources["pkg/sub/e.py"] = "f = 1\n"
+    assert import_graph(sources)["pkg.sub.c"] == {"pkg.sub.e"} and circles(import_graph(sources)) == []
+    sources["pkg/sub/e.py"] = "def late():\n    from pkg.b import thing\n"  # deferred: still a circle
+    assert circles(import_graph(sources)) == [{"pkg.b", "pkg.sub", "pkg.sub.c", "pkg.sub.e"}]

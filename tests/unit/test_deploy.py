@@ -38,8 +38,10 @@ def test_compose_services_run_triad_entry_points():
     for name in ("inference", "orchestrator"):
         env = services[name]["environment"]
         assert env["TRIAD_INFERENCE__ADMIN_TOKEN_FILE"] == "/run/secrets/admin_token"
-    cuda_gpus = [services[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n in
-                 ("inference-cuda", "trainer-cuda")]  # fmt: skip
+    cuda_gpus = [
+        services[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        for n in ("inference-cuda", "trainer-cuda")
+    ]
     assert cuda_gpus == [["0"], ["1"]]  # inference and trainer never share a GPU
 
 

@@ -16,8 +16,11 @@ def test_warns_per_update_and_stops_after_k_in_a_row(caplog):
         assert alarm.observe(1, 0.5, servers) and alarm.observe(2, 0.2, servers)
         assert not alarm.observe(3, 0.01, servers)  # back under: the count starts over
         assert alarm.observe(4, 0.3, servers) and alarm.observe(5, 0.3, servers)
-        with pytest.raises(TriadError, match=r"step 6: mismatch KL 0.4 between the sampler \(http://a:8000\)"
-                           r" .* over trainer.max_mismatch_kl = 0.1 for 3 updates in a row"):  # fmt: skip
+        with pytest.raises(
+            TriadError,
+            match=r"step 6: mismatch KL 0.4 between the sampler \(http://a:8000\)"
+            r" .* over trainer.max_mismatch_kl = 0.1 for 3 updates in a row",
+        ):
             alarm.observe(6, 0.4, servers)
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 4 and warned[0].startswith(

@@ -189,9 +189,12 @@ class FakeFleet(Fleet):
 
 def fleet_of(tmp_path, fixed_url: str) -> tuple[FakeFleet, RunDir, str]:
     orch = make(
-        tmp_path, [fixed_url], "inference.heartbeat_interval_s=0.05", "orchestrator.heartbeat_timeout_s=0.5",
+        tmp_path,
+        [fixed_url],
+        "inference.heartbeat_interval_s=0.05",
+        "orchestrator.heartbeat_timeout_s=0.5",
         "orchestrator.fleet_poll_s=0.02",
-    )  # fmt: skip
+    )
     for version in (1, 2):
         orch.rundir.weights.write_marker(version, orch.run_id)
     orch.weights.trainer_version = 2
@@ -330,3 +333,48 @@ def test_a_multi_turn_sample_names_each_server_it_went_to(tmp_path):
 
         sample = asyncio.run(scenario())
     assert sample.turns == 2 and sample.servers == [first.url, second.url]
+
+
+def test_an_ending_admission_leaves_a_newer_admission_of_the_same_url_in_place(tmp_path):
+    """The server left and came back while its first admission was ending: that admission's
+    cleanup must not drop the newer one's entry, or the next poll admits the URL twice."""
+    with FakeServer() as fixed:
+        fleet, _, _ = fleet_of(tmp_path, fixed.url)
+        fleet.weights = None  # this admission fails at once
+
+        async def scenario():
+            newer = asyncio.create_task(asyncio.sleep(10))
+            fleet.admitting["http://joiner:8000"] = newer
+            await fleet.admit("http://joiner:8000", "first-server-id")
+            assert fleet.admitting == {"http://joiner:8000": newer}
+            newer.cancel()
+
+        asyncio.run(scenario())
+
+
+def test_a_joiner_slower_than_the_trainer_is_refused_after_a_bounded_bring_up(tmp_path, caplog):
+    from orchestrator.fleet import BRING_UP_LOADS
+
+    with FakeServer() as fixed, FakeServer() as joiner:
+        fleet, rundir, run_id = fleet_of(tmp_path, fixed.url)
+
+        class AlwaysBehind(FakeBackend):
+            async def load(self, version: int, path: str) -> None:
+                await super().load(version, path)
+                rundir.weights.write_marker(version + 1, run_id)  # the trainer published again
+
+        fleet.backend = AlwaysBehind
+
+        async def scenario():
+            Registration(rundir, joiner.url).beat()
+            await fleet.poll()
+            await until(lambda: not fleet.admitting)
+            assert not fleet.joined and len(fleet.pool.servers) == 1
+            await fleet.close()
+
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(scenario())
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not admitting")]
+    assert len(refusals) == 1, refusals
+    assert f"still behind the trainer after loading {BRING_UP_LOADS} versions while joining" in refusals[0]
+    assert f"(serves {2 + BRING_UP_LOADS}, the trainer has published {3 + BRING_UP_LOADS})" in refusals[0]

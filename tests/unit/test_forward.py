@@ -17,9 +17,14 @@ from trainer.loss import BatchTotals, policy_loss
 def tiny_model() -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return Qwen2ForCausalLM(config).float()
 
 
@@ -29,9 +34,15 @@ def rows(seed: int = 0) -> list[dict]:
     for i in range(5):
         n_prompt, n_completion = rng.randint(2, 6), rng.randint(1, 9)
         mask = [False] * n_prompt + [True] * n_completion
-        out.append(dict(input_ids=[rng.randrange(64) for _ in mask], loss_mask=mask,
-                        logprobs=[rng.uniform(-5, -0.1) if m else 0.0 for m in mask],
-                        advantage=rng.uniform(-1, 1), sample_id=str(i)))  # fmt: skip
+        out.append(
+            dict(
+                input_ids=[rng.randrange(64) for _ in mask],
+                loss_mask=mask,
+                logprobs=[rng.uniform(-5, -0.1) if m else 0.0 for m in mask],
+                advantage=rng.uniform(-1, 1),
+                sample_id=str(i),
+            )
+        )
     return out
 
 

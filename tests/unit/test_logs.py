@@ -31,9 +31,13 @@ logging.getLogger("other").warning("a library's warning, shown again")
 def test_triad_lines_survive_the_dependency_that_silences_the_root_logger():
     pytest.importorskip("model_hosting_container_standards")
     out = subprocess.run(
-        [sys.executable, "-c", INFERENCE_LIKE], cwd=REPO, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", INFERENCE_LIKE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     assert "root level after the import: ERROR" in out.stdout  # the problem is real
     assert "triad.store WARNING: waiting for object store s3://b/run (reading x)" in out.stderr

@@ -146,3 +146,13 @@ def test_a_lora_directory_sent_as_weights_is_refused_and_named(tmp_path):
         AdminError, match="holds a LoRA adapter, not weights: load it with POST /admin/adapters"
     ):
         manager._check_pulled(rundir.weights.relative(1), rundir.weights.path(1), 1)
+
+
+def test_an_adapter_on_a_tied_lm_head_is_refused_in_one_line(base):
+    """The tiny model ties lm_head to the embeddings: an adapter there cannot be merged as trained."""
+    from trainer.lora import check_lora_fits
+
+    with pytest.raises(TriadError) as e:
+        check_lora_fits(base, LoraConfig(rank=2, target_modules=["q_proj", "lm_head"]))
+    assert "lm_head shares its weight with the input embeddings" in str(e.value)
+    assert "\n" not in str(e.value)

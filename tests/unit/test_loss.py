@@ -198,8 +198,9 @@ def test_reference_kl_penalty_pulls_towards_the_reference_not_the_sampler():
     spec = LossConfig(kl_coef=1.0, kl_estimator="k2")
     lq, ref = torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), -0.5, dtype=torch.float64)
     # zero advantage: only the penalty, k2 = (logp - ref)^2 / 2 = 0.125 on each of the 2 tokens
-    parts = policy_loss(lp, lq, torch.zeros(1, dtype=torch.float64), mask, spec, BatchTotals(1, 2),
-                        logp_ref=ref)  # fmt: skip
+    parts = policy_loss(
+        lp, lq, torch.zeros(1, dtype=torch.float64), mask, spec, BatchTotals(1, 2), logp_ref=ref
+    )
     (grad,) = torch.autograd.grad(parts.loss, lp)
     assert parts.loss.item() == pytest.approx(0.125)
     assert grad[0].tolist() == pytest.approx([0.25, 0.25])  # d/dlogp of (logp + 0.5)^2 / 2, over 2 tokens

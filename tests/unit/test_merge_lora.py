@@ -143,3 +143,32 @@ def test_merges_from_an_object_store_run_directory(tiny_model, tmp_path, monkeyp
         assert (merged_logits(out) - peft_logits(tiny_model, rundir, 3)).abs().max() < 1e-5
     finally:
         moto.close()
+
+
+def test_an_adapter_on_a_tied_lm_head_merges_into_what_was_trained(tiny_model, tmp_path):
+    """Merging W+BA into a head tied to the embeddings would change the inputs too; the merged
+    model must give the adapted model's logits (the trainer refuses such an adapter, but one made
+    elsewhere still merges right)."""
+    from peft import get_peft_model
+
+    from trainer.lora import peft_config
+    from trainer.merge import merged_model
+
+    model = base(tiny_model)
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # the tied model
+    trained = get_peft_model(model, peft_config(LoraConfig(rank=4, alpha=8, target_modules=["lm_head"])))
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+        expected = trained.eval()(IDS).logits
+    trained.save_pretrained(tmp_path / "adapter", save_embedding_layers=False)
+    merged = merged_model(tiny_model, tmp_path / "adapter")
+    with torch.no_grad():
+        got = merged(IDS).logits
+    assert (got - expected).abs().max() < 1e-5
+    plain = base(tiny_model)
+    assert torch.equal(merged.get_input_embeddings().weight, plain.get_input_embeddings().weight)
+    merged.save_pretrained(tmp_path / "merged")
+    assert (merged_logits(tmp_path / "merged") - expected).abs().max() < 1e-5  # stays untied on disk

@@ -158,9 +158,11 @@ def test_metrics_of_several_servers_rotate_into_parts_and_merge(store, monkeypat
         a.log(version, version=version)
     b.log(4, version=4)
     assert [k.split("/")[-1] for _, _, k in rundir.metrics.files("inference")] == [
-        "inference-aaa1.jsonl", "inference-aaa1.00001.jsonl", "inference-aaa1.00002.jsonl",
+        "inference-aaa1.jsonl",
+        "inference-aaa1.00001.jsonl",
+        "inference-aaa1.00002.jsonl",
         "inference-bbb2.jsonl",
-    ]  # fmt: skip
+    ]
     rows = rundir.metrics.rows("inference")
     assert [(r["server"], r["version"]) for r in rows] == [("aaa1", v) for v in range(5)] + [("bbb2", 4)]
     # a restarted writer continues the last part; a rewind drops rows and the parts it empties
@@ -190,7 +192,7 @@ def test_without_a_conditional_put_create_once_falls_back_logged(store, monkeypa
     import boto3
     from botocore.exceptions import ClientError
 
-    import shared.objectstore as objectstore
+    import shared.storecall as objectstore
 
     class Refusing:
         def put_object(self, **kw):
@@ -295,3 +297,48 @@ def test_a_request_that_hangs_is_named_while_it_hangs(moto_env, tmp_path, caplog
         threading.Timer(7.0, lambda: moto.proc.send_signal(signal.SIGCONT)).start()
         assert store.read_bytes("h.txt") == b"held"
     assert f"waiting for object store {store.url} (reading h.txt): no answer for" in caplog.text
+
+
+class VanishingSource:
+    """The store's filesystem, but the source of a copy is removed (pruned) just before the copy."""
+
+    def __init__(self, fs) -> None:
+        self.fs = fs
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+    def copy_file(self, source: str, dest: str) -> None:
+        self.fs.delete_file(source)
+        self.fs.copy_file(source, dest)
+
+
+def test_a_copy_whose_source_is_pruned_after_the_lookup_answers_false(store):
+    store.write_bytes("w/1/config.json", b"{}")
+    store.fs = VanishingSource(store.fs)
+    assert store.copy("w/1/config.json", "w/2/config.json") is False
+    assert not store.exists("w/2/config.json")
+
+
+def test_a_directory_travels_in_one_threaded_copy_each_way_marker_last(store, monkeypatch):
+    import pyarrow.fs as pafs
+
+    calls = []
+    real = pafs.copy_files
+
+    def spy(source, destination, **kw):
+        calls.append(kw.get("use_threads"))
+        return real(source, destination, **kw)
+
+    monkeypatch.setattr(pafs, "copy_files", spy)
+    files = {f"part-{i:02d}.bin": bytes([i]) * (1000 + i) for i in range(12)}
+    with store.writing_dir("d/step") as directory:
+        for name, data in files.items():
+            (directory / name).write_bytes(data)
+    assert calls == [True]  # one call for twelve files, threaded
+    store.write_bytes("d/step/marker.json", b"marker")
+    store.drop_local("d/step")
+    copy = store.fetch("d/step", last="marker.json")
+    assert calls == [True, True]
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name != "marker.json"} == files
+    assert (copy / "marker.json").read_bytes() == b"marker"

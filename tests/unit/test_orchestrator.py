@@ -44,8 +44,9 @@ class FakeBackend:
 
     async def current(self) -> WeightsInfo:
         digest = None if self.loaded is None else version_digest(self.loaded)
-        return WeightsInfo(version=self.version, path=self.path, base_path="base", digest=digest,
-                           tensor_digests=self.loaded)  # fmt: skip
+        return WeightsInfo(
+            version=self.version, path=self.path, base_path="base", digest=digest, tensor_digests=self.loaded
+        )
 
     async def load(self, version: int, path: str) -> WeightsInfo:
         self.loads.append(version)
@@ -106,8 +107,14 @@ def test_producer_keeps_max_inflight_requests_busy_and_no_more(tmp_path):
             return (fake.state.requests == 6 + released and fake.state.inflight == 6) or None
 
         async def run() -> None:
-            orch = make(tmp_path, [fake.url], "orchestrator.max_inflight=6", "max_steps=50",
-                        "max_async_level=100", "weights.keep=200")  # fmt: skip
+            orch = make(
+                tmp_path,
+                [fake.url],
+                "orchestrator.max_inflight=6",
+                "max_steps=50",
+                "max_async_level=100",
+                "weights.keep=200",
+            )
 
             async def assemble() -> None:
                 for step in range(1, 9):  # 8 x batch_size 4 = 32 groups
@@ -134,8 +141,9 @@ def test_generation_waits_for_fresh_weights(tmp_path):
     with FakeServer() as fake:
 
         async def run() -> None:
-            orch = make(tmp_path, [fake.url], "orchestrator.max_inflight=100", "max_steps=10",
-                        "max_async_level=0")  # fmt: skip
+            orch = make(
+                tmp_path, [fake.url], "orchestrator.max_inflight=100", "max_steps=10", "max_async_level=0"
+            )
             producer = asyncio.create_task(orch.produce())
             await orch.assemble(1)
             await asyncio.sleep(0.2)
@@ -154,8 +162,13 @@ def test_a_failing_server_is_retried_elsewhere_then_taken_out(tmp_path, caplog):
         bad.state.mode = "fail"
 
         async def run() -> list[Group]:
-            orch = make(tmp_path, [bad.url, good.url], "orchestrator.max_server_failures=2", "max_steps=10",
-                        "orchestrator.max_inflight=1")  # fmt: skip
+            orch = make(
+                tmp_path,
+                [bad.url, good.url],
+                "orchestrator.max_server_failures=2",
+                "max_steps=10",
+                "orchestrator.max_inflight=1",
+            )
             producer = asyncio.create_task(orch.produce())
             batch, _, _ = await orch.assemble(1)
             await stop(producer)
@@ -178,8 +191,13 @@ def test_tokenize_and_render_requests_are_retried_like_rollouts(tmp_path):
         flaky.state.tokenize_failures = 2
 
         async def run() -> None:
-            orch = make(tmp_path, [flaky.url], "orchestrator.max_retries=3", "orchestrator.retry_backoff_s=0",
-                        "orchestrator.max_server_failures=9")  # fmt: skip
+            orch = make(
+                tmp_path,
+                [flaky.url],
+                "orchestrator.max_retries=3",
+                "orchestrator.retry_backoff_s=0",
+                "orchestrator.max_server_failures=9",
+            )
             ids, server = await orch.pool.request(lambda s: s.client.tokenize("ab"), "tokenizing")
             assert ids == [97, 98] and server.url == flaky.url and server.failures == 0
             flaky.state.tokenize_failures = 10
@@ -196,8 +214,13 @@ def test_a_server_that_times_out_is_taken_out(tmp_path, caplog):
         slow.state.mode = "hang"
 
         async def run() -> None:
-            orch = make(tmp_path, [slow.url, good.url], "orchestrator.max_server_failures=1",
-                        "orchestrator.request_timeout_s=0.3", "orchestrator.max_inflight=1")  # fmt: skip
+            orch = make(
+                tmp_path,
+                [slow.url, good.url],
+                "orchestrator.max_server_failures=1",
+                "orchestrator.request_timeout_s=0.3",
+                "orchestrator.max_inflight=1",
+            )
             completions, server, _ = await orch.pool.complete("1+1=", 2)
             assert server.url == good.url and len(completions) == 2
             assert not orch.pool.servers[0].healthy
@@ -213,8 +236,13 @@ def test_when_every_server_fails_the_group_is_dropped_then_the_run_stops(tmp_pat
         bad.state.mode = "fail"
 
         async def run() -> None:
-            orch = make(tmp_path, [bad.url], "orchestrator.max_server_failures=2",
-                        "orchestrator.max_retries=1", "orchestrator.inference_timeout_s=0.3")  # fmt: skip
+            orch = make(
+                tmp_path,
+                [bad.url],
+                "orchestrator.max_server_failures=2",
+                "orchestrator.max_retries=1",
+                "orchestrator.inference_timeout_s=0.3",
+            )
             with pytest.raises(RolloutFailed, match="failed 2 times.*500"):
                 await orch.pool.complete("1+1=", 2)
             with pytest.raises(TriadError, match=f"no inference server healthy for 0.3 s.*{bad.url}.*500"):
@@ -381,8 +409,9 @@ def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):
     with FakeServer() as fake:
 
         async def run() -> tuple[list[Group], int, int]:
-            orch = make(tmp_path, [fake.url], "max_async_level=1", "max_steps=10",
-                        "orchestrator.max_inflight=3")  # fmt: skip
+            orch = make(
+                tmp_path, [fake.url], "max_async_level=1", "max_steps=10", "orchestrator.max_inflight=3"
+            )
             orch.step = 4  # as if batches 1-3 were taken; their groups were generated at version 0
             orch.pending = 3
             for _ in range(3):
@@ -408,8 +437,9 @@ def samples(rewards: list[float], version: int = 0) -> list[Sample]:
 
 
 def test_dynamic_sampling_skips_equal_reward_groups(tmp_path):
-    orch = make(tmp_path, ["http://127.0.0.1:9"], "orchestrator.dynamic_sampling=true",
-                "orchestrator.batch_size=2")  # fmt: skip
+    orch = make(
+        tmp_path, ["http://127.0.0.1:9"], "orchestrator.dynamic_sampling=true", "orchestrator.batch_size=2"
+    )
 
     async def run():
         for rewards in ([1, 1], [0, 1], [0, 0], [1, 0]):
@@ -422,14 +452,24 @@ def test_dynamic_sampling_skips_equal_reward_groups(tmp_path):
 
 
 def test_overlong_mask_and_penalty(tmp_path):
-    long = Sample(input_ids=[1] * 10, loss_mask=[False] * 2 + [True] * 8, logprobs=[0.0] * 10,
-                  truncated=True, reward=1.0)  # fmt: skip
+    long = Sample(
+        input_ids=[1] * 10,
+        loss_mask=[False] * 2 + [True] * 8,
+        logprobs=[0.0] * 10,
+        truncated=True,
+        reward=1.0,
+    )
     short = Sample(input_ids=[1] * 4, loss_mask=[False] * 2 + [True] * 2, logprobs=[0.0] * 4, reward=1.0)
     group = Group("g", Prompt("p", "a"), [long, short])
     masked = make(tmp_path, ["http://127.0.0.1:9"], 'orchestrator.overlong="mask"').builder.rows(1, [group])
     assert masked[0]["loss_mask"] == [False] * 10 and masked[1]["loss_mask"] == short.loss_mask
-    penalised = make(tmp_path, ["http://127.0.0.1:9"], "orchestrator.overlong=\"penalty\"",
-                     "orchestrator.max_tokens=8", "orchestrator.overlong_buffer=4")  # fmt: skip
+    penalised = make(
+        tmp_path,
+        ["http://127.0.0.1:9"],
+        'orchestrator.overlong="penalty"',
+        "orchestrator.max_tokens=8",
+        "orchestrator.overlong_buffer=4",
+    )
     penalised = penalised.builder.rows(1, [group])
     assert [r["reward"] for r in penalised] == [0.0, 1.0]  # 8 tokens: the full penalty of 1
     assert penalised[0]["advantage"] < 0 < penalised[1]["advantage"]
@@ -465,8 +505,13 @@ def test_weights_timeout_counts_only_time_stalled_on_weights(tmp_path):
         fake.state.delay = 0.6
 
         async def run() -> float:
-            orch = make(tmp_path, [fake.url], "max_async_level=0", "max_steps=10",
-                        "orchestrator.weights_timeout_s=0.4")  # fmt: skip
+            orch = make(
+                tmp_path,
+                [fake.url],
+                "max_async_level=0",
+                "max_steps=10",
+                "orchestrator.weights_timeout_s=0.4",
+            )
             producer = asyncio.create_task(orch.produce())
             await orch.assemble(1)  # its groups took 0.6 s, longer than the weights timeout
             done = asyncio.get_running_loop().time()
@@ -501,9 +546,13 @@ FLIPPED = {"model.embed_tokens.weight": "aa", "model.norm.weight": "b0"}
 
 def publish_with_digests(orch: Orchestrator, version: int, files: bool = True) -> None:
     RunDir(orch.cfg.run_dir).weights.write_marker(
-        version, orch.run_id, version=version, files=files, digest=version_digest(PUBLISHED),
+        version,
+        orch.run_id,
+        version=version,
+        files=files,
+        digest=version_digest(PUBLISHED),
         tensor_digests=PUBLISHED,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(

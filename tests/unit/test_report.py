@@ -159,8 +159,9 @@ def test_wandb_exporter_in_offline_mode_logs_every_row(tmp_path):
     from shared.config import load_config
 
     rundir = fake_run(tmp_path / "run", steps=5)
-    cfg = load_config(None, [f"run_dir={rundir.root}", "metrics.tensorboard=false",
-                             'metrics.wandb_project="triad-test"'])  # fmt: skip
+    cfg = load_config(
+        None, [f"run_dir={rundir.root}", "metrics.tensorboard=false", 'metrics.wandb_project="triad-test"']
+    )
     (exporter,) = make_exporters(cfg, rundir, "run-abc")
     assert isinstance(exporter, WandbExporter) and exporter.run.id == "run-abc"
     printer = ProgressPrinter(rundir, max_steps=5, exporters=[exporter])

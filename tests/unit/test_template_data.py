@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from tests.templates import FAMILIES, TEMPLATES, family_tokenizer, qwen3_tokenizer, render
+from shared.families import parsers_for
+from tests.templates import FAMILIES, TEMPLATES, chat_template, family_tokenizer, qwen3_tokenizer, render
 
 
 def test_every_vendored_template_has_the_bytes_sources_md_records() -> None:
@@ -50,3 +51,14 @@ def test_family_tokenizer_keeps_each_special_token_whole(name: str) -> None:
     prompt = render(name, [{"role": "user", "content": "Hi there"}], add_generation_prompt=True)
     assert "Hi there" in prompt
     assert spec["bos"] == "" or prompt.startswith(spec["bos"])
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_auto_parsers_are_the_ones_that_fit_each_family(name):
+    """`orchestrator.tool_parser = "auto"` (and reasoning_parser) pick, from the template alone, the parsers
+    families.toml records as fitting (none where vLLM has none)."""
+    spec = FAMILIES[name]
+    expected = (spec["tool_parser"] or None, spec["reasoning_parser"] or None)
+    assert parsers_for(chat_template(name), "auto", "auto") == expected
+    assert parsers_for(chat_template(name), "none", "none") == (None, None)
+    assert parsers_for(chat_template(name), "pythonic", "auto")[0] == "pythonic"

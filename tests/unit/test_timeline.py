@@ -17,18 +17,43 @@ def write_rows(path, rows):
 def run(tmp_path):
     rundir = RunDir(tmp_path)
     rundir.ensure_run({"max_steps": 3})
-    write_rows(rundir.metrics_file("trainer"), [  # written after publishing
-        {"step": s, "time": 100.0 + 10 * s, "wait_s": 1.0, "train_s": 2.0 * s, "publish_s": 0.5,
-         "loss": 0.0, "grad_norm": 1.0}
-        for s in (1, 2, 3)
-    ])  # fmt: skip
-    write_rows(rundir.metrics_file("orchestrator"), [
-        {"step": s, "time": 95.0 + 10 * s, "step_time_s": 4.0, "samples_per_s": 32.0, "reward_mean": 0.5,
-         "lag_mean": 1.0, "lag_max": 1} for s in (1, 2, 3)
-    ])  # fmt: skip
-    write_rows(rundir.metrics_file("inference"), [
-        {"step": 1, "time": 111.0, "version": 1, "load_s": 0.25}, {"step": 2, "time": 121.0, "version": 2},
-    ])  # fmt: skip
+    write_rows(
+        rundir.metrics_file("trainer"),
+        [  # written after publishing
+            {
+                "step": s,
+                "time": 100.0 + 10 * s,
+                "wait_s": 1.0,
+                "train_s": 2.0 * s,
+                "publish_s": 0.5,
+                "loss": 0.0,
+                "grad_norm": 1.0,
+            }
+            for s in (1, 2, 3)
+        ],
+    )
+    write_rows(
+        rundir.metrics_file("orchestrator"),
+        [
+            {
+                "step": s,
+                "time": 95.0 + 10 * s,
+                "step_time_s": 4.0,
+                "samples_per_s": 32.0,
+                "reward_mean": 0.5,
+                "lag_mean": 1.0,
+                "lag_max": 1,
+            }
+            for s in (1, 2, 3)
+        ],
+    )
+    write_rows(
+        rundir.metrics_file("inference"),
+        [
+            {"step": 1, "time": 111.0, "version": 1, "load_s": 0.25},
+            {"step": 2, "time": 121.0, "version": 2},
+        ],
+    )
     return rundir
 
 
@@ -70,17 +95,48 @@ def test_timeline_window_and_figure(run):
 def test_finer_phases_are_drawn_and_broken_down_where_rows_have_them(tmp_path):
     rundir = RunDir(tmp_path)
     rundir.ensure_run({"max_steps": 2})
-    fine = {"wait_s": 0.01, "read_s": 0.02, "forward_backward_s": 0.05, "optimizer_s": 0.03,
-            "gather_s": 0.01, "write_s": 0.02, "mark_s": 0.01}  # fmt: skip
-    write_rows(rundir.metrics_file("trainer"), [
-        {"step": s, "time": 10.0 * s, "train_s": 0.08, "publish_s": 0.04, "loss": 0.0, "grad_norm": 1, **fine}
-        for s in (1, 2)
-    ])  # fmt: skip
-    write_rows(rundir.metrics_file("orchestrator"), [
-        {"step": s, "time": 10.0 * s - 1, "step_time_s": 0.2, "generate_s": 0.15, "assemble_s": 0.02,
-         "write_batch_s": 0.03, "samples_per_s": 640.0, "reward_mean": 0.5, "lag_mean": 1.0, "lag_max": 1}
-        for s in (1, 2)
-    ])  # fmt: skip
+    fine = {
+        "wait_s": 0.01,
+        "read_s": 0.02,
+        "forward_backward_s": 0.05,
+        "optimizer_s": 0.03,
+        "gather_s": 0.01,
+        "write_s": 0.02,
+        "mark_s": 0.01,
+    }
+    write_rows(
+        rundir.metrics_file("trainer"),
+        [
+            {
+                "step": s,
+                "time": 10.0 * s,
+                "train_s": 0.08,
+                "publish_s": 0.04,
+                "loss": 0.0,
+                "grad_norm": 1,
+                **fine,
+            }
+            for s in (1, 2)
+        ],
+    )
+    write_rows(
+        rundir.metrics_file("orchestrator"),
+        [
+            {
+                "step": s,
+                "time": 10.0 * s - 1,
+                "step_time_s": 0.2,
+                "generate_s": 0.15,
+                "assemble_s": 0.02,
+                "write_batch_s": 0.03,
+                "samples_per_s": 640.0,
+                "reward_mean": 0.5,
+                "lag_mean": 1.0,
+                "lag_max": 1,
+            }
+            for s in (1, 2)
+        ],
+    )
     got = {(s.service, s.phase): (round(s.start, 6), round(s.end, 6)) for s in spans(rundir, 2, 2)}
     assert got[("trainer", "mark")] == (19.99, 20.0) and got[("trainer", "wait")] == (19.85, 19.86)
     assert got[("orchestrator", "write_batch")] == (18.97, 19.0)

@@ -17,8 +17,9 @@ def test_cpu_lists_parse_like_taskset():
 
 
 def test_children_get_their_devices_cores_and_threads():
-    cfg = load_config(None, ['inference.cpus="0"', 'trainer.cpus="1-4"', "trainer.nproc=2",
-                             'trainer.devices="1"'])  # fmt: skip
+    cfg = load_config(
+        None, ['inference.cpus="0"', 'trainer.cpus="1-4"', "trainer.nproc=2", 'trainer.devices="1"']
+    )
     assert child_env(cfg, INFERENCE)["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     trainer = child_env(cfg, TRAINER)
     assert trainer["OMP_NUM_THREADS"] == "2" and trainer["CUDA_VISIBLE_DEVICES"] == "1"
@@ -28,8 +29,12 @@ def test_children_get_their_devices_cores_and_threads():
 
 
 def test_a_pinned_child_runs_only_on_its_cores():
-    out = subprocess.run(pinned(["python3", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], "0"),
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        pinned(["python3", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], "0"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "[0]"
 
 

@@ -155,3 +155,55 @@ def test_the_engine_registers_once_however_often_vllm_loads_the_plugin():
     register()
     register()
     assert WeightTransferEngineFactory._registry[ENGINE_NAME]() is DiskWeightTransferEngine
+
+
+def test_unknown_parser_names_fail_in_one_line_naming_the_option():
+    from argparse import Namespace
+
+    from inference.server import check_parsers
+
+    check_parsers(Namespace(tool_call_parser="hermes", reasoning_parser="qwen3"))
+    check_parsers(Namespace(tool_call_parser=None, reasoning_parser=None))
+    with pytest.raises(
+        TriadError,
+        match=r"^orchestrator.tool_parser = 'hermse' is not one of this vLLM's tool_parsers: .*hermes",
+    ):
+        check_parsers(Namespace(tool_call_parser="hermse", reasoning_parser=None))
+    with pytest.raises(
+        TriadError,
+        match=r"^orchestrator.reasoning_parser = 'qwen4' is not one of this vLLM's reasoning_parsers",
+    ):
+        check_parsers(Namespace(tool_call_parser=None, reasoning_parser="qwen4"))
+
+
+def test_the_reload_still_reports_skipped_parameters():
+    vllm_api.check_reload_report()  # the installed vLLM
+
+    def silent_reload(*args) -> None: ...
+
+    module, attribute = vllm_api.RELOAD.split(":")
+    fake = {module: types.SimpleNamespace(**{attribute: silent_reload})}
+    with pytest.raises(TriadError, match="report of skipped parameters"):
+        vllm_api.check_reload_report(fake.__getitem__)
+
+
+def test_a_parameter_the_reload_skipped_is_an_error_at_any_log_level():
+    import logging
+
+    from inference.worker_extension import every_parameter_loaded
+
+    logger = logging.getLogger(vllm_api.SKIPPED_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # VLLM_LOGGING_LEVEL=ERROR must not silence the check
+    try:
+        with every_parameter_loaded("version 3"):
+            logger.info("Reloading weights inplace...")
+        with pytest.raises(RuntimeError) as e, every_parameter_loaded("version 3"):
+            logger.warning(vllm_api.SKIPPED_MESSAGE + ": %s", {"model.norm.weight", "lm_head.weight"})
+        assert str(e.value) == (
+            "loading version 3 left 2 parameter(s) of the model without a value: "
+            "lm_head.weight, model.norm.weight (publish every parameter)"
+        )
+        assert logger.level == logging.ERROR and not logger.handlers
+    finally:
+        logger.setLevel(level)

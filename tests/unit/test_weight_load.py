@@ -93,8 +93,11 @@ def test_a_load_runs_with_scheduling_paused_and_requests_kept_then_resets_the_ca
     rundir, store, engine, manager, client = setup
     assert post(client, rundir, 1).json()["version"] == 1
     assert engine.calls == [
-        "pause keep clear_cache=False", "triad_load_weights", "reset running=True", "resume"
-    ]  # fmt: skip
+        "pause keep clear_cache=False",
+        "triad_load_weights",
+        "reset running=True",
+        "resume",
+    ]
     engine.calls.clear()
     engine.during_load = lambda path: 1 / 0
     with pytest.raises(ZeroDivisionError):
@@ -148,7 +151,7 @@ def test_the_cache_sweep_removes_what_dead_processes_left_and_keeps_the_living(t
     import subprocess
     import sys
 
-    from shared.objectstore import sweep_dead_tmp
+    from shared.objectcache import sweep_dead_tmp
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
     dead_pid = int(dead.stdout)

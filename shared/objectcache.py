@@ -1,0 +1,158 @@
+"""Moving whole directories between an object store and this machine's cache.
+
+Writers that need a real path write into a private scratch directory that is uploaded on
+success; readers that need one `fetch` a copy into the cache. Both move a directory's files
+in one `pyarrow.fs.copy_files` call with `use_threads=True`, so its objects travel
+concurrently (pyarrow's I/O thread pool). A step's marker is never among them: `write_marker`
+writes it after the upload, and `fetch` reads it first and writes it into the copy last.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import TypeVar
+
+import pyarrow.fs as pafs
+
+from shared.errors import TriadError
+from shared.tmpname import TMP_PREFIX
+
+T = TypeVar("T")
+log = logging.getLogger("triad.store")
+
+
+def sweep_dead_tmp(cache: Path) -> list[Path]:
+    """Remove the `.tmp-<pid>-...` directories under `cache` whose process (on this machine)
+    is gone: a writer or fetcher killed mid-way leaves them behind. Those of live processes
+    stay. Returns what was removed."""
+    swept = []
+    for tmp in sorted(cache.rglob(f"{TMP_PREFIX}*")) if cache.is_dir() else []:
+        pid = tmp.name.removeprefix(TMP_PREFIX).split("-")[0]
+        if tmp.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            swept.append(tmp)
+    if swept:
+        log.info("swept %d directories of dead processes from the cache %s", len(swept), cache)
+    return swept
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def check_inside(url: str, root: str, infos: list[pafs.FileInfo]) -> None:
+    """Every listed object must lie under `root`: a key with `..` would leave it."""
+    for info in infos:
+        relative = PurePosixPath(info.path.removeprefix(root + "/"))
+        if relative.is_absolute() or ".." in relative.parts:
+            raise TriadError(f"object store {url}: refusing key {info.path!r} (it leaves {root})")
+
+
+class CacheTransfers:
+    """The cache half of `ObjectStore`: what it needs from the store is declared here."""
+
+    url: str
+    base: str
+    cache: Path
+    fs: pafs.FileSystem
+    local: pafs.LocalFileSystem
+    call: Callable[[str, Callable[[], T]], T]
+
+    def path(self, key: str) -> str:
+        return f"{self.base}/{key}" if key else self.base
+
+    def local_path(self, key: str) -> Path:
+        """Where this machine keeps its copy of `key` (see `fetch`); for local-only outputs too."""
+        return self.cache / key if key else self.cache
+
+    def read_bytes(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def _infos(self, key: str, recursive: bool) -> list[pafs.FileInfo]:
+        raise NotImplementedError
+
+    @contextmanager
+    def writing(self, key: str) -> Iterator[Path]:
+        with self._scratch() as scratch:
+            tmp = scratch / PurePosixPath(key).name
+            yield tmp
+            self._copy(f"uploading {key}", str(tmp), self.path(key), self.local, self.fs)
+
+    @contextmanager
+    def writing_dir(self, key: str) -> Iterator[Path]:
+        """A private local directory; every file in it is uploaded under `key` on success,
+        concurrently."""
+        with self._scratch() as scratch:
+            yield scratch
+            if any(p.is_file() for p in scratch.rglob("*")):
+                self._copy(f"uploading {key}/", str(scratch), self.path(key), self.local, self.fs)
+
+    @contextmanager
+    def _scratch(self) -> Iterator[Path]:
+        self.cache.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-write-", dir=self.cache))
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _copy(self, what: str, source: str, dest: str, source_fs, dest_fs) -> None:
+        self.call(
+            what,
+            lambda: pafs.copy_files(
+                source, dest, source_filesystem=source_fs, destination_filesystem=dest_fs, use_threads=True
+            ),  # fmt: skip
+        )
+
+    def fetch(self, key: str, last: str | None = None) -> Path:
+        """A local copy of everything under `key` (a directory), in the cache, its objects
+        downloaded concurrently. `last` (a marker) is read first and written last, so a copy
+        that has it is whole and matches it."""
+        target = self.local_path(key)
+        marker = self.read_bytes(f"{key}/{last}") if last else None
+        if marker is not None and (target / last).is_file() and (target / last).read_bytes() == marker:
+            return target  # whole already (its marker came last): another process on this machine fetched it
+        infos = self._infos(key, recursive=True)
+        check_inside(self.url, self.path(key), infos)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f"{TMP_PREFIX}{os.getpid()}-fetch-{uuid.uuid4().hex}"
+        try:
+            staging.mkdir()
+            if any(i.type == pafs.FileType.File for i in infos):
+                self._copy(f"downloading {key}/", self.path(key), str(staging), self.fs, self.local)
+            for stray in [staging / last] if last else []:
+                stray.unlink(missing_ok=True)  # maybe newer than the marker read first
+            for tmp in list(staging.rglob(f"{TMP_PREFIX}*")):
+                shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+            if marker is not None:
+                (staging / last).write_bytes(marker)
+            shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.replace(staging, target)
+            except OSError:  # another process on this machine fetched the same copy first
+                if not target.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    def drop_local(self, key: str) -> None:
+        """Forget this machine's copy of `key` (keeps the cache bounded)."""
+        shutil.rmtree(self.local_path(key), ignore_errors=True)
+
+    def sweep(self) -> list[Path]:
+        """At start: remove the cache's scratch and staging directories of dead processes."""
+        return sweep_dead_tmp(self.cache)

@@ -28,7 +28,7 @@ log = logging.getLogger("triad.model")
 
 EOS = "<|endoftext|>"
 BUILD_VERSION = 2
-CHAT_VERSION = 3  # the chat recipes' own build version: 3 is the Qwen3 model, tokenizer and template
+CHAT_VERSION = 4  # the chat recipes' own build version: 4 is the Qwen3 model (hidden 128) and template
 SHAPE = dict(
     hidden_size=128,
     intermediate_size=512,
@@ -93,14 +93,13 @@ RECIPES = {
     # the seven inner linears alone: 0.36 -> 0.46; docs/design.md, "What LoRA can learn")
     "tiny-addition-untied": Recipe(task="addition", warmup_steps=137, warmup_lr=3e-4, untied=True),
     "tiny-reverse": Recipe(task="reverse", warmup_steps=160, warmup_lr=3e-4),
-    # NOT YET SHOWN TO REACH ITS TARGET (the build then stops in one line and caches nothing):
-    # hidden 64, lr 3e-3, 35% tool episodes: sampled reward 0.00 at 100..900 steps (tool called
-    # in 30-59% of episodes, the copy not learnt yet); with tool episodes only, also 0.00 at
-    # 150..900 steps (loss flat at 0.70 a token: the copied digits are guessed; one spike at 600,
-    # lr 3e-3 is at the edge); the byte-level model of CHAT_VERSION 2 (hidden 128) learnt the copy
-    # suddenly after about 450 steps of tool episodes at lr 1e-3. Next to try: hidden 128, lr 1e-3
+    # Measured on this recipe (seed 0, 2 threads): the copied digits' loss falls to 0.07 a token
+    # in the short phase, and to 0.02 on whole episodes 200 steps into the second; the sampled
+    # check reached 0.28 on 32 prompts, the tool called in 28% of episodes (each one answered
+    # right). Without the short phase, hidden 64 or 128 at lr 1e-3 or 3e-3, up to 1000 steps, the
+    # digits stayed at 2.3 nats (guessed) and the sampled reward at 0.00.
     "tiny-tools": ChatRecipe(
-        task="calculator", warmup_steps=2000, warmup_lr=3e-3, tool_share=0.35, target=0.15
+        task="calculator", copy_steps=300, warmup_steps=300, warmup_lr=1e-3, tool_share=0.35, target=0.15
     ),
 }
 
@@ -152,8 +151,8 @@ def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: i
     if isinstance(recipe, ChatRecipe):
         build = build_chat_model(dest, name, recipe, seed)
         log.info(
-            "warm-up on %s: %d steps in %.0f s, sampled reward %.2f (target %.2f)",
-            recipe.task, recipe.warmup_steps, build["build_s"], build["sampled_reward"], recipe.target,
+            "warm-up on %s: %d+%d steps in %.0f s, sampled reward %.2f (target %.2f)", recipe.task,
+            recipe.copy_steps, recipe.warmup_steps, build["build_s"], build["sampled_reward"], recipe.target,
         )  # fmt: skip
         return
     tokenizer = make_tokenizer()
@@ -166,8 +165,9 @@ def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: i
 
 
 def cache_name(name: str, recipe: Recipe | ChatRecipe) -> str:
-    version = f"{BUILD_VERSION}c{CHAT_VERSION}" if isinstance(recipe, ChatRecipe) else f"{BUILD_VERSION}"
-    return f"{name}-v{version}-w{recipe.warmup_steps}"
+    if isinstance(recipe, ChatRecipe):
+        return f"{name}-v{BUILD_VERSION}c{CHAT_VERSION}-w{recipe.copy_steps}+{recipe.warmup_steps}"
+    return f"{name}-v{BUILD_VERSION}-w{recipe.warmup_steps}"
 
 
 def ensure_tiny_model(name: str) -> Path:

@@ -116,12 +116,12 @@ def test_the_chat_model_is_a_tied_qwen3_that_ends_turns_at_im_end(tok):
     model = tiny_chat.make_chat_model(tok, seed=0)
     c = model.config
     assert type(model).__name__ == "Qwen3ForCausalLM" and c.tie_word_embeddings and c.vocab_size == 151936
-    assert (c.hidden_size, c.num_hidden_layers, c.head_dim) == (64, 2, 32)
+    assert (c.hidden_size, c.num_hidden_layers, c.head_dim) == (128, 2, 32)
     assert c.eos_token_id == model.generation_config.eos_token_id == 151645 and c.pad_token_id == 151643
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert isinstance(RECIPES["tiny-tools"], tiny_chat.ChatRecipe)
     assert cache_name("tiny-addition", RECIPES["tiny-addition"]) == "tiny-addition-v2-w137"
-    assert cache_name("tiny-tools", RECIPES["tiny-tools"]).startswith("tiny-tools-v2c3-")
+    assert cache_name("tiny-tools", RECIPES["tiny-tools"]) == "tiny-tools-v2c4-w300+300"
 
 
 def test_the_task_model_s_loss_is_the_whole_model_s_cross_entropy(tok):
@@ -129,7 +129,7 @@ def test_the_task_model_s_loss_is_the_whole_model_s_cross_entropy(tok):
     whole model's loss (all 151,936 logits) is the one the warm-up computed."""
     env = ChatCalculator()
     recipe = tiny_chat.ChatRecipe(
-        task="calculator", warmup_steps=0, warmup_lr=0, tool_share=0.5, target=0, batch=3
+        task="calculator", copy_steps=0, warmup_steps=0, warmup_lr=0, tool_share=0.5, target=0, batch=3
     )
     keep = tiny_chat.task_vocabulary(tok, env, recipe, seed=0)
     assert 50 < len(keep) < 400 and set(tiny_chat.encode(tok, "0123456789")) <= set(keep)
@@ -143,7 +143,7 @@ def test_the_task_model_s_loss_is_the_whole_model_s_cross_entropy(tok):
     held[keep] = False
     assert not weight[held].any() and torch.equal(weight[keep], small.model.lm_head.weight)
     assert weight[keep].abs().sum(dim=1).gt(0).sum() == len(keep) - 1  # all but the padding row
-    rows, masks = tiny_chat.warm_up_batch(tok, env, recipe, random.Random(1))
+    rows, masks = tiny_chat.warm_up_batch(tok, env, 3, [CALCULATE], 0.5, random.Random(1))
     with torch.no_grad():
         ours = small.loss(rows, masks)
         width = max(map(len, rows))
@@ -159,7 +159,7 @@ def test_the_task_model_s_loss_is_the_whole_model_s_cross_entropy(tok):
 
 
 SHORT = tiny_chat.ChatRecipe(
-    task="calculator", warmup_steps=3, warmup_lr=1e-3, tool_share=0.5, target=0, batch=4
+    task="calculator", copy_steps=2, warmup_steps=2, warmup_lr=1e-3, tool_share=0.5, target=0, batch=4
 )
 
 
@@ -193,6 +193,7 @@ def test_the_warm_up_is_the_same_whatever_the_caller_s_threads(tok):
 def test_a_build_below_its_target_fails_in_one_line_and_caches_nothing(tok, tmp_path):
     recipe = tiny_chat.ChatRecipe(
         task="calculator",
+        copy_steps=0,
         warmup_steps=0,
         warmup_lr=0,
         tool_share=0.5,
@@ -269,3 +270,17 @@ def test_calculator_text_is_the_old_text_calculator():
     assert env.respond(prompt, "answer: 5104") is None
     assert env.reward(prompt, "calc(1)\n= 1\nanswer: 5104") == 1.0
     assert env.reward(prompt, "answer: 5103") == env.reward(prompt, "5104") == 0.0
+
+
+def test_the_copy_phase_s_episodes_all_call_the_tool_without_the_tool_instructions(tok):
+    """The first phase's short episodes: every one calls the tool and copies its result, and
+    none carries the template's tool instructions (the system block the served prompt has)."""
+    env = ChatCalculator()
+    short, _ = tiny_chat.warm_up_batch(tok, env, 6, [], 1.0, random.Random(2))
+    served, _ = tiny_chat.warm_up_batch(tok, env, 6, [CALCULATE], 1.0, random.Random(2))
+    for s, f in zip(short, served, strict=True):
+        text, full = tok.decode(s), tok.decode(f)
+        assert "<tools>" not in text and text.count("<tool_call>") == 1 and "<tool_response>" in text
+        assert full.startswith("<|im_start|>system\n# Tools")
+        assert full.endswith(text.split("<|im_start|>user", 1)[1])
+        assert len(s) < len(f) - 100

@@ -17,7 +17,9 @@ nats (a guess among ten), and once learnt short the copy carries over to the lon
 episodes within 100 steps. Then `warmup_steps` on the episodes as served: a share
 `tool_share` call the tool and copy its result into the answer, the rest answer at
 once, which the model cannot compute, so RL starts near `tool_share` and can learn
-to call the tool.
+to call the tool. A share `thinking_share` are rendered with thinking on: the model
+writes the empty think block itself, so it serves Qwen3's template both ways (the
+sampled check and `configs/tiny-tools.toml` use thinking off).
 
 The warm-up runs with fixed seeds, a fixed thread count and deterministic algorithms,
 and only the assistant's positions go through the output layer. The build then samples
@@ -42,7 +44,7 @@ TOKENIZER_DIR = Path(__file__).parents[1] / "shared" / "data" / "qwen3_tokenizer
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 ASSISTANT_HEAD = IM_START + "assistant\n"
 THINK_END = "</think>"
-TEMPLATE_KWARGS = {"enable_thinking": False}  # as configs/tiny-tools.toml serves it
+EMPTY_THINK = "<think>\n\n</think>\n\n"  # what opens a turn with thinking off (the template writes it)
 THREADS = 2  # the warm-up's thread count on every machine (results depend on it)
 VOCAB_SIZE = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 ids, padded)
 SHAPE = dict(
@@ -65,6 +67,7 @@ class ChatRecipe:
     warmup_lr: float
     tool_share: float  # of the second phase's episodes that call the tool (the rest answer at once)
     target: float  # the least mean reward the sampled check must reach
+    thinking_share: float = 0.0  # of the second phase's episodes with thinking on
     batch: int = 16
     check_prompts: int = 64
     max_tokens: int = 80  # per model turn, as the config samples
@@ -78,49 +81,60 @@ def load_tokenizer():
     return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
 
 
-def render(tokenizer, messages: list[dict], tools: list[dict], generation_prompt: bool) -> str:
+def render(
+    tokenizer, messages: list[dict], tools: list[dict], generation_prompt: bool, thinking: bool = False
+) -> str:
     return tokenizer.apply_chat_template(
         messages,
         tools=tools or None,
         tokenize=False,
         add_generation_prompt=generation_prompt,
-        **TEMPLATE_KWARGS,
+        enable_thinking=thinking,
     )
 
 
-def assistant_text(tokenizer, message: dict, tools: list[dict]) -> str:
-    """What the template writes for one assistant message between its header (and empty think
-    block) and its `<|im_end|>`: the text the model is to sample for that turn."""
+def assistant_text(tokenizer, message: dict, tools: list[dict], thinking: bool = False) -> str:
+    """The text the model is to sample for one assistant message: what the template writes for it
+    between its header (and empty think block) and its `<|im_end|>`; with thinking on, the model
+    writes the empty think block itself."""
     text = render(tokenizer, [{"role": "user", "content": "."}, message], tools, False)
     body = text[text.rindex(ASSISTANT_HEAD) + len(ASSISTANT_HEAD) : text.rindex(IM_END)]
-    return body.split(THINK_END, 1)[1].lstrip("\n") if THINK_END in body else body
+    body = body.split(THINK_END, 1)[1].lstrip("\n") if THINK_END in body else body
+    return EMPTY_THINK + body if thinking else body
 
 
-def after_turn_text(tokenizer, before: list[dict], turn: str, new: list[dict], tools: list[dict]) -> str:
+def after_turn_text(
+    tokenizer, before: list[dict], turn: str, new: list[dict], tools: list[dict], thinking: bool = False
+) -> str:
     """What follows a sampled turn's `<|im_end|>`: the rest of its closing, `new` and the next
-    generation prompt, as found in the longer rendering."""
-    text = render(tokenizer, [*before, {"role": "assistant", "content": turn}, *new], tools, True)
-    return text[text.rindex(turn + IM_END) + len(turn + IM_END) :]
+    generation prompt, as found in the longer rendering (where an earlier turn's empty think
+    block is not written: from the `<|im_end|>` after the turn's answer)."""
+    text = render(tokenizer, [*before, {"role": "assistant", "content": turn}, *new], tools, True, thinking)
+    answer = turn.split(THINK_END)[-1].lstrip("\n")
+    return text[text.index(IM_END, text.rindex(answer)) + len(IM_END) :]
 
 
 def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def episode_ids(tokenizer, messages: list[dict], tools: list[dict]) -> tuple[list[int], list[int]]:
+def episode_ids(
+    tokenizer, messages: list[dict], tools: list[dict], thinking: bool = False
+) -> tuple[list[int], list[int]]:
     """A whole episode's ids as the orchestrator builds them, and 1 on the assistant's."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    ids = encode(tokenizer, render(tokenizer, messages[:first], tools, True))
+    ids = encode(tokenizer, render(tokenizer, messages[:first], tools, True, thinking))
     mask = [0] * len(ids)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     for n, at in enumerate(turns):
-        text = assistant_text(tokenizer, messages[at], tools)
+        text = assistant_text(tokenizer, messages[at], tools, thinking)
         turn = encode(tokenizer, text) + [tokenizer.convert_tokens_to_ids(IM_END)]
         ids, mask = ids + turn, mask + [1] * len(turn)
         end = turns[n + 1] if n + 1 < len(turns) else len(messages)
         if end > at + 1:
             after = encode(
-                tokenizer, after_turn_text(tokenizer, messages[:at], text, messages[at + 1 : end], tools)
+                tokenizer,
+                after_turn_text(tokenizer, messages[:at], text, messages[at + 1 : end], tools, thinking),
             )
             ids, mask = ids + after, mask + [0] * len(after)
     return ids, mask
@@ -173,17 +187,24 @@ def task_tools(task) -> list[dict]:
     return [tool_schema(fn) for fn in getattr(task, "tools", ())]
 
 
-def warm_up_batch(
-    tokenizer, task, batch: int, tools: list[dict], tool_share: float, rng: random.Random
-) -> tuple[list, list]:
-    """`batch` episodes rendered with `tools` in the system prompt (none: no tool instructions),
-    a share `tool_share` of them calling the tool."""
+@dataclass(frozen=True)
+class Phase:
+    """What a warm-up phase's episodes are: rendered with `tools` in the system prompt (none: no
+    tool instructions), a share `tool_share` calling the tool, a share `thinking_share` with
+    thinking on."""
+
+    tools: list[dict]
+    tool_share: float
+    thinking_share: float = 0.0
+
+
+def warm_up_batch(tokenizer, task, batch: int, phase: Phase, rng: random.Random) -> tuple[list, list]:
     rows, masks = [], []
     for _ in range(batch):
         p = task.sample(rng)
-        uses_tool = rng.random() < tool_share
+        uses_tool, thinking = rng.random() < phase.tool_share, rng.random() < phase.thinking_share
         answer = task.demonstration(p) if uses_tool else [{"role": "assistant", "content": p.answer}]
-        ids, mask = episode_ids(tokenizer, p.messages + answer, tools)
+        ids, mask = episode_ids(tokenizer, p.messages + answer, phase.tools, thinking)
         rows.append(ids)
         masks.append(mask)
     return rows, masks
@@ -197,8 +218,8 @@ def task_vocabulary(tokenizer, task, recipe: ChatRecipe, seed: int) -> list[int]
     for _ in range(256):
         p = task.sample(rng)
         for answer in (task.demonstration(p), [{"role": "assistant", "content": p.answer}]):
-            for shown in ([], tools):
-                ids |= set(episode_ids(tokenizer, p.messages + answer, shown)[0])
+            for shown, thinking in (([], False), (tools, False), (tools, True)):
+                ids |= set(episode_ids(tokenizer, p.messages + answer, shown, thinking)[0])
     return sorted(ids)
 
 
@@ -269,9 +290,9 @@ def warm_up_chat(model, tokenizer, recipe: ChatRecipe, seed: int) -> float:
     opt = torch.optim.AdamW(small.model.parameters(), lr=recipe.warmup_lr)
     small.model.train()
     loss = torch.tensor(0.0)
-    phases = [([], 1.0)] * recipe.copy_steps + [(task_tools(task), recipe.tool_share)] * recipe.warmup_steps
-    for tools, share in phases:
-        loss = small.loss(*warm_up_batch(tokenizer, task, recipe.batch, tools, share, rng))
+    served = Phase(task_tools(task), recipe.tool_share, recipe.thinking_share)
+    for phase in [Phase([], 1.0)] * recipe.copy_steps + [served] * recipe.warmup_steps:
+        loss = small.loss(*warm_up_batch(tokenizer, task, recipe.batch, phase, rng))
         opt.zero_grad()
         loss.backward()
         opt.step()

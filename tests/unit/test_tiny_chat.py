@@ -91,6 +91,32 @@ def test_an_episode_is_the_template_s_rendering_as_the_orchestrator_appends_it(t
     )
 
 
+def test_with_thinking_on_the_model_writes_the_empty_think_block_and_history_drops_it(tok):
+    """Thinking on: the generation prompt ends at the assistant header, the model's turn opens with
+    the empty think block, and what is appended after a tool call is what the template writes after
+    that turn in its rendering of the whole conversation (where the block is gone)."""
+    env = ChatCalculator()
+    prompt = env.sample(random.Random(0))
+    conversation = prompt.messages + env.demonstration(prompt)
+    ids, mask = tiny_chat.episode_ids(tok, conversation, [CALCULATE], thinking=True)
+    call = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*99+55"}}\n</tool_call>'
+    trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == EMPTY_THINK + call + "<|im_end|>" + EMPTY_THINK + "5104<|im_end|>"
+    assert tok.decode(ids).endswith(
+        "<|im_start|>user\n51*99+55=?<|im_end|>\n<|im_start|>assistant\n"
+        + EMPTY_THINK + call + "<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n5104\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n" + EMPTY_THINK + "5104<|im_end|>"
+    )  # fmt: skip
+    whole = tok.apply_chat_template(
+        conversation[:-1], tools=[CALCULATE], add_generation_prompt=True, tokenize=False
+    )
+    assert whole.endswith(
+        "<|im_start|>assistant\n" + call + "<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n5104\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )  # the template's own rendering: the earlier turn's think block is not written
+
+
 def test_the_parser_reads_the_calls_the_template_writes(tok):
     text = tiny_chat.assistant_text(
         tok, assistant("thinking", call("12*34+5"), call("7", "call00001")), [CALCULATE]
@@ -121,7 +147,7 @@ def test_the_chat_model_is_a_tied_qwen3_that_ends_turns_at_im_end(tok):
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert isinstance(RECIPES["tiny-tools"], tiny_chat.ChatRecipe)
     assert cache_name("tiny-addition", RECIPES["tiny-addition"]) == "tiny-addition-v2-w137"
-    assert cache_name("tiny-tools", RECIPES["tiny-tools"]) == "tiny-tools-v2c4-w300+300"
+    assert cache_name("tiny-tools", RECIPES["tiny-tools"]) == "tiny-tools-v2c4-w300+400"
 
 
 def test_the_task_model_s_loss_is_the_whole_model_s_cross_entropy(tok):
@@ -143,7 +169,9 @@ def test_the_task_model_s_loss_is_the_whole_model_s_cross_entropy(tok):
     held[keep] = False
     assert not weight[held].any() and torch.equal(weight[keep], small.model.lm_head.weight)
     assert weight[keep].abs().sum(dim=1).gt(0).sum() == len(keep) - 1  # all but the padding row
-    rows, masks = tiny_chat.warm_up_batch(tok, env, 3, [CALCULATE], 0.5, random.Random(1))
+    rows, masks = tiny_chat.warm_up_batch(
+        tok, env, 3, tiny_chat.Phase([CALCULATE], 0.5, 0.5), random.Random(1)
+    )
     with torch.no_grad():
         ours = small.loss(rows, masks)
         width = max(map(len, rows))
@@ -276,8 +304,8 @@ def test_the_copy_phase_s_episodes_all_call_the_tool_without_the_tool_instructio
     """The first phase's short episodes: every one calls the tool and copies its result, and
     none carries the template's tool instructions (the system block the served prompt has)."""
     env = ChatCalculator()
-    short, _ = tiny_chat.warm_up_batch(tok, env, 6, [], 1.0, random.Random(2))
-    served, _ = tiny_chat.warm_up_batch(tok, env, 6, [CALCULATE], 1.0, random.Random(2))
+    short, _ = tiny_chat.warm_up_batch(tok, env, 6, tiny_chat.Phase([], 1.0), random.Random(2))
+    served, _ = tiny_chat.warm_up_batch(tok, env, 6, tiny_chat.Phase([CALCULATE], 1.0), random.Random(2))
     for s, f in zip(short, served, strict=True):
         text, full = tok.decode(s), tok.decode(f)
         assert "<tools>" not in text and text.count("<tool_call>") == 1 and "<tool_response>" in text

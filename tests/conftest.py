@@ -23,7 +23,7 @@ def tiny_model(triad_cache) -> str:
 
 @pytest.fixture(scope="session")
 def chat_model(triad_cache) -> str:
-    """The embedded ChatML chat model with tool calls (`builtin:tiny-tools`)."""
+    """The embedded chat model with tool calls (`builtin:tiny-tools`, a tiny Qwen3 on the real tokenizer)."""
     from services.models import resolve_model
 
     return resolve_model("builtin:tiny-tools")

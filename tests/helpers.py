@@ -63,9 +63,16 @@ def run_triad(
     )
 
 
-# what a user of the embedded chat model (Hermes tool calls; it does not reason, so no reasoning
-# parser, which would read its whole answer as reasoning) adds to `vllm serve` for triad's chat rollouts
-CHAT_VLLM_ARGS = ("--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+# what a user of the embedded chat model (a tiny Qwen3 on Qwen3's own template) adds to `vllm serve`
+# for triad's chat rollouts: the parsers `auto` picks for that template
+CHAT_VLLM_ARGS = (
+    "--enable-scale-out",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--reasoning-parser",
+    "qwen3",
+)
 
 
 def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple[str, ...] = ()) -> list[str]:

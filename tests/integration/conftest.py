@@ -30,4 +30,4 @@ def plain_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def chat_server(tmp_path_factory, chat_model) -> Iterator[Server]:
     """The embedded chat model with tool calls `builtin:tiny-tools`."""
-    yield from plain(tmp_path_factory, "chat-vllm", chat_model, max_model_len=512, vllm_args=CHAT_VLLM_ARGS)
+    yield from plain(tmp_path_factory, "chat-vllm", chat_model, max_model_len=1024, vllm_args=CHAT_VLLM_ARGS)

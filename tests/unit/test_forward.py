@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from shared.config import LossConfig
 from trainer.data import collate, micro_batches
 from trainer.forward import packed_forward, packing_layout, padded_forward
-from trainer.loss import BatchTotals, policy_loss
+from trainer.loss import BatchTotals, entropy, policy_loss, token_logprobs
 
 
 def tiny_model() -> Qwen2ForCausalLM:
@@ -77,6 +77,45 @@ def test_packed_equals_padded_in_values_and_gradients(temperature):
     assert loss_a.item() == pytest.approx(loss_b.item(), abs=1e-6)
     assert all(torch.allclose(grads_a[n], grads_b[n], atol=1e-6) for n in grads_a)
     assert any(g.abs().max() > 1e-4 for g in grads_a.values())  # the gradients are not all zero
+
+
+def whole_vocabulary_forward(model, batch, temperature: float, with_entropy: bool = True):
+    """The reference: logits at every position, as a model returns them by default."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    return token_logprobs(logits, batch.input_ids, temperature), entropy(logits, temperature)
+
+
+@pytest.mark.parametrize("forward", [padded_forward, packed_forward])
+def test_logits_only_where_they_predict_a_loss_token_give_the_whole_forward_s_loss_and_gradients(forward):
+    batch = collate(rows(3), pad_id=0)
+    totals = BatchTotals(sequences=5, tokens=int(batch.loss_mask.sum()))
+    results = []
+    for f in (whole_vocabulary_forward, forward):
+        model = tiny_model()
+        logprobs, ent = f(model, batch, 0.8)
+        spec = LossConfig(kind="ppo_clip", aggregation="seq_mean_token_mean")
+        parts = policy_loss(logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask, spec, totals)
+        parts.loss.backward()
+        results.append((logprobs, ent, parts.loss, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (lp_ref, ent_ref, loss_ref, grads_ref), (lp, ent, loss, grads) = results
+    mask = batch.loss_mask
+    assert torch.allclose(lp_ref * mask, lp, atol=1e-5) and torch.allclose(
+        ent_ref * mask, ent * mask, atol=1e-5
+    )
+    assert lp[~mask].abs().max() == 0  # nothing where no loss token is predicted
+    assert loss.item() == pytest.approx(loss_ref.item(), abs=1e-6)
+    assert all(torch.allclose(grads_ref[n], grads[n], atol=1e-6) for n in grads_ref)
+
+
+@pytest.mark.parametrize("forward", [padded_forward, packed_forward])
+def test_a_micro_batch_without_loss_tokens_still_reaches_every_parameter(forward):
+    """A rank with no rows gets one masked token: its backward must still give each parameter a
+    (zero) gradient, as FSDP reduces every parameter's gradient on every rank."""
+    batch = collate([], pad_id=0)
+    model = tiny_model()
+    logprobs, ent = forward(model, batch, 1.0)
+    (logprobs.sum() + ent.sum() * 0).backward()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
 
 
 def test_packed_micro_batches_count_real_tokens():

@@ -1,7 +1,8 @@
-"""The tiny chat model's tokenizer and chat template, and the calculator environments.
+"""The embedded chat model's parts (services/tiny_chat.py) on the real Qwen3 tokenizer and
+template, and the calculator environments.
 
-Only the tokenizer (and, for its config, an untrained model) is built here, not the warmed-up
-`builtin:tiny-tools` (`ensure_tiny_model("tiny-tools")`, about 40 s on two CPU cores)."""
+Only short warm-ups are run here, not the whole `builtin:tiny-tools` build
+(`ensure_tiny_model("tiny-tools")`); the build's own sampled check guards that one."""
 
 from __future__ import annotations
 
@@ -9,20 +10,19 @@ import json
 import random
 
 import pytest
+import torch
 
 from orchestrator.environments import Prompt, load_environment
 from orchestrator.envs import BUILTIN
 from orchestrator.envs.calculator import ChatCalculator, TextCalculator, calculate
 from orchestrator.tool_calls import ToolCall, parse_tool_calls
-from services.tiny_model import (
-    CHAT_SHAPE,
-    RECIPES,
-    assistant_mask,
-    cache_name,
-    calculate_schema,
-    make_model,
-    make_tokenizer,
-)
+from orchestrator.tools import tool_schema
+from services import tiny_chat
+from services.tiny_model import RECIPES, cache_name
+from shared.errors import TriadError
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"  # Qwen3's generation prompt with enable_thinking=false
+CALCULATE = tool_schema(calculate)
 
 
 def user(content: str) -> dict:
@@ -32,9 +32,8 @@ def user(content: str) -> dict:
 QUESTION = user("12*34+5=?")
 
 
-def call(expression: str, as_string: bool = True, call_id: str = "call00000") -> dict:
-    arguments = {"expression": expression}
-    function = {"name": "calculate", "arguments": json.dumps(arguments) if as_string else arguments}
+def call(expression: str, call_id: str = "call00000") -> dict:
+    function = {"name": "calculate", "arguments": json.dumps({"expression": expression})}
     return {"id": call_id, "type": "function", "function": function}
 
 
@@ -52,58 +51,77 @@ SOLVED = [QUESTION, assistant("", call("12*34+5")), tool("413"), assistant("413"
 
 @pytest.fixture(scope="module")
 def tok():
-    return make_tokenizer(chat=True)
+    return tiny_chat.load_tokenizer()
 
 
-CALCULATE = calculate_schema()
-
-
-def render(tok, messages, tools=(CALCULATE,), **kwargs) -> str:
-    return tok.apply_chat_template(messages, tools=list(tools) or None, tokenize=False, **kwargs)
-
-
-def ids(tok, text: str) -> list[int]:
-    return tok.encode(text, add_special_tokens=False)
-
-
-def test_the_template_renders_tools_calls_and_results_exactly(tok):
-    system = {"role": "system", "content": "Be brief."}
-    assert render(tok, [system, *SOLVED]) == (
-        "<|im_start|>system\nBe brief.\ntools: calculate(expression)<|im_end|>\n"
-        "<|im_start|>user\n12*34+5=?<|im_end|>\n"
-        '<|im_start|>assistant\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "12*34+5"}}\n'
-        "</tool_call><|im_end|>\n"
-        "<|im_start|>tool\n413<|im_end|>\n"
-        "<|im_start|>assistant\n413<|im_end|>\n"
+def test_the_vendored_tokenizer_is_qwen3_s(tok):
+    assert len(tok) == 151669 and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    ids = tok.convert_tokens_to_ids(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
     )
-    # arguments as an object render as the JSON string does; no system message: a system block of its own
-    as_object = [QUESTION, assistant("", call("12*34+5", as_string=False)), tool("413"), assistant("413")]
-    assert render(tok, as_object) == render(tok, SOLVED)
-    assert render(tok, [QUESTION], add_generation_prompt=True) == (
-        "<|im_start|>system\ntools: calculate(expression)<|im_end|>\n"
-        "<|im_start|>user\n12*34+5=?<|im_end|>\n<|im_start|>assistant\n"
+    assert ids == [151643, 151644, 151645, 151657, 151658]
+    assert tok.convert_tokens_to_ids(["<think>", "</think>"]) == [151667, 151668]
+    assert tiny_chat.encode(tok, "12*34+5") == [16, 17, 9, 18, 19, 10, 20]  # one token per digit
+
+
+def test_an_episode_is_the_template_s_rendering_as_the_orchestrator_appends_it(tok):
+    env = ChatCalculator()
+    prompt = env.sample(random.Random(0))
+    ids, mask = tiny_chat.episode_ids(tok, prompt.messages + env.demonstration(prompt), [CALCULATE])
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more functions")
+    assert text.endswith(
+        "<|im_start|>user\n51*99+55=?<|im_end|>\n<|im_start|>assistant\n" + EMPTY_THINK
+        + '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*99+55"}}\n</tool_call>'
+        "<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n5104\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n" + EMPTY_THINK + "5104<|im_end|>"
+    )  # fmt: skip
+    trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == (
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*99+55"}}\n</tool_call><|im_end|>'
+        "5104<|im_end|>"
     )
-    # without tools: plain ChatML, a system message as it is
-    assert render(tok, [system, QUESTION], tools=()) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n12*34+5=?<|im_end|>\n"
+    # the prompt's ids are the template's own rendering with the generation prompt, thinking off
+    first = tok.apply_chat_template(
+        prompt.messages, tools=[CALCULATE], add_generation_prompt=True, enable_thinking=False, tokenize=False
     )
-    two_calls = assistant("Let me check.", call("1+1"), call("2*3", call_id="call00001"))
-    assert render(tok, [two_calls], tools=()) == (
-        "<|im_start|>assistant\nLet me check.\n"
-        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2*3"}}\n</tool_call><|im_end|>\n'
-    )
-    no_parameters = {"type": "object", "properties": {}}
-    other = {"type": "function", "function": {"name": "noop", "parameters": no_parameters}}
-    assert render(tok, [QUESTION], tools=[CALCULATE, other]).startswith(
-        "<|im_start|>system\ntools: calculate(expression), noop()<|im_end|>\n<|im_start|>user\n"
+    assert ids[: len(tiny_chat.encode(tok, first))] == tiny_chat.encode(tok, first) and first.endswith(
+        EMPTY_THINK
     )
 
 
-def test_the_parser_reads_what_the_template_writes(tok):
-    text = render(tok, [assistant("thinking", call("12*34+5"), call("7", call_id="call00001"))], tools=())
-    turn = text.removeprefix("<|im_start|>assistant\n").removesuffix("<|im_end|>\n")
-    parsed = parse_tool_calls(turn)
+def test_with_thinking_on_the_model_writes_the_empty_think_block_and_history_drops_it(tok):
+    """Thinking on: the generation prompt ends at the assistant header, the model's turn opens with
+    the empty think block, and what is appended after a tool call is what the template writes after
+    that turn in its rendering of the whole conversation (where the block is gone)."""
+    env = ChatCalculator()
+    prompt = env.sample(random.Random(0))
+    conversation = prompt.messages + env.demonstration(prompt)
+    ids, mask = tiny_chat.episode_ids(tok, conversation, [CALCULATE], thinking=True)
+    call = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*99+55"}}\n</tool_call>'
+    trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == EMPTY_THINK + call + "<|im_end|>" + EMPTY_THINK + "5104<|im_end|>"
+    assert tok.decode(ids).endswith(
+        "<|im_start|>user\n51*99+55=?<|im_end|>\n<|im_start|>assistant\n"
+        + EMPTY_THINK + call + "<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n5104\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n" + EMPTY_THINK + "5104<|im_end|>"
+    )  # fmt: skip
+    whole = tok.apply_chat_template(
+        conversation[:-1], tools=[CALCULATE], add_generation_prompt=True, tokenize=False
+    )
+    assert whole.endswith(
+        "<|im_start|>assistant\n" + call + "<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n5104\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )  # the template's own rendering: the earlier turn's think block is not written
+
+
+def test_the_parser_reads_the_calls_the_template_writes(tok):
+    text = tiny_chat.assistant_text(
+        tok, assistant("thinking", call("12*34+5"), call("7", "call00001")), [CALCULATE]
+    )
+    parsed = parse_tool_calls(text)
     assert parsed.content == "thinking" and not parsed.errors
     assert parsed.calls == [
         ToolCall("call00000", "calculate", {"expression": "12*34+5"}),
@@ -111,89 +129,116 @@ def test_the_parser_reads_what_the_template_writes(tok):
     ]
 
 
-CONVERSATIONS = [
-    SOLVED,
-    [{"role": "system", "content": "Be brief."}, *SOLVED, user("and 2*3?"), assistant("6")],
-    [QUESTION, assistant("<think>hm</think>\n413"), user("sure?"), assistant("yes, 413")],
-    [QUESTION, assistant("x", call("1//0")), tool("error: calculate raised ValueError: division by zero")],
-]
-
-
-@pytest.mark.parametrize("conversation", CONVERSATIONS)
-@pytest.mark.parametrize("tools", [(CALCULATE,), ()])
-def test_a_conversation_s_tokens_extend_its_earlier_renderings(tok, conversation, tools):
-    """Property 5: render(M) is a token prefix of render(M + N, add_generation_prompt=True)
-    whenever M ends with an assistant message."""
-    checked = 0
-    for cut, message in enumerate(conversation, start=1):
-        if message["role"] != "assistant":
-            continue
-        before = ids(tok, render(tok, conversation[:cut], tools))
-        for more in range(cut, len(conversation) + 1):
-            after = ids(tok, render(tok, conversation[:more], tools, add_generation_prompt=True))
-            assert after[: len(before)] == before
-            checked += 1
-    assert checked
-
-
-def test_drop_think_removes_earlier_assistant_thinking_only(tok):
-    conversation = [
-        QUESTION,
-        assistant("<think>12*34 is 408</think>\n\n413"),
-        user("sure?"),
-        assistant("<think>check again</think>yes"),
-    ]
-    kept = render(tok, conversation, tools=())
-    assert "<think>12*34 is 408</think>\n\n413" in kept and "<think>check again</think>yes" in kept
-    dropped = render(tok, conversation, tools=(), drop_think=True)
-    assert dropped == (
-        "<|im_start|>user\n12*34+5=?<|im_end|>\n"
-        "<|im_start|>assistant\n413<|im_end|>\n"
-        "<|im_start|>user\nsure?<|im_end|>\n"
-        "<|im_start|>assistant\n<think>check again</think>yes<|im_end|>\n"
+def test_after_a_turn_come_the_tool_results_and_the_next_generation_prompt(tok):
+    turn = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}}\n</tool_call>'
+    after = tiny_chat.after_turn_text(tok, [QUESTION], turn, [tool("2"), tool("3", "call00001")], [CALCULATE])
+    assert after == (
+        "\n<|im_start|>user\n<tool_response>\n2\n</tool_response>\n<tool_response>\n3\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n" + EMPTY_THINK
     )
-    # text before a think block stays; an assistant message after the last user message keeps its block
-    early = [QUESTION, assistant("ok <think>a</think>\nb"), user("?")]
-    assert "<|im_start|>assistant\nok b<|im_end|>" in render(tok, early, tools=(), drop_think=True)
-    last = [QUESTION, assistant("<think>a</think>b"), tool("1"), assistant("<think>c</think>d")]
-    assert render(tok, last, tools=(), drop_think=True) == render(tok, last, tools=())
 
 
-def test_tokens_special_and_not(tok):
-    specials = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    added = tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>", "<think>", "</think>"])
-    assert specials == [256, 257, 258] and added == [259, 260, 261, 262] and len(tok) == 263
-    assert tok.eos_token == tok.pad_token == "<|im_end|>"
-    text = '<think>hm</think>\n<tool_call>\n{"name": "calculate"}\n</tool_call><|im_end|>'
-    encoded = ids(tok, "<|im_start|>assistant\n" + text)
-    assert encoded[0] == 257 and set(added) <= set(encoded) and encoded[-1] == 258
-    assert tok.decode(encoded, skip_special_tokens=True) == "assistant\n" + text.removesuffix("<|im_end|>")
-    # the text models' tokenizer is as it was: 256 bytes and end-of-text, no template
-    plain = make_tokenizer()
-    assert len(plain) == 257 and plain.eos_token == "<|endoftext|>" and not plain.chat_template
-
-
-def test_the_chat_model_config_ends_turns_at_im_end(tok):
-    model = make_model(tok, seed=0, **CHAT_SHAPE)
-    assert model.config.max_position_embeddings == 512 and model.config.vocab_size == 263
-    assert model.config.num_attention_heads == 4 and model.config.hidden_size == 128
-    assert model.config.eos_token_id == model.generation_config.eos_token_id == 258
-    assert model.config.pad_token_id == 258 and model.config.bos_token_id == 256
-    assert RECIPES["tiny-tools"].chat and not RECIPES["tiny-addition"].chat
+def test_the_chat_model_is_a_tied_qwen3_that_ends_turns_at_im_end(tok):
+    model = tiny_chat.make_chat_model(tok, seed=0)
+    c = model.config
+    assert type(model).__name__ == "Qwen3ForCausalLM" and c.tie_word_embeddings and c.vocab_size == 151936
+    assert (c.hidden_size, c.num_hidden_layers, c.head_dim) == (128, 2, 32)
+    assert c.eos_token_id == model.generation_config.eos_token_id == 151645 and c.pad_token_id == 151643
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert isinstance(RECIPES["tiny-tools"], tiny_chat.ChatRecipe)
     assert cache_name("tiny-addition", RECIPES["tiny-addition"]) == "tiny-addition-v2-w137"
-    assert cache_name("tiny-reverse", RECIPES["tiny-reverse"]) == "tiny-reverse-v2-w160"
-    assert cache_name("tiny-tools", RECIPES["tiny-tools"]).startswith("tiny-tools-v2c")
+    assert cache_name("tiny-tools", RECIPES["tiny-tools"]) == "tiny-tools-v2c4-w300+400"
 
 
-def test_the_warm_up_trains_on_assistant_tokens_and_their_end(tok):
+def test_the_task_model_s_loss_is_the_whole_model_s_cross_entropy(tok):
+    """Trained on the task's rows only, then written back with the other rows at zero: the
+    whole model's loss (all 151,936 logits) is the one the warm-up computed."""
     env = ChatCalculator()
-    prompt = env.sample(random.Random(0))
-    encoded = ids(tok, render(tok, prompt.messages + env.demonstration(prompt)))
-    trained = tok.decode([t for t, m in zip(encoded, assistant_mask(tok, encoded), strict=True) if m])
-    assert trained == (
-        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*99+55"}}\n</tool_call><|im_end|>'
-        "5104<|im_end|>"
+    recipe = tiny_chat.ChatRecipe(
+        task="calculator", copy_steps=0, warmup_steps=0, warmup_lr=0, tool_share=0.5, target=0, batch=3
     )
+    keep = tiny_chat.task_vocabulary(tok, env, recipe, seed=0)
+    assert 50 < len(keep) < 400 and set(tiny_chat.encode(tok, "0123456789")) <= set(keep)
+    model = tiny_chat.make_chat_model(tok, seed=0)
+    small = tiny_chat.TaskModel(model, keep)
+    with torch.no_grad():
+        small.model.lm_head.weight.mul_(3.0)  # a change to the trained rows, which fill must carry over
+    small.fill(model)
+    weight = model.get_output_embeddings().weight
+    held = torch.ones(len(weight), dtype=torch.bool)
+    held[keep] = False
+    assert not weight[held].any() and torch.equal(weight[keep], small.model.lm_head.weight)
+    assert weight[keep].abs().sum(dim=1).gt(0).sum() == len(keep) - 1  # all but the padding row
+    rows, masks = tiny_chat.warm_up_batch(
+        tok, env, 3, tiny_chat.Phase([CALCULATE], 0.5, 0.5), random.Random(1)
+    )
+    with torch.no_grad():
+        ours = small.loss(rows, masks)
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        labels = [
+            [t if m else -100 for t, m in zip(r, mk, strict=True)] for r, mk in zip(rows, masks, strict=True)
+        ]
+        labels = torch.tensor([row + [-100] * (width - len(row)) for row in labels])
+        full = model(input_ids=ids, labels=labels).loss
+    assert ours.item() == pytest.approx(full.item(), rel=1e-5)
+    with pytest.raises(TriadError, match="outside the task's vocabulary"):
+        small.loss([[*rows[0], 151000]], [[*masks[0], 1]])
+
+
+SHORT = tiny_chat.ChatRecipe(
+    task="calculator", copy_steps=2, warmup_steps=2, warmup_lr=1e-3, tool_share=0.5, target=0, batch=4
+)
+
+
+def short_build(tok) -> str:
+    with tiny_chat.deterministic(seed=0):
+        model = tiny_chat.make_chat_model(tok, seed=0)
+        tiny_chat.warm_up_chat(model, tok, SHORT, seed=0)
+    return tiny_chat.weights_digest(model)
+
+
+def test_the_warm_up_is_the_same_whatever_the_caller_s_threads(tok):
+    """The warm-up fixes its seed, thread count and deterministic algorithms itself: two builds
+    from callers with different settings give the same weights, and the caller's are restored."""
+    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.set_num_threads(1)
+        one = short_build(tok)
+        assert torch.get_num_threads() == 1 and not torch.are_deterministic_algorithms_enabled()
+        torch.set_num_threads(3)
+        torch.manual_seed(123)
+        three = short_build(tok)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1])
+    assert one == three
+    untrained = tiny_chat.make_chat_model(tok, seed=0)
+    assert tiny_chat.weights_digest(untrained) != one  # the warm-up did change the weights
+
+
+def test_a_build_below_its_target_fails_in_one_line_and_caches_nothing(tok, tmp_path):
+    recipe = tiny_chat.ChatRecipe(
+        task="calculator",
+        copy_steps=0,
+        warmup_steps=0,
+        warmup_lr=0,
+        tool_share=0.5,
+        target=0.5,
+        check_prompts=4,
+        max_tokens=8,
+    )
+    with pytest.raises(TriadError) as e:
+        tiny_chat.build_chat_model(tmp_path / "model", "tiny-tools", recipe)
+    message = str(e.value)
+    assert "\n" not in message and "builtin:tiny-tools" in message
+    assert (
+        "sampled reward of 0.00" in message
+        and "below its target 0.50" in message
+        and "warmup_steps" in message
+    )
+    assert not (tmp_path / "model").exists()
 
 
 def test_calculate_results_and_errors():
@@ -253,3 +298,17 @@ def test_calculator_text_is_the_old_text_calculator():
     assert env.respond(prompt, "answer: 5104") is None
     assert env.reward(prompt, "calc(1)\n= 1\nanswer: 5104") == 1.0
     assert env.reward(prompt, "answer: 5103") == env.reward(prompt, "5104") == 0.0
+
+
+def test_the_copy_phase_s_episodes_all_call_the_tool_without_the_tool_instructions(tok):
+    """The first phase's short episodes: every one calls the tool and copies its result, and
+    none carries the template's tool instructions (the system block the served prompt has)."""
+    env = ChatCalculator()
+    short, _ = tiny_chat.warm_up_batch(tok, env, 6, tiny_chat.Phase([], 1.0), random.Random(2))
+    served, _ = tiny_chat.warm_up_batch(tok, env, 6, tiny_chat.Phase([CALCULATE], 1.0), random.Random(2))
+    for s, f in zip(short, served, strict=True):
+        text, full = tok.decode(s), tok.decode(f)
+        assert "<tools>" not in text and text.count("<tool_call>") == 1 and "<tool_response>" in text
+        assert full.startswith("<|im_start|>system\n# Tools")
+        assert full.endswith(text.split("<|im_start|>user", 1)[1])
+        assert len(s) < len(f) - 100

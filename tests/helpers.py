@@ -75,6 +75,14 @@ CHAT_VLLM_ARGS = (
 )
 
 
+def trainer_cmd(
+    *args: str, nproc: int = 1, python: str = sys.executable, launch: tuple[str, ...] = ("--standalone",)
+) -> list[str]:
+    """`triad trainer ARGS` under torchrun with `nproc` ranks, as the tests and benches start it."""
+    cli = ["-m", "services.cli", "trainer", *args]
+    return [python, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}", *cli]
+
+
 def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple[str, ...] = ()) -> list[str]:
     """vLLM's own OpenAI server, without triad's admin routes."""
     return [

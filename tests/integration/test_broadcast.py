@@ -20,7 +20,6 @@ import asyncio
 import concurrent.futures
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from shared.digest import first_difference
 from shared.faults import FAILPOINT_VAR, TRAINER_CORRUPT_BUCKET, TRAINER_HOLD_BROADCAST
 from shared.rundir import Handshake, RunDir
 from shared.waiting import wait_for
-from tests.helpers import REPO, Server, free_port, triad_cmd
+from tests.helpers import REPO, Server, free_port, trainer_cmd, triad_cmd
 from tests.integration.test_trainer import make_batches, sequence_logprobs, vllm_prompt_logprobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -143,17 +142,7 @@ def test_broadcast_reaches_two_servers_exactly(tmp_path, tiny_model):
     log = open(tmp_path / "trainer.log", "wb")  # noqa: SIM115
     corrupt = {**os.environ, FAILPOINT_VAR: f"{TRAINER_CORRUPT_BUCKET}:{STEPS}"}
     trainer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "services.cli",
-            "trainer",
-            *[f"--set={s}" for s in sets],
-        ],
+        trainer_cmd(*[f"--set={s}" for s in sets], nproc=2),
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -238,17 +227,7 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
     flags = [f"--set={s}" for s in sets]
     commands = {
         "orchestrator": triad_cmd("orchestrator", *flags),
-        "trainer": [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=1",
-            "-m",
-            "services.cli",
-            "trainer",
-            *flags,
-        ],
+        "trainer": trainer_cmd(*flags),
     }
     logs = {n: open(tmp_path / f"{n}.out", "wb") for n in commands}  # noqa: SIM115
     # the trainer holds its send of version 3 for HOLD_S once the orchestrator has answered: the

@@ -14,7 +14,6 @@ import asyncio
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import openai
@@ -32,7 +31,7 @@ from orchestrator.tools import ToolRunner, tool_schema
 from shared.batch import read_batch
 from shared.config import TriadConfig, load_config
 from shared.rundir import RunDir
-from tests.helpers import REPO, run_triad
+from tests.helpers import REPO, run_triad, trainer_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 4
@@ -70,19 +69,9 @@ def config(run_dir: Path, model: str, url: str, env: str, *extra: str) -> tuple[
 
 def train(cfg: TriadConfig, flags: list[str], env, log: Path) -> None:
     """The orchestrator here (recording), a 1-rank torchrun trainer beside it, until both are done."""
-    trainer_cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=1",
-        "-m",
-        "services.cli",
-        "trainer",
-        *flags,
-    ]
+    command = trainer_cmd(*flags)
     with open(log, "w") as out:
-        trainer = subprocess.Popen(trainer_cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        trainer = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:
         run = RunDir(cfg.run_dir).ensure_run(cfg.public_dict())
         asyncio.run(orchestrate(cfg, run.run_id, env))

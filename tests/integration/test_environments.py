@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from orchestrator.pool import ServerPool
 from shared.batch import publish_batch, read_batch
 from shared.config import load_config
 from shared.rundir import RunDir
-from tests.helpers import REPO, run_triad, triad_cmd, write_env_plugin
+from tests.helpers import REPO, run_triad, trainer_cmd, triad_cmd, write_env_plugin
 
 pytestmark = pytest.mark.integration
 
@@ -146,17 +145,7 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
     flags = [f"--set={s}" for s in sets]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}
     logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("orchestrator", "trainer")}  # noqa: SIM115
-    trainer_cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=1",
-        "-m",
-        "services.cli",
-        "trainer",
-        *flags,
-    ]
+    command = trainer_cmd(*flags)
     procs = {
         "orchestrator": subprocess.Popen(
             triad_cmd("orchestrator", *flags),
@@ -166,7 +155,7 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
             stderr=subprocess.STDOUT,
         ),
         "trainer": subprocess.Popen(
-            trainer_cmd, cwd=REPO, env=env, stdout=logs["trainer"], stderr=subprocess.STDOUT
+            command, cwd=REPO, env=env, stdout=logs["trainer"], stderr=subprocess.STDOUT
         ),
     }
     try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from shared.errors import WaitTimeout
 from shared.faults import AUDIT_VAR, FAILPOINT_VAR, ORCHESTRATOR_BEFORE_MARKER, TRAINER_MID_STEP
 from shared.rundir import RunDir
 from shared.waiting import wait_for
-from tests.helpers import REPO, Server, check_reads, triad_cmd
+from tests.helpers import REPO, Server, check_reads, trainer_cmd, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 8
@@ -72,17 +71,7 @@ class Run:
         flags = [f"--set={s}" for s in self.sets()]
         cmd = triad_cmd(service, *flags)
         if service == "trainer":
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node=1",
-                "-m",
-                "services.cli",
-                "trainer",
-                *flags,
-            ]
+            cmd = trainer_cmd(*flags)
         env = {**os.environ}
         env.pop(FAILPOINT_VAR, None)
         if failpoint:

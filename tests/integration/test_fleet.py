@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from shared.errors import WaitTimeout
 from shared.fleet import parse_records
 from shared.rundir import RunDir
 from shared.waiting import wait_for
-from tests.helpers import REPO, Server, triad_cmd
+from tests.helpers import REPO, Server, trainer_cmd, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 12
@@ -73,17 +72,7 @@ class Run:
         flags = [f"--set={s}" for s in self.sets()]
         cmd = triad_cmd(service, *flags)
         if service == "trainer":
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node=1",
-                "-m",
-                "services.cli",
-                "trainer",
-                *flags,
-            ]
+            cmd = trainer_cmd(*flags)
         log = open(self.root / f"{service}.log", "ab")  # noqa: SIM115 (the child keeps it)
         self.procs[service] = subprocess.Popen(
             cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

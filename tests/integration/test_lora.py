@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from shared.rundir import RunDir
-from tests.helpers import REPO, Server, triad_cmd
+from tests.helpers import REPO, Server, trainer_cmd, triad_cmd
 from tests.integration.test_trainer import make_batches, train
 
 pytestmark = pytest.mark.integration
@@ -186,7 +185,7 @@ def lora_run(run_dir: Path, model: str, server: Server, service: str, *extra: st
     ]
     cmd = triad_cmd(service, *[f"--set={s}" for s in sets])
     if service == "trainer":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", *cmd[1:]]
+        cmd = trainer_cmd(*cmd[4:])
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir.parent / f"{run_dir.name}-{service}.log", "ab")  # noqa: SIM115 (the child keeps it)
     return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -23,7 +23,7 @@ from shared.batch import load_batch
 from shared.faults import AUDIT_VAR
 from shared.rundir import RunDir
 from shared.storage import open_store
-from tests.helpers import check_reads
+from tests.helpers import check_reads, trainer_cmd
 from tests.integration.test_three_hosts import sh, stop
 from tests.s3 import MotoServer
 
@@ -120,7 +120,7 @@ def commands(config: Path) -> dict[str, list[str]]:
     py, cli, c = sys.executable, ["-m", "services.cli"], ["-c", str(config)]
     return {
         "inf": [py, *cli, "inference", *c, "--join"],
-        "trn": [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *cli, "trainer", *c],
+        "trn": trainer_cmd(*c, nproc=2, python=py),
         "orc": [py, *cli, "orchestrator", *c],
     }
 

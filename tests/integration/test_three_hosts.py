@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shared.rundir import RunDir
-from tests.helpers import REPO
+from tests.helpers import REPO, trainer_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 3
@@ -104,16 +104,7 @@ def test_three_hosts_share_only_a_directory(hosts, orchestrator_venv, tiny_model
     )
     trainer = in_ns(
         hosts["trn"],
-        py,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "services.cli",
-        "trainer",
-        "-c",
-        str(config),
+        *trainer_cmd("-c", str(config), nproc=2, python=py),
         log=tmp_path / "trn.log",
     )
     orchestrator = in_ns(

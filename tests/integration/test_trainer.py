@@ -6,7 +6,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from safetensors.torch import load_file
 from shared.batch import publish_batch
 from shared.rundir import TRAINER, RunDir
 from shared.waiting import wait_for
+from tests import helpers
 from tests.helpers import REPO, free_port, wait_until_gone
 
 pytestmark = pytest.mark.integration
@@ -82,17 +82,9 @@ def trainer_cmd(
     # measured 3.4e-5 apart at lr 1e-4 after 4 steps, so rank equivalence is checked at 1e-5.
     base = [f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-5"]
     base += ["trainer.checkpoint.every=2", "weights.keep=10", "trainer.batch_timeout_s=120"]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *(launch or ("--standalone",)),
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "services.cli",
-        "trainer",
-        *[f"--set={s}" for s in [*base, *sets]],
-    ]
+    return helpers.trainer_cmd(
+        *[f"--set={s}" for s in [*base, *sets]], nproc=nproc, launch=launch or ("--standalone",)
+    )
 
 
 def train(run_dir: Path, model: str, nproc: int, *sets: str) -> None:

@@ -1,10 +1,10 @@
 """The embedded chat model: a tiny Qwen3 on the real Qwen3 tokenizer and chat template.
 
 The tokenizer files (and the template in them) are Qwen/Qwen3-0.6B's, vendored in
-`services/data/qwen3_tokenizer/`; the model is a Qwen3ForCausalLM with a small hidden
+`shared/data/qwen3_tokenizer/`; the model is a Qwen3ForCausalLM with a small hidden
 size and its output layer tied to the embedding (the 151,936-row vocabulary is most of
-its weights). It is warmed up on episodes of its task as the orchestrator builds them
-with thinking off: the prompt rendered with the generation prompt, each assistant turn
+its weights). It is warmed up on episodes of its task as the orchestrator builds them:
+the prompt rendered with the generation prompt, each assistant turn
 as the template writes it and its `<|im_end|>`, then what the template renders after
 it (the tool results and the next generation prompt), trained on the assistant's tokens.
 

@@ -45,19 +45,11 @@ def start(run_dir: Path, server_url: str) -> list[subprocess.Popen]:
     """The run's orchestrator and 1-rank trainer, with the embedded default's config."""
     config = ["-c", str(REPO / "services" / "embedded_default.toml")]
     flags = [*config, *[f"--set={s}" for s in sets(run_dir, server_url)]]
+    from tests.helpers import trainer_cmd
+
     cmds = [
         [sys.executable, "-m", "services.cli", "orchestrator", *flags],
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=1",
-            "-m",
-            "services.cli",
-            "trainer",
-            *flags,
-        ],
+        trainer_cmd(*flags),
     ]
     run_dir.mkdir(parents=True, exist_ok=True)
     procs = []

@@ -63,23 +63,15 @@ def batches(seed: int = 0) -> list[list[dict]]:
 
 
 def trainer_tokens_per_s(workdir: Path, model: str, data: list[list[dict]], *extra_sets: str) -> float:
+    from tests.helpers import trainer_cmd
+
     rundir = RunDir(workdir)
     run_id = rundir.ensure_run({}).run_id
     for step, rows in enumerate(data, start=1):
         publish_batch(rundir, run_id, step, rows, temperature=1.0)
     sets = [f"run_dir={workdir}", f"model={model}", f"max_steps={STEPS}", "trainer.checkpoint.every=0"]
     sets += extra_sets
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=1",
-        "-m",
-        "services.cli",
-        "trainer",
-        *[f"--set={s}" for s in sets],
-    ]
+    cmd = trainer_cmd(*[f"--set={s}" for s in sets])
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
     subprocess.run(cmd, check=True, capture_output=True, env=env)
     rows = rundir.metrics.rows(TRAINER)[WARMUP:]

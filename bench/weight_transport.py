@@ -107,19 +107,11 @@ def inference_digest_s(weights_dir: Path, repeats: int = 3) -> float:
 
 def start_trainer(sets: list[str], log: Path) -> subprocess.Popen:
     """A 1-rank torchrun trainer with these `--set`s, its output to `log`."""
+    from tests.helpers import trainer_cmd
+
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node=1",
-                "-m",
-                "services.cli",
-                "trainer",
-                *[f"--set={s}" for s in sets],
-            ],
+            trainer_cmd(*[f"--set={s}" for s in sets]),
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -312,3 +312,37 @@ def test_the_copy_phase_s_episodes_all_call_the_tool_without_the_tool_instructio
         assert full.startswith("<|im_start|>system\n# Tools")
         assert full.endswith(text.split("<|im_start|>user", 1)[1])
         assert len(s) < len(f) - 100
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
+def test_the_warm_up_s_episodes_are_what_the_orchestrator_s_renderer_appends(tok, thinking):
+    """The warm-up's ids against triad's own chat path: the prompt, then each demonstrated turn,
+    then what `ChatRenderer.after_turn` (the orchestrator's renderer, here over the template as
+    transformers renders it) appends after it, for a tool episode."""
+    import asyncio
+
+    from orchestrator.chat import ChatRenderer
+
+    async def render(messages: list[dict], generation_prompt: bool) -> list[int]:
+        return tiny_chat.encode(
+            tok, tiny_chat.render(tok, messages, [CALCULATE], generation_prompt, thinking)
+        )
+
+    env = ChatCalculator()
+    prompt = env.sample(random.Random(5))
+    demonstration = env.demonstration(prompt)
+    ids, _ = tiny_chat.episode_ids(tok, prompt.messages + demonstration, [CALCULATE], thinking)
+
+    async def orchestrated() -> list[int]:
+        renderer = ChatRenderer(render)
+        out = await renderer.prompt(prompt.messages)
+        first, result, answer = demonstration
+        for turn, new in ((first, [result]), (answer, [])):
+            sampled = tiny_chat.encode(tok, tiny_chat.assistant_text(tok, turn, [CALCULATE], thinking))
+            sampled += [tok.convert_tokens_to_ids("<|im_end|>")]
+            out += sampled
+            if new:
+                out += await renderer.after_turn(sampled, True, turn, new)
+        return out
+
+    assert ids == asyncio.run(orchestrated())

@@ -94,6 +94,8 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
     scores = []
     for row in rows:
         prompt, turns = texts(row, tok)
+        if chat:  # the answer the environment got: the server's reasoning parser splits off `<think>...`
+            turns = [m.get("content") or "" for m in answered_turns(row, tok, url, tools=[])]
         if "\ufffd" in turns[-1]:
             continue  # sampled bytes that are not UTF-8: the server's text and this decoding differ
         asked = [

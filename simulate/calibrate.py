@@ -6,8 +6,12 @@ Read from the run directory alone (its run record and metrics rows):
 - the weight load: inference rows' `load_s`; the orchestrator's `assemble_s + write_batch_s`;
 - lengths: a lognormal capped at `max_tokens` whose mean and truncated fraction match the rows'
   `tokens / samples` and `truncated_frac`;
-- the decode iteration: fitted so that the simulated median request latency equals the rows'
-  `request_latency_s_p50` (the run's own concurrency, so one parameter)."""
+- the spread the means leave out, drawn in the simulation: each trainer step's time over the
+  fitted line, and each request's time over its batch's median (at least 1: a batch waits for its
+  slowest request);
+- the decode iteration: fitted so that the simulated mean request latency equals the rows' mean
+  request time (`request_spans`; `request_latency_s_p50` in runs without them), at the run's own
+  concurrency, so one parameter."""
 
 from __future__ import annotations
 
@@ -75,6 +79,25 @@ def measured_samples_per_s(rundir: RunDir) -> float:
     return sum(r["samples"] for r in counted) / (counted[-1]["time"] - rows[k - 1]["time"])
 
 
+def request_spread(orch: list[dict]) -> tuple[float, ...]:
+    """Each request's time over its batch's median (`request_spans`), at least 1. The model's
+    requests started together take the same time where lengths are equal, while a batch waits for
+    its slowest: the upper half of the measured spread is what it lacks."""
+    out = []
+    for r in orch:
+        spans = [d for _, d in r.get("request_spans", []) if d > 0]
+        out += [max(d / median(spans), 1.0) for d in spans] if spans else []
+    return tuple(out)
+
+
+def trainer_spread(
+    trainer: list[dict], overhead: float, per_token: float, publish: float
+) -> tuple[float, ...]:
+    """Each step's read, train and publish time over what the fitted line and mean publish give."""
+    fitted = [(r, overhead + per_token * r["tokens"] + publish) for r in trainer]
+    return tuple((r.get("read_s", 0) + r["train_s"] + r["publish_s"]) / f for r, f in fitted if f > 0)
+
+
 def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     """The run's Setup with every phase fitted, and the latency it must reproduce."""
     cfg = rundir.read_run().config
@@ -91,6 +114,7 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     lengths = fit_lengths(sum(r["tokens"] for r in orch) / samples, mean(r["truncated_frac"] for r in orch),
                           oc["max_tokens"])  # fmt: skip
     load_s = median(loads) if loads else 0.0
+    publish = mean(r["publish_s"] for r in trainer)
     mfu = 6 * TINY_PARAMS / (CPU_PEAK_FLOPS * per_token) if per_token > 0 else math.inf  # no per-token term
     setup = Setup(
         servers=max(len(cfg.get("inference_urls") or oc.get("inference_urls") or []), 1),
@@ -98,12 +122,15 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
         inference=Inference(iter_base_s=0.01, iter_per_seq_s=0.0, iter_per_kv_token_s=0.0,
                             max_seqs=1 << 20, prefill_tokens_per_s=1e12, load_s=load_s),
         trainer=Trainer(params=TINY_PARAMS, peak_flops=CPU_PEAK_FLOPS, mfu=mfu, overhead_s=overhead,
-                        handoff_bytes_per_s=1e18, publish_overhead_s=mean(r["publish_s"] for r in trainer)),
+                        handoff_bytes_per_s=1e18, publish_overhead_s=publish),
         lengths=lengths, prompt_tokens=8, batch_size=oc["batch_size"], group_size=oc["group_size"],
         max_inflight=oc["max_inflight"], max_async_level=cfg["max_async_level"], max_steps=len(orch) + 10,
         batch_overhead_s=mean(r["assemble_s"] + r["write_batch_s"] for r in orch),
+        trainer_factors=trainer_spread(trainer, overhead, per_token, publish),
+        request_factors=request_spread(orch),
     )  # fmt: skip
-    return setup, mean(r["request_latency_s_p50"] for r in orch)
+    spans = [d for r in orch for _, d in r.get("request_spans", [])]
+    return setup, mean(spans) if spans else mean(r["request_latency_s_p50"] for r in orch)
 
 
 def measured_outside_per_group(rundir: RunDir) -> tuple[float, float]:

@@ -31,6 +31,7 @@ class Pipeline:
     def __init__(self, setup: Setup) -> None:
         self.s = setup
         self.rng = random.Random(setup.seed)
+        self.jitter = random.Random(setup.seed + 1)  # the spread of trainer steps and requests
         self.servers = [Server(i, setup.inference, setup.prompt_tokens) for i in range(setup.servers)]
         self.events: list = []
         self.order = itertools.count()
@@ -124,12 +125,18 @@ class Pipeline:
             if g.remaining == 0:
                 server.groups -= 1
                 heapq.heappush(self.least, (server.groups, server.idx))
-                g.done = now
-                self.r.latencies.append(now - g.started)
-                self.at(now + self.s.group_overhead_s, self.on_scored, g)
+                self.request_done(now, g)
         server.stamp += 1
         if end is not None:
             heapq.heappush(self.events, (end, next(self.order), self.on_server_, (server, server.stamp)))
+
+    def request_done(self, now: float, g: Group) -> None:
+        latency = now - g.started
+        if self.s.request_factors:
+            latency *= self.jitter.choice(self.s.request_factors)
+        g.done = g.started + latency
+        self.r.latencies.append(latency)
+        self.at(g.done + self.s.group_overhead_s, self.on_scored, g)
 
     def on_scored(self, now: float, group: Group) -> None:
         self.queue.append(group)
@@ -167,8 +174,9 @@ class Pipeline:
             return
         step, tokens = self.ready.popleft()
         self.trainer_busy = True
-        trained = now + self.s.trainer.train_s(tokens, self.s.train_gpus)
-        published = trained + self.s.trainer.publish_s()
+        spread = self.jitter.choice(self.s.trainer_factors) if self.s.trainer_factors else 1.0
+        trained = now + self.s.trainer.train_s(tokens, self.s.train_gpus) * spread
+        published = trained + self.s.trainer.publish_s() * spread
         self.r.trainer_step(step, now, trained, published)
         self.at(published, self.on_published, step)
 

@@ -110,12 +110,19 @@ class Setup:
     mode: str = "keep"
     batch_overhead_s: float = 0.0  # the orchestrator's assemble + write of one batch
     group_overhead_s: float = 0.0  # from a request's end to its group in the queue (scoring, the loop)
+    trainer_factors: tuple[float, ...] = ()  # a step's train and publish times one of these, drawn
+    # a request's time on its server times one of these, drawn (each >= 1): the spread among requests
+    # started together beyond what their lengths give (scheduling, stragglers); the extra is a wait
+    # after the server's part that holds none of its capacity
+    request_factors: tuple[float, ...] = ()
     seed: int = 0
     notes: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise TriadError(f"simulate: mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.request_factors and min(self.request_factors) < 1:
+            raise TriadError("simulate: request_factors are each at least 1 (a wait added to a request)")
         if self.servers < 1 or self.batch_size < 1 or self.group_size < 1 or self.max_inflight < 1:
             raise TriadError("simulate: servers, batch_size, group_size and max_inflight must be at least 1")
 
@@ -129,8 +136,19 @@ class Setup:
     def describe(self) -> dict[str, object]:
         d = asdict(self)
         d["lengths"] = {k: v for k, v in d["lengths"].items() if k != "empirical"}
+        for name in ("trainer_factors", "request_factors"):
+            d[name] = spread(d[name])
         d.pop("notes")
         return d
+
+
+def spread(factors: tuple[float, ...]) -> dict[str, float] | None:
+    """A table's summary of a tuple of factors: how many, and their quantiles."""
+    if not factors:
+        return None
+    ordered = sorted(factors)
+    at = {q: ordered[min(int(q * len(ordered)), len(ordered) - 1)] for q in (0.1, 0.5, 0.9)}
+    return {"n": len(ordered), "p10": at[0.1], "p50": at[0.5], "p90": at[0.9], "max": ordered[-1]}
 
 
 def parse_count(text: str) -> float:

@@ -102,6 +102,34 @@ def test_a_slow_trainer_is_the_bound_at_any_eta():
         assert r.critical_path()["train"] == pytest.approx(1.0, rel=1e-6)
 
 
+def test_the_trainers_spread_and_the_requests_spread_lengthen_each_step_as_drawn():
+    # η = 0: generate 1 s, train 0.5 s, publish 0.2 s, one after the other; a trainer factor of 2
+    # doubles train and publish, a request factor of 1.5 makes each request (and so the batch) 1.5 s
+    trainer = Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.5, handoff_bytes_per_s=1e30,
+                      publish_overhead_s=0.2)  # fmt: skip
+    base = setup(max_async_level=0, trainer=trainer)
+    assert simulate(base).step_s() == pytest.approx(1.7, rel=1e-6)
+    assert simulate(base.with_(trainer_factors=(2.0,))).step_s() == pytest.approx(2.4, rel=1e-6)
+    slow = simulate(base.with_(request_factors=(1.5,)))
+    assert slow.step_s() == pytest.approx(2.2, rel=1e-6)
+    assert mean(slow.latencies) == pytest.approx(1.5, rel=1e-6)
+    # spread with the same mean costs throughput where the guard waits on the slower of two chains
+    spread = simulate(base.with_(max_async_level=1, max_inflight=8, trainer_factors=(0.2, 1.8)))
+    assert spread.samples_per_s() < simulate(base.with_(max_async_level=1, max_inflight=8)).samples_per_s()
+    with pytest.raises(TriadError, match="at least 1"):
+        base.with_(request_factors=(0.9, 1.2))
+
+
+def test_the_spreads_read_from_a_run():
+    from simulate.calibrate import request_spread, trainer_spread
+
+    rows = [{"request_spans": [[0, 1.0], [0, 2.0], [0, 4.0]]}, {"request_spans": [[0, 0.5], [0, 0.5]]}]
+    assert request_spread(rows) == (1.0, 1.0, 2.0, 1.0, 1.0)
+    steps = [{"read_s": 0.1, "train_s": 0.5, "publish_s": 0.2, "tokens": 100},
+             {"train_s": 1.5, "publish_s": 0.1, "tokens": 200}]  # fmt: skip
+    assert trainer_spread(steps, 0.2, 0.004, 0.2) == pytest.approx((0.8 / 0.8, 1.6 / 1.2))
+
+
 def test_abort_and_resubmit_keeps_the_tokens_and_pays_the_prefill():
     inf = Inference(ITER_S, 0.0, 0.0, 10**6, 1000.0, 0.0)
     keep = simulate(setup(inference=inf, max_inflight=8, mode="keep"))

@@ -161,14 +161,10 @@ class Pipeline:
         if self.loading or self.published <= self.served:
             return
         self.loading = version = self.published
-        done = now
+        done, load_s = now, self.s.inference.load_s
+        abort_under = version if self.s.mode == "abort" else None
         for server in self.servers:
-            hold = self.s.inference.load_s
-            if self.s.mode == "abort":
-                hold += server.abort_all(now, version)
-            server.freeze(now, hold)
-            server.schedule(now)
-            done = max(done, server.frozen_until)
+            done = max(done, server.load(now, load_s, abort_under))
         self.r.load(version, now, done)
         self.at(done, self.on_loaded, version)
 

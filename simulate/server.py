@@ -176,12 +176,24 @@ class Server:
             tokens, group, version = waiting.popleft()
             self.start([tokens], group, version)
 
-    def abort_all(self, now: float, version: int) -> float:
-        """Interruptible generation: every running sequence is aborted and resubmitted under
-        `version`, keeping its tokens; the context is prefilled again. Returns that prefill time.
-        The new ends keep the old ones' order (the tokens left, rounded) and `n` is given in the
-        heap's own order, so the list, rebuilt in its own order, is still a heap."""
+    def load(self, now: float, load_s: float, abort_under: int | None) -> float:
+        """A weight load holds the server `load_s`; with `abort_under`, every running sequence is
+        first aborted and resubmitted under that version (`abort_all`). Schedules its next end and
+        returns when the hold ends."""
         self.advance(now)
+        hold = load_s if abort_under is None else load_s + self.abort_all(abort_under)
+        begin = max(self.frozen_until, now)
+        self.frozen_until = begin + hold
+        self.frozen_s += hold
+        self.schedule(now)
+        return self.frozen_until
+
+    def abort_all(self, version: int) -> float:
+        """Interruptible generation: every running sequence is aborted and resubmitted under
+        `version` at the server's clock, keeping its tokens; the context is prefilled again.
+        Returns that prefill time. The new ends keep the old ones' order (the tokens left,
+        rounded) and `n` is given in the heap's own order, so the list, rebuilt in its own order,
+        is still a heap."""
         v, prompt, kv, n = self.v, self.prompt_tokens, 0.0, self.n
         decoded = 0
         running: list = []

@@ -3,6 +3,7 @@ and its calibration pieces."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from statistics import mean
 
@@ -224,9 +225,10 @@ def test_calibration_subtracts_the_eta_guards_empty_slots(tmp_path):
 
 
 def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlined():
-    """The server's hot paths (finish, abort and resubmit) were rewritten for speed with the same
-    arithmetic in the same order: these are the figures of the code before, to the last bit. A
-    change to the model itself changes them, and is then a change to say."""
+    """The server's hot paths (finish, abort and resubmit; then sequences as heap tuples) were
+    rewritten for speed with the same arithmetic in the same order: these are the figures of the
+    code before, to the last bit. A change to the model itself changes them, and is then a change
+    to say."""
     from simulate.scenario import Scenario
 
     sc = Scenario(gpus=16, params=7e9, max_tokens=8192, batch_prompts=16, group_size=8, steps=8)
@@ -238,3 +240,8 @@ def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlin
     assert (sum(r.latencies), r.tokens[8]) == (10777.773788089098, 434730)
     r = simulate(sc.colocated_sync())
     assert (r.samples_per_s(), r.written_at[8]) == (1.299830839313965, 783.8373431780371)
+    # 5 sequences at most on a server: most samples wait for a place (`refill`)
+    s = sc.split(12, 2, "abort")
+    r = simulate(s.with_(inference=dataclasses.replace(s.inference, max_seqs=5), group_overhead_s=0.01))
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.4342426400637793, 713.4673422663543, 80)
+    assert (sum(r.latencies), r.tokens[8]) == (22303.72030949272, 446098)

@@ -46,9 +46,9 @@ class Server:
     idx: int
     inf: Inference
     prompt_tokens: int
-    events: list
-    order: Iterator[int]
-    group_done: Callable[[float, Group, Server], None]
+    events: list = field(repr=False)
+    order: Iterator[int] = field(repr=False)
+    group_done: Callable[[float, Group, Server], None] = field(repr=False)
     v: float = 0.0
     t: float = 0.0
     frozen_until: float = 0.0

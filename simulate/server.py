@@ -8,10 +8,11 @@ decoding (`frozen_until`).
 
 A running sequence is one tuple, its entry in the server's heap (a run of 1024 GPUs starts,
 aborts and finishes millions of them, so no object per sequence):
-`(v_end, n, group, v_start, kv, tokens, version)`: it ends at clock `v_end`; `n` orders equal ends
-by start; `kv` is its context at start less `v_start` (its KV tokens at clock `v` are `kv + v`);
-`tokens` is what it adds to its group's tokens when it ends; `version` the weights it last ran
-under. A waiting sequence is `(tokens, group, version)`."""
+`(v_end, n, group, v_start, kv, tokens, version, decoded)`: it ends at clock `v_end`; `n` orders
+equal ends by start; `kv` is its context at start less `v_start` (its KV tokens at clock `v` are
+`kv + v`); `tokens` is what it adds to its group's tokens when it ends; `version` the weights it
+last ran under; `decoded` the tokens it had when it last (re)started. A waiting sequence is
+`(tokens, group, version)`."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ class Server:
         for tokens in lengths:
             n += 1
             kv += seq_kv
-            push(running, (v + tokens, n, group, v, seq_kv, tokens, version))
+            push(running, (v + tokens, n, group, v, seq_kv, tokens, version, 0))
         self.kv_const, self.n = kv, n
 
     def admit(self, now: float, group: Group, lengths: list[int], version: int) -> None:
@@ -147,7 +148,7 @@ class Server:
         pop = heapq.heappop
         kv = self.kv_const
         while running and running[0][0] <= limit:
-            _, _, group, _, seq_kv, tokens, version = pop(running)
+            _, _, group, _, seq_kv, tokens, version, _ = pop(running)
             kv -= seq_kv
             group.tokens += tokens
             if version < group.version:
@@ -198,15 +199,15 @@ class Server:
         decoded = 0
         running: list = []
         append = running.append
-        for v_end, _, group, v_start, _, _, _ in self.running:
-            d = int(v - v_start)
+        for v_end, _, group, v_start, _, _, _, before in self.running:
+            d = before + int(v - v_start)
             decoded += d
             left = v_end - v
             tokens = (round(left) or 1) if left > 0.0 else 1
             seq_kv = prompt + d - v
             kv += seq_kv
             n += 1
-            append((v + tokens, n, group, v, seq_kv, tokens + d, version))
+            append((v + tokens, n, group, v, seq_kv, tokens + d, version, d))
         context = prompt * len(running) + decoded
         self.running, self.kv_const, self.n = running, kv, n
         return context / self.inf.prefill_tokens_per_s

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 
 from simulate.result import Result
-from simulate.server import Group, Seq, Server
+from simulate.server import Group, Server
 from simulate.setup import Setup
 
 
@@ -32,9 +32,12 @@ class Pipeline:
         self.s = setup
         self.rng = random.Random(setup.seed)
         self.jitter = random.Random(setup.seed + 1)  # the spread of trainer steps and requests
-        self.servers = [Server(i, setup.inference, setup.prompt_tokens) for i in range(setup.servers)]
-        self.events: list = []
+        self.events: list = []  # (when, order, handler, argument)
         self.order = itertools.count()
+        self.servers = [
+            Server(i, setup.inference, setup.prompt_tokens, self.events, self.order, self.group_done)
+            for i in range(setup.servers)
+        ]
         self.least = [(0, i) for i in range(setup.servers)]  # (groups held, server), lazily updated
         self.step, self.accepted, self.pending, self.writing = 1, 0, 0, False
         self.batch: list[Group] = []
@@ -42,28 +45,21 @@ class Pipeline:
         self.ready: deque[tuple[int, int]] = deque()  # written batches: (step, tokens)
         self.trainer_busy, self.published, self.served, self.loading = False, 0, 0, 0
         self.dropped = 0
-        self.on_server_ = self.on_server  # one bound method for the millions of server events
         self.guard_since: tuple[float, int] = (0.0, 0)  # (since, free slots) while the guard holds
         self.r = Result(setup)
 
     # -- events ---------------------------------------------------------------
-    def at(self, when: float, fn: Callable[..., None], *args: object) -> None:
-        heapq.heappush(self.events, (when, next(self.order), fn, args))
+    def at(self, when: float, fn: Callable[[float, object], None], arg: object = None) -> None:
+        heapq.heappush(self.events, (when, next(self.order), fn, arg))
 
     def run(self) -> Result:
         self.try_start(0.0)
         events, r, steps, pop = self.events, self.r, self.s.max_steps, heapq.heappop
         while events and r.trained < steps:
-            now, _, fn, args = pop(events)
-            fn(now, *args)
+            now, _, fn, arg = pop(events)
+            fn(now, arg)
         self.r.finish(self.servers, self.dropped)
         return self.r
-
-    def schedule(self, server: Server, now: float) -> None:
-        server.stamp += 1
-        end = server.next_end(now)
-        if end is not None:
-            heapq.heappush(self.events, (end, next(self.order), self.on_server_, (server, server.stamp)))
 
     # -- the producer ---------------------------------------------------------
     def target(self) -> int:
@@ -90,11 +86,9 @@ class Pipeline:
             group = Group(self.target(), now, self.s.group_size, self.served)
             server = self.pick()
             group.server = server.idx
-            lengths = self.s.lengths.draws(self.rng, self.s.group_size)
-            seqs = [Seq(group, n, self.served) for n in lengths]
-            server.admit(now, seqs)
+            server.admit(now, group, self.s.lengths.draws(self.rng, self.s.group_size), self.served)
             heapq.heapreplace(self.least, (server.groups, server.idx))
-            self.schedule(server, now)
+            server.schedule(now)
         self.observe_guard(now)
 
     def observe_guard(self, now: float) -> None:
@@ -111,26 +105,10 @@ class Pipeline:
         )
         self.guard_since = (now, self.s.max_inflight - self.pending if held else 0)
 
-    def on_server(self, now: float, server: Server, stamp: int) -> None:
-        if stamp != server.stamp:
-            return
-        prompt = self.s.prompt_tokens
-        done, end = server.finish(now)
-        for seq in done:
-            g = seq.group
-            g.remaining -= 1
-            g.tokens += seq.tokens + seq.context - prompt
-            if seq.version < g.version:
-                g.version = seq.version
-            if g.remaining == 0:
-                server.groups -= 1
-                heapq.heappush(self.least, (server.groups, server.idx))
-                self.request_done(now, g)
-        server.stamp += 1
-        if end is not None:
-            heapq.heappush(self.events, (end, next(self.order), self.on_server_, (server, server.stamp)))
-
-    def request_done(self, now: float, g: Group) -> None:
+    def group_done(self, now: float, g: Group, server: Server) -> None:
+        """The last sample of `g` ended on `server` (which no longer counts it); with a request
+        spread, its answer comes a drawn factor of its time later."""
+        heapq.heappush(self.least, (server.groups, server.idx))
         latency = now - g.started
         if self.s.request_factors:
             latency *= self.jitter.choice(self.s.request_factors)
@@ -159,7 +137,7 @@ class Pipeline:
                 self.at(now + self.s.batch_overhead_s, self.on_written)
         self.try_start(now)
 
-    def on_written(self, now: float) -> None:
+    def on_written(self, now: float, _: None = None) -> None:
         tokens = sum(g.tokens for g in self.batch)
         busy = sum(server.busy_s for server in self.servers)
         self.r.written(self.step, now, tokens, self.s.batch_size * self.s.group_size, busy)
@@ -189,14 +167,10 @@ class Pipeline:
         if self.loading or self.published <= self.served:
             return
         self.loading = version = self.published
-        done = now
+        done, load_s = now, self.s.inference.load_s
+        abort_under = version if self.s.mode == "abort" else None
         for server in self.servers:
-            hold = self.s.inference.load_s
-            if self.s.mode == "abort":
-                hold += server.abort_all(now, version)
-            server.freeze(now, hold)
-            self.schedule(server, now)
-            done = max(done, server.frozen_until)
+            done = max(done, server.load(now, load_s, abort_under))
         self.r.load(version, now, done)
         self.at(done, self.on_loaded, version)
 

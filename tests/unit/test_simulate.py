@@ -3,6 +3,9 @@ and its calibration pieces."""
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
+import itertools
 import math
 from statistics import mean
 
@@ -13,6 +16,7 @@ from shared.errors import TriadError
 from simulate import pipeline
 from simulate.calibrate import capped_mean, fit_lengths, line_fit
 from simulate.pipeline import simulate
+from simulate.server import Group, Server
 from simulate.setup import Inference, Lengths, Setup, Trainer, parse_count
 from tests.helpers import run_triad
 
@@ -138,6 +142,23 @@ def test_abort_and_resubmit_keeps_the_tokens_and_pays_the_prefill():
     assert abort.step_s() > keep.step_s()  # the context prefilled again after each load
 
 
+def test_a_sequence_aborted_twice_keeps_all_its_tokens():
+    """A resubmitted sequence's context is its prompt and every token it decoded, not only those
+    since its last resubmission (it was: a 1000-token sample aborted at 100 and 200 counted 900)."""
+    inf = Inference(ITER_S, 0.0, 0.0, 10**6, 1e6, 0.0)  # 100 tokens a second; a prefill ~0 s
+    done = []
+    server = Server(0, inf, 10, [], itertools.count(), lambda now, g, s: done.append(g))
+    group = Group(target=1, started=0.0, remaining=1, version=0)
+    server.admit(0.0, group, [1000], 0)
+    assert server.load(1.003, 0.0, 1) - 1.003 == pytest.approx(110 / 1e6)  # 100.3 tokens decoded
+    assert server.load(2.006, 0.0, 2) - 2.006 == pytest.approx(210 / 1e6)  # 200.6
+    while not done:
+        now, _, handler, arg = heapq.heappop(server.events)
+        handler(now, arg)
+    assert (group.tokens, group.version) == (1000, 0)
+    assert server.t == pytest.approx(10.006, abs=1e-3)  # 0.6 of a token was rounded up at 200.6
+
+
 def test_the_staleness_bound_is_the_orchestrators():
     for step in range(1, 12):
         for eta in range(5):
@@ -252,17 +273,24 @@ def test_calibration_subtracts_the_eta_guards_empty_slots(tmp_path):
 
 
 def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlined():
-    """The server's hot paths (finish, abort and resubmit) were rewritten for speed with the same
-    arithmetic in the same order: these are the figures of the code before, to the last bit. A
-    change to the model itself changes them, and is then a change to say."""
+    """The server's hot paths (finish, abort and resubmit; then sequences as heap tuples) were
+    rewritten for speed with the same arithmetic in the same order: these are the figures of the
+    code before, to the last bit. A change to the model itself changes them, and is then a change
+    to say: a sequence aborted twice kept only the tokens since its last abort (the abort cases
+    changed then, to the figures here)."""
     from simulate.scenario import Scenario
 
     sc = Scenario(gpus=16, params=7e9, max_tokens=8192, batch_prompts=16, group_size=8, steps=8)
     r = simulate(sc.split(12, 2, "abort"))
-    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (2.049817177814364, 416.7188887766392, 112)
-    assert (sum(r.latencies), r.tokens[8]) == (11228.164661823173, 394652)
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (2.1815831703687776, 397.8608550168539, 120)
+    assert (sum(r.latencies), r.tokens[8]) == (11344.704916673816, 446102)
     r = simulate(sc.split(12, 1, "keep"))
     assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.636169539614753, 570.2592725888384, 112)
     assert (sum(r.latencies), r.tokens[8]) == (10777.773788089098, 434730)
     r = simulate(sc.colocated_sync())
     assert (r.samples_per_s(), r.written_at[8]) == (1.299830839313965, 783.8373431780371)
+    # 5 sequences at most on a server: most samples wait for a place (`refill`)
+    s = sc.split(12, 2, "abort")
+    r = simulate(s.with_(inference=dataclasses.replace(s.inference, max_seqs=5), group_overhead_s=0.01))
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.4341488016462471, 713.5640488244561, 80)
+    assert (sum(r.latencies), r.tokens[8]) == (22300.03466484507, 446868)

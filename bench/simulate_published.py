@@ -17,6 +17,7 @@ from pathlib import Path
 from simulate.hardware import H20
 from simulate.pipeline import simulate
 from simulate.scenario import Scenario
+from simulate.setup import Setup
 
 RESULTS = Path(__file__).with_name("results")
 TOLERANCE = 0.15
@@ -30,7 +31,8 @@ AREAL_7B = replace(AREAL_15B, params=7e9, gpus=192)  # 16 and 24 nodes of 8 (ARe
 AREAL_SCALING = replace(
     AREAL_7B, gpus=16, max_tokens=32768 - 1024
 )  # AReaL's benchmark: 32k context, 1k prompt
-AREAL_SPLIT, AREAL_ETA = 0.75, 4  # 3/4 of the GPUs generate (the benchmark's build_cmd.py); η assumed
+AREAL_SPLIT, AREAL_ETA = 0.75, 4  # the benchmark's build_cmd.py and areal_config.yaml
+AREAL_BENCH_INFLIGHT = 512  # its areal_config.yaml: max_concurrent_rollouts (prompts generating at once)
 VERL = Scenario(
     gpus=128, params=7e9, max_tokens=28 * 1024, batch_prompts=512, group_size=16, steps=STEPS, gpu=H20
 )
@@ -45,17 +47,31 @@ def speedup(sc: Scenario, fraction: float, eta: int, mode: str) -> float:
     return simulate(sc.split(int(sc.gpus * fraction), eta, mode)).samples_per_s() / sync
 
 
-def areal_speedup(sc: Scenario, eta: int = AREAL_ETA) -> float:
-    return speedup(sc, AREAL_SPLIT, eta, "abort")
+def areal_async(sc: Scenario, eta: int = AREAL_ETA, inflight: int | None = None) -> Setup:
+    """AReaL: 3/4 generate, η, interruptible, proximal log-probs recomputed; `inflight` prompts
+    generating (`max_concurrent_rollouts`; the shared assumption where a run does not state it)."""
+    return sc.split(int(sc.gpus * AREAL_SPLIT), eta, "abort", inflight=inflight)
+
+
+def areal_sync(sc: Scenario, fraction: float = AREAL_SPLIT) -> Setup:
+    """Synchronous AReaL: the same program and allocation at η = 0 without the log-prob recompute
+    (AReaL's quickstart: η = 0, `recompute_logprob=False`, `use_decoupled_loss=False`)."""
+    return replace(sc, logprob_passes=0).split(int(sc.gpus * fraction), 0, "abort")
+
+
+def areal_speedup(sc: Scenario, eta: int = AREAL_ETA, sync_fraction: float = AREAL_SPLIT) -> float:
+    sync = simulate(areal_sync(sc, sync_fraction)).samples_per_s()
+    return simulate(areal_async(sc, eta)).samples_per_s() / sync
 
 
 def scaling(gpus: int, synchronous: bool) -> float:
     """Effective training throughput (tokens trained per second) at `gpus` over that at 16, the
-    global batch fixed at 512 x 16 (AReaL's benchmark): the same ratio as samples/s."""
+    global batch fixed at 512 x 16 and 512 prompts generating (AReaL's benchmark config): the same
+    ratio as samples/s."""
 
     def rate(n: int) -> float:
         sc = replace(AREAL_SCALING, gpus=n)
-        setup = sc.colocated_sync() if synchronous else sc.split(int(n * AREAL_SPLIT), AREAL_ETA, "abort")
+        setup = sc.colocated_sync() if synchronous else areal_async(sc, inflight=AREAL_BENCH_INFLIGHT)
         return simulate(setup).samples_per_s()
 
     return rate(gpus) / rate(16)
@@ -86,10 +102,7 @@ def nemo_step_s(asynchronous: bool, prompt_tokens: int = NEMO.prompt_tokens) -> 
 
 def eta_balance() -> dict[int, float]:
     """Throughput at each η over that at η = 16 (AReaL 1.5B)."""
-    rates = {
-        eta: simulate(AREAL_15B.split(int(128 * AREAL_SPLIT), eta, "abort")).samples_per_s()
-        for eta in (0, 1, 2, 4, 8, 16)
-    }
+    rates = {eta: simulate(areal_async(AREAL_15B, eta)).samples_per_s() for eta in (0, 1, 2, 4, 8, 16)}
     return {eta: r / rates[16] for eta, r in rates.items()}
 
 
@@ -99,7 +112,7 @@ def gpu_busy(sc: Scenario) -> dict[str, float]:
     out = {}
     for name, setup in (
         ("sync", sc.colocated_sync()),
-        ("async", sc.split(int(sc.gpus * AREAL_SPLIT), AREAL_ETA, "abort")),
+        ("async", areal_async(sc)),
     ):
         u = simulate(setup).utilisation()
         serving = setup.servers * setup.inference.tp
@@ -108,13 +121,15 @@ def gpu_busy(sc: Scenario) -> dict[str, float]:
 
 
 TARGETS: list[tuple[str, str, float, Callable[[], float]]] = [
-    ("AReaL 1.5B async / sync", "128 H800, 27,648 tokens, 512x16, 3/4 generate, η=4 (assumed)", 2.77,
+    ("AReaL 1.5B async / sync", "128 H800, 27,648 tokens, 512x16, 3/4 generate (assumed), η=4 (assumed), "
+     "sync = η 0 on the same split", 2.77,
      lambda: areal_speedup(AREAL_15B)),
     ("AReaL 7B async / sync", "192 H800, as 1.5B", 2.27, lambda: areal_speedup(AREAL_7B)),
     ("AReaL sync 64 / 16 GPUs", "7B, 31k tokens, 512x16 fixed, colocated (seed's figure)", 3.2,
      lambda: scaling(64, True)),
     ("AReaL sync 256 / 16 GPUs", "", 8.1, lambda: scaling(256, True)),
-    ("AReaL async 64 / 16 GPUs", "3/4 generate, η=4", 3.8, lambda: scaling(64, False)),
+    ("AReaL async 64 / 16 GPUs", "3/4 generate, η=4, 512 prompts generating", 3.8,
+     lambda: scaling(64, False)),
     ("AReaL async 256 / 16 GPUs", "", 12.5, lambda: scaling(256, False)),
     ("AReaL async 1024 / 16 GPUs", "", 38.0, lambda: scaling(1024, False)),
     ("verl fully-async / colocated sync", "7B, 128 H20, 28k, 512x16, 64:64, staleness 0.5, partial rollout "
@@ -148,14 +163,22 @@ def sensitivity() -> list[str]:
 
 def unstated() -> list[str]:
     """Inputs a source does not state that move its figure most."""
-    sync_split = simulate(AREAL_15B.split(64, 0, "keep")).samples_per_s()
-    async_ = simulate(AREAL_15B.split(96, AREAL_ETA, "abort")).samples_per_s()
+    colocated = simulate(replace(AREAL_15B, logprob_passes=0).colocated_sync()).samples_per_s()
+    async_ = simulate(areal_async(AREAL_15B)).samples_per_s()
+    narrow = simulate(areal_async(AREAL_15B, inflight=AREAL_15B.batch_prompts)).samples_per_s()
     mean = verl_mean_from_trainer()
     nemo_abort = simulate(replace(NEMO, mean_tokens=NEMO_MEAN[True]).split(8, 1, "abort")).step_s()
     return [
         f"AReaL 1.5B at η=8 (η=4 tabled): {areal_speedup(AREAL_15B, 8):.2f} (published 2.77)",
-        f"AReaL 1.5B against a synchronous 64:64 split (η=0, as AReaL's nightly config allocates; "
-        f"colocated tabled): {async_ / sync_split:.2f} (published 2.77)",
+        f"AReaL 1.5B against a synchronous 64:64 split (as AReaL's nightly 1.5B config allocates; "
+        f"96:32 tabled): {areal_speedup(AREAL_15B, sync_fraction=0.5):.2f} (published 2.77)",
+        f"AReaL 1.5B against one colocated pool (verl's layout; 96:32 tabled): {async_ / colocated:.2f} "
+        f"(published 2.77)",
+        f"AReaL 1.5B with one batch of prompts generating (AReaL's default max_concurrent_rollouts; "
+        f"batch x (η+1) tabled): {narrow / simulate(areal_sync(AREAL_15B)).samples_per_s():.2f} "
+        f"(published 2.77)",
+        f"AReaL 7B against a synchronous 96:96 split (144:48 tabled): "
+        f"{areal_speedup(AREAL_7B, sync_fraction=0.5):.2f} (published 2.27)",
         f"verl with the completion mean from its stated update_actor time ({mean:.0f} tokens; "
         f"0.35 x 28k = {0.35 * VERL.max_tokens:.0f} tabled): {verl_speedup(True):.2f} (published 2.35-2.67)",
         f"NeMo-RL one-step-off with abort and resubmit (pause and keep tabled): "

@@ -21,7 +21,7 @@ from simulate.setup import Setup
 
 RESULTS = Path(__file__).with_name("results")
 TOLERANCE = 0.15
-STEPS = 30  # steps per simulation: the first fifth is the pipeline filling and is not counted
+STEPS = 60  # steps per simulation: the first fifth is the pipeline filling and is not counted
 
 # What each source states (docs/simulate.md, "Per-target inputs", has the URLs); the rest are the
 # shared assumptions. `logprob_passes` is the modelled system's trainer recomputing log-probs.
@@ -161,6 +161,17 @@ def sensitivity() -> list[str]:
     return lines
 
 
+def areal_step_times() -> list[str]:
+    """The model's seconds per step against the blog's hours x 3600 / 1000 PPO steps (not one of
+    the ten: a check of the absolute scale, which the ratios hide)."""
+    lines = []
+    for name, sc, sync_h, async_h in (("1.5B", AREAL_15B, 41.0, 14.8), ("7B", AREAL_7B, 57.7, 25.4)):
+        sync, async_ = simulate(areal_sync(sc)).step_s(), simulate(areal_async(sc)).step_s()
+        lines.append(f"AReaL {name} seconds per step: sync {sync:.0f} (published {sync_h * 3.6:.0f}), "
+                     f"async {async_:.0f} (published {async_h * 3.6:.0f})")  # fmt: skip
+    return lines
+
+
 def unstated() -> list[str]:
     """Inputs a source does not state that move its figure most."""
     colocated = simulate(replace(AREAL_15B, logprob_passes=0).colocated_sync()).samples_per_s()
@@ -201,7 +212,7 @@ def main() -> None:
               f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
     balance = eta_balance()
     busy = gpu_busy(AREAL_15B)
-    lines = sensitivity() + unstated()
+    lines = sensitivity() + unstated() + areal_step_times()
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     out = {"made_at": made, "rows": rows, "eta_over_eta16": balance, "gpu_busy": busy, "sensitivity": lines,
            "assumptions": {"gpu": AREAL_15B.gpu.__dict__, "mean_fraction": AREAL_15B.mean_fraction,

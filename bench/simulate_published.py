@@ -66,13 +66,12 @@ def areal_speedup(sc: Scenario, eta: int = AREAL_ETA, sync_fraction: float = ARE
 
 def scaling(gpus: int, synchronous: bool) -> float:
     """Effective training throughput (tokens trained per second) at `gpus` over that at 16, the
-    global batch fixed at 512 x 16 and 512 prompts generating (AReaL's benchmark config): the same
-    ratio as samples/s."""
+    global batch fixed at 512 x 16 and 512 prompts generating (AReaL's benchmark config)."""
 
     def rate(n: int) -> float:
         sc = replace(AREAL_SCALING, gpus=n)
         setup = sc.colocated_sync() if synchronous else areal_async(sc, inflight=AREAL_BENCH_INFLIGHT)
-        return simulate(setup).samples_per_s()
+        return simulate(setup).tokens_per_s()
 
     return rate(gpus) / rate(16)
 

@@ -14,20 +14,32 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from simulate.hardware import H20
 from simulate.pipeline import simulate
 from simulate.scenario import Scenario
+from simulate.setup import Setup
 
 RESULTS = Path(__file__).with_name("results")
 TOLERANCE = 0.15
-STEPS = 30  # steps per simulation: the first fifth is the pipeline filling and is not counted
+STEPS = 60  # steps per simulation: the first fifth is the pipeline filling and is not counted
 
-# what each paper states; the rest are the shared assumptions
-AREAL_15B = Scenario(gpus=128, params=1.5e9, max_tokens=27648, batch_prompts=512, group_size=16, steps=STEPS)
-AREAL_7B = replace(AREAL_15B, params=7e9)
-AREAL_SCALING = Scenario(gpus=16, params=7e9, max_tokens=16384, batch_prompts=512, group_size=16, steps=STEPS)
-VERL = Scenario(gpus=128, params=7e9, max_tokens=20480, batch_prompts=512, group_size=16, steps=STEPS)
-NEMO = Scenario(gpus=16, params=8e9, max_tokens=8192, batch_prompts=128, group_size=16, steps=STEPS)
-AREAL_SPLIT, AREAL_ETA = 0.75, 4  # AReaL: 3/4 of the GPUs generate, η = 4, interruptible
+# What each source states (docs/simulate.md, "Per-target inputs", has the URLs); the rest are the
+# shared assumptions. `logprob_passes` is the modelled system's trainer recomputing log-probs.
+AREAL_15B = Scenario(gpus=128, params=1.5e9, max_tokens=27648, batch_prompts=512, group_size=16, steps=STEPS,
+                     logprob_passes=1)  # fmt: skip
+AREAL_7B = replace(AREAL_15B, params=7e9, gpus=192)  # 16 and 24 nodes of 8 (AReaL v0.3 blog)
+AREAL_SCALING = replace(
+    AREAL_7B, gpus=16, max_tokens=32768 - 1024
+)  # AReaL's benchmark: 32k context, 1k prompt
+AREAL_SPLIT, AREAL_ETA = 0.75, 4  # the benchmark's build_cmd.py and areal_config.yaml
+AREAL_BENCH_INFLIGHT = 512  # its areal_config.yaml: max_concurrent_rollouts (prompts generating at once)
+VERL = Scenario(
+    gpus=128, params=7e9, max_tokens=28 * 1024, batch_prompts=512, group_size=16, steps=STEPS, gpu=H20
+)
+VERL_STALENESS = 0.5  # staleness_threshold: at most 1.5 batches generated per version
+NEMO = Scenario(gpus=16, params=8e9, max_tokens=4096 - 512, batch_prompts=64, group_size=32, steps=STEPS,
+                logprob_passes=1)  # fmt: skip
+NEMO_MEAN = {False: 1019.0, True: 1123.0}  # G-Average Seq len, on policy and 1-step off (v0.5)
 
 
 def speedup(sc: Scenario, fraction: float, eta: int, mode: str) -> float:
@@ -35,30 +47,61 @@ def speedup(sc: Scenario, fraction: float, eta: int, mode: str) -> float:
     return simulate(sc.split(int(sc.gpus * fraction), eta, mode)).samples_per_s() / sync
 
 
-def areal_speedup(sc: Scenario) -> float:
-    return speedup(sc, AREAL_SPLIT, AREAL_ETA, "abort")
+def areal_async(sc: Scenario, eta: int = AREAL_ETA, inflight: int | None = None) -> Setup:
+    """AReaL: 3/4 generate, η, interruptible, proximal log-probs recomputed; `inflight` prompts
+    generating (`max_concurrent_rollouts`; the shared assumption where a run does not state it)."""
+    return sc.split(int(sc.gpus * AREAL_SPLIT), eta, "abort", inflight=inflight)
 
 
-def scaling(gpus: int, synchronous: bool, grow_batch: bool = False) -> float:
-    """Throughput at `gpus` over that at 16, the global batch fixed (the seed's reason for the
-    synchronous system's saturation: the batch per GPU falls), or with `grow_batch` grown with the
-    GPUs (the prompts per step times gpus / 16; an assumption the seed does not state either)."""
+def areal_sync(sc: Scenario, fraction: float = AREAL_SPLIT) -> Setup:
+    """Synchronous AReaL: the same program and allocation at η = 0 without the log-prob recompute
+    (AReaL's quickstart: η = 0, `recompute_logprob=False`, `use_decoupled_loss=False`)."""
+    return replace(sc, logprob_passes=0).split(int(sc.gpus * fraction), 0, "abort")
+
+
+def areal_speedup(sc: Scenario, eta: int = AREAL_ETA, sync_fraction: float = AREAL_SPLIT) -> float:
+    sync = simulate(areal_sync(sc, sync_fraction)).samples_per_s()
+    return simulate(areal_async(sc, eta)).samples_per_s() / sync
+
+
+def scaling(gpus: int, synchronous: bool) -> float:
+    """Effective training throughput (tokens trained per second) at `gpus` over that at 16, the
+    global batch fixed at 512 x 16 and 512 prompts generating (AReaL's benchmark config)."""
 
     def rate(n: int) -> float:
-        prompts = AREAL_SCALING.batch_prompts * n // 16 if grow_batch else AREAL_SCALING.batch_prompts
-        sc = replace(AREAL_SCALING, gpus=n, batch_prompts=prompts)
-        setup = sc.colocated_sync() if synchronous else sc.split(int(n * AREAL_SPLIT), AREAL_ETA, "abort")
-        return simulate(setup).samples_per_s()
+        sc = replace(AREAL_SCALING, gpus=n)
+        setup = sc.colocated_sync() if synchronous else areal_async(sc, inflight=AREAL_BENCH_INFLIGHT)
+        return simulate(setup).tokens_per_s()
 
     return rate(gpus) / rate(16)
 
 
+def verl_speedup(lengths_from_trainer: bool = False) -> float:
+    """verl's fully-async (64:64, staleness 0.5, partial rollout, rollout log-probs) over its
+    colocated sync (all 128 GPUs, `old_log_prob` recomputed)."""
+    sc = replace(VERL, mean_tokens=verl_mean_from_trainer()) if lengths_from_trainer else VERL
+    sync = simulate(replace(sc, logprob_passes=1).colocated_sync()).samples_per_s()
+    inflight = int(sc.batch_prompts * (1 + VERL_STALENESS))
+    return simulate(sc.split(64, 1, "abort", inflight=inflight)).samples_per_s() / sync
+
+
+def verl_mean_from_trainer() -> float:
+    """The mean completion length at which the model's colocated trainer takes verl's stated
+    `update_actor` (113.81 s on 128 H20): the page states times, not lengths."""
+    trainer = VERL.colocated_sync().trainer
+    tokens = (113.81 - trainer.overhead_s) * 128 * trainer.peak_flops * trainer.mfu / (6 * trainer.params)
+    return tokens / (VERL.batch_prompts * VERL.group_size) - VERL.prompt_tokens
+
+
+def nemo_step_s(asynchronous: bool, prompt_tokens: int = NEMO.prompt_tokens) -> float:
+    sc = replace(NEMO, mean_tokens=NEMO_MEAN[asynchronous], prompt_tokens=prompt_tokens)
+    setup = sc.split(sc.gpus // 2, 1, "keep") if asynchronous else sc.colocated_sync()
+    return simulate(setup).step_s()
+
+
 def eta_balance() -> dict[int, float]:
     """Throughput at each η over that at η = 16 (AReaL 1.5B)."""
-    rates = {
-        eta: simulate(AREAL_15B.split(int(128 * AREAL_SPLIT), eta, "abort")).samples_per_s()
-        for eta in (0, 1, 2, 4, 8, 16)
-    }
+    rates = {eta: simulate(areal_async(AREAL_15B, eta)).samples_per_s() for eta in (0, 1, 2, 4, 8, 16)}
     return {eta: r / rates[16] for eta, r in rates.items()}
 
 
@@ -68,7 +111,7 @@ def gpu_busy(sc: Scenario) -> dict[str, float]:
     out = {}
     for name, setup in (
         ("sync", sc.colocated_sync()),
-        ("async", sc.split(int(sc.gpus * AREAL_SPLIT), AREAL_ETA, "abort")),
+        ("async", areal_async(sc)),
     ):
         u = simulate(setup).utilisation()
         serving = setup.servers * setup.inference.tp
@@ -76,24 +119,23 @@ def gpu_busy(sc: Scenario) -> dict[str, float]:
     return out
 
 
-def nemo_step_s(asynchronous: bool) -> float:
-    setup = NEMO.split(NEMO.gpus // 2, 1, "keep") if asynchronous else NEMO.colocated_sync()
-    return simulate(setup).step_s()
-
-
 TARGETS: list[tuple[str, str, float, Callable[[], float]]] = [
-    ("AReaL 1.5B async / sync", "128 H800, 27k tokens, 512x16, 3/4 generate, η=4", 2.77,
+    ("AReaL 1.5B async / sync", "128 H800, 27,648 tokens, 512x16, 3/4 generate (assumed), η=4 (assumed), "
+     "sync = η 0 on the same split", 2.77,
      lambda: areal_speedup(AREAL_15B)),
-    ("AReaL 7B async / sync", "as 1.5B", 2.27, lambda: areal_speedup(AREAL_7B)),
-    ("AReaL sync 64 / 16 GPUs", "7B, 16k, 512x16, batch fixed", 3.2, lambda: scaling(64, True)),
+    ("AReaL 7B async / sync", "192 H800, as 1.5B", 2.27, lambda: areal_speedup(AREAL_7B)),
+    ("AReaL sync 64 / 16 GPUs", "7B, 31k tokens, 512x16 fixed, colocated (seed's figure)", 3.2,
+     lambda: scaling(64, True)),
     ("AReaL sync 256 / 16 GPUs", "", 8.1, lambda: scaling(256, True)),
-    ("AReaL async 64 / 16 GPUs", "", 3.8, lambda: scaling(64, False)),
+    ("AReaL async 64 / 16 GPUs", "3/4 generate, η=4, 512 prompts generating", 3.8,
+     lambda: scaling(64, False)),
     ("AReaL async 256 / 16 GPUs", "", 12.5, lambda: scaling(256, False)),
     ("AReaL async 1024 / 16 GPUs", "", 38.0, lambda: scaling(1024, False)),
-    ("verl fully-async / colocated sync", "7B, 128 GPUs, 20k, 3/4 generate, η=1, abort (2.35-2.67)", 2.51,
-     lambda: speedup(VERL, 0.75, 1, "abort")),
-    ("NeMo-RL sync step (s)", "8B, 16 GPUs, 8k, 128x16", 111.0, lambda: nemo_step_s(False)),
-    ("NeMo-RL one-step-off step (s)", "8/8 split, η=1, pause and keep", 64.0, lambda: nemo_step_s(True)),
+    ("verl fully-async / colocated sync", "7B, 128 H20, 28k, 512x16, 64:64, staleness 0.5, partial rollout "
+     "(2.35-2.67)", 2.51, verl_speedup),
+    ("NeMo-RL sync step (s)", "Llama-3.1-8B, 16 H100, 4k, 64x32, mean 1,019", 92.8,
+     lambda: nemo_step_s(False)),
+    ("NeMo-RL one-step-off step (s)", "8:8, age 1, mean 1,123", 64.8, lambda: nemo_step_s(True)),
 ]  # fmt: skip
 
 
@@ -113,26 +155,48 @@ def sensitivity() -> list[str]:
         ("prompt 2k tokens (512)", replace(AREAL_15B, prompt_tokens=2048)),
     ]
     for name, sc in moves:
-        lines.append(f"{name}: {areal_speedup(sc):.2f} ({areal_speedup(sc) / base - 1:+.0%})")
+        moved = areal_speedup(sc)
+        lines.append(f"{name}: {moved:.2f} ({moved / base - 1:+.0%})")
+    return lines
+
+
+def areal_step_times() -> list[str]:
+    """The model's seconds per step against the blog's hours x 3600 / 1000 PPO steps (not one of
+    the ten: a check of the absolute scale, which the ratios hide)."""
+    lines = []
+    for name, sc, sync_h, async_h in (("1.5B", AREAL_15B, 41.0, 14.8), ("7B", AREAL_7B, 57.7, 25.4)):
+        sync, async_ = simulate(areal_sync(sc)).step_s(), simulate(areal_async(sc)).step_s()
+        lines.append(f"AReaL {name} seconds per step: sync {sync:.0f} (published {sync_h * 3.6:.0f}), "
+                     f"async {async_:.0f} (published {async_h * 3.6:.0f})")  # fmt: skip
     return lines
 
 
 def unstated() -> list[str]:
-    """Inputs a paper does not state that move its figure most: AReaL's batch at scale, verl's
-    staleness, NeMo-RL's split."""
-    lines = [
-        f"AReaL {kind} {gpus} / 16 GPUs with the batch grown with the GPUs (fixed tabled): "
-        f"{scaling(gpus, kind == 'sync', grow_batch=True):.1f} (published {published:g})"
-        for kind, gpus, published in (("sync", 64, 3.2), ("sync", 256, 8.1), ("async", 64, 3.8),
-                                      ("async", 256, 12.5), ("async", 1024, 38.0))
-    ]  # fmt: skip
-    lines += [f"verl at η={eta} (η=1 tabled): {speedup(VERL, 0.75, eta, 'abort'):.2f}" for eta in (2, 4)]
-    for fraction in (0.625, 0.75):
-        inference = int(NEMO.gpus * fraction)
-        step = simulate(NEMO.split(inference, 1, "keep")).step_s()
-        split = f"{inference}:{NEMO.gpus - inference}"
-        lines.append(f"NeMo-RL one-step-off with {split} (8:8 tabled): {step:.0f} s")
-    return lines
+    """Inputs a source does not state that move its figure most."""
+    colocated = simulate(replace(AREAL_15B, logprob_passes=0).colocated_sync()).samples_per_s()
+    async_ = simulate(areal_async(AREAL_15B)).samples_per_s()
+    narrow = simulate(areal_async(AREAL_15B, inflight=AREAL_15B.batch_prompts)).samples_per_s()
+    mean = verl_mean_from_trainer()
+    nemo_abort = simulate(replace(NEMO, mean_tokens=NEMO_MEAN[True]).split(8, 1, "abort")).step_s()
+    return [
+        f"AReaL 1.5B at η=8 (η=4 tabled): {areal_speedup(AREAL_15B, 8):.2f} (published 2.77)",
+        f"AReaL 1.5B against a synchronous 64:64 split (as AReaL's nightly 1.5B config allocates; "
+        f"96:32 tabled): {areal_speedup(AREAL_15B, sync_fraction=0.5):.2f} (published 2.77)",
+        f"AReaL 1.5B against one colocated pool (verl's layout; 96:32 tabled): {async_ / colocated:.2f} "
+        f"(published 2.77)",
+        f"AReaL 1.5B with one batch of prompts generating (AReaL's default max_concurrent_rollouts; "
+        f"batch x (η+1) tabled): {narrow / simulate(areal_sync(AREAL_15B)).samples_per_s():.2f} "
+        f"(published 2.77)",
+        f"AReaL 7B against a synchronous 96:96 split (144:48 tabled): "
+        f"{areal_speedup(AREAL_7B, sync_fraction=0.5):.2f} (published 2.27)",
+        f"verl with the completion mean from its stated update_actor time ({mean:.0f} tokens; "
+        f"0.35 x 28k = {0.35 * VERL.max_tokens:.0f} tabled): {verl_speedup(True):.2f} (published 2.35-2.67)",
+        f"NeMo-RL one-step-off with abort and resubmit (pause and keep tabled): "
+        f"{nemo_abort:.0f} s (published 64.8)",
+        f"NeMo-RL with 128-token prompts (512 tabled): sync {nemo_step_s(False, 128):.0f} s "
+        f"(published 92.8), "
+        f"one-step-off {nemo_step_s(True, 128):.0f} s (published 64.8)",
+    ]
 
 
 def main() -> None:
@@ -143,10 +207,11 @@ def main() -> None:
         ratio = predicted / published
         rows.append({"target": name, "setup": setup, "published": published, "predicted": predicted,
                      "ratio": ratio, "within_15pct": abs(ratio - 1) <= TOLERANCE})  # fmt: skip
-        print(f"{name}: predicted {predicted:.2f}, published {published}, ratio {ratio:.2f}", flush=True)
+        print(f"{name}: predicted {predicted:.2f}, published {published}, ratio {ratio:.2f} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
     balance = eta_balance()
     busy = gpu_busy(AREAL_15B)
-    lines = sensitivity() + unstated()
+    lines = sensitivity() + unstated() + areal_step_times()
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     out = {"made_at": made, "rows": rows, "eta_over_eta16": balance, "gpu_busy": busy, "sensitivity": lines,
            "assumptions": {"gpu": AREAL_15B.gpu.__dict__, "mean_fraction": AREAL_15B.mean_fraction,

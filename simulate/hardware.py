@@ -33,6 +33,9 @@ class Gpu:
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 
 
+H20 = Gpu(name="H20", peak_flops=148e12, hbm_bytes_per_s=4.0e12, memory_bytes=96e9)  # NVIDIA's data sheet
+
+
 def kv_bytes_per_token(params: float) -> float:
     _, layers, heads, dim = min(SHAPES, key=lambda s: abs(s[0] - params) / s[0])
     return layers * 2 * heads * dim * 2  # K and V, bf16
@@ -68,9 +71,10 @@ def inference_for(params: float, gpu: Gpu, tp: int | None = None, mean_context: 
     )
 
 
-def trainer_for(params: float, gpu: Gpu, colocated: bool = False) -> Trainer:
+def trainer_for(params: float, gpu: Gpu, colocated: bool = False, logprob_passes: int = 0) -> Trainer:
     """Colocated (one pool of GPUs takes turns) reshards in memory: no transfer to pay."""
     return Trainer(
         params=params, peak_flops=gpu.peak_flops, mfu=gpu.mfu, overhead_s=1.0,
         handoff_bytes_per_s=1e15 if colocated else gpu.handoff_bytes_per_s, publish_overhead_s=0.5,
+        logprob_passes=logprob_passes,
     )  # fmt: skip

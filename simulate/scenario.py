@@ -1,6 +1,8 @@
 """A Setup from a few numbers (GPUs, model size, lengths, batch), as `triad simulate --gpus` and
-the published checks give them. Length distributions are the one shared assumption: a capped
-lognormal with mean `mean_fraction` of `max_tokens` and `truncated` of the samples at the cap."""
+the published checks give them. Length distributions are a shared assumption where a source
+states none: a capped lognormal with mean `mean_fraction` of `max_tokens` (or `mean_tokens` where
+the source states the mean) and `truncated` of the samples at the cap. `logprob_passes` is the
+modelled system's: forward passes its trainer makes to recompute log-probabilities."""
 
 from __future__ import annotations
 
@@ -24,9 +26,12 @@ class Scenario:
     truncated: float = 0.05
     steps: int = 40
     gpu: Gpu = Gpu()
+    mean_tokens: float | None = None
+    logprob_passes: int = 0
 
     def lengths(self) -> Lengths:
-        return fit_lengths(self.mean_fraction * self.max_tokens, self.truncated, self.max_tokens)
+        mean = self.mean_tokens or self.mean_fraction * self.max_tokens
+        return fit_lengths(mean, self.truncated, self.max_tokens)
 
     def colocated_sync(self, lengths: Lengths | None = None) -> Setup:
         """A synchronous system on one pool (verl's default): all GPUs generate, then all train."""
@@ -52,7 +57,7 @@ class Scenario:
         return Setup(
             servers=servers, train_gpus=train_gpus,
             inference=inference_for(self.params, self.gpu, mean_context=context),
-            trainer=trainer_for(self.params, self.gpu, colocated), lengths=lengths,
+            trainer=trainer_for(self.params, self.gpu, colocated, self.logprob_passes), lengths=lengths,
             prompt_tokens=self.prompt_tokens, batch_size=self.batch_prompts, group_size=self.group_size,
             max_inflight=inflight, max_async_level=eta, max_steps=self.steps, mode=mode, batch_overhead_s=0.5,
         )  # fmt: skip

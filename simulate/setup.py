@@ -75,8 +75,10 @@ class Inference:
 
 @dataclass(frozen=True)
 class Trainer:
-    """A step takes `overhead_s + 6 * params * tokens / (gpus * peak_flops * mfu)`; publishing
-    moves `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
+    """A step takes `overhead_s + (6 + 2 * logprob_passes) * params * tokens / (gpus * peak_flops * mfu)`:
+    forward and backward, plus a forward pass per recomputation of log-probabilities before the update
+    (verl's `old_log_prob`, NeMo-RL's policy logprobs, AReaL's proximal policy); publishing moves
+    `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
 
     params: float
     peak_flops: float
@@ -84,9 +86,11 @@ class Trainer:
     overhead_s: float
     handoff_bytes_per_s: float
     publish_overhead_s: float
+    logprob_passes: int = 0
 
     def train_s(self, tokens: int, gpus: int) -> float:
-        return self.overhead_s + 6 * self.params * tokens / (max(gpus, 1) * self.peak_flops * self.mfu)
+        flops = (6 + 2 * self.logprob_passes) * self.params * tokens
+        return self.overhead_s + flops / (max(gpus, 1) * self.peak_flops * self.mfu)
 
     def publish_s(self) -> float:
         return self.publish_overhead_s + 2 * self.params / self.handoff_bytes_per_s

@@ -134,6 +134,19 @@ def test_the_spreads_read_from_a_run():
     assert trainer_spread(steps, 0.2, 0.004, 0.2) == pytest.approx((0.8 / 0.8, 1.6 / 1.2))
 
 
+def test_recomputing_log_probs_adds_a_forward_pass_to_the_step():
+    # a batch is 8 samples of 100 tokens (800 tokens); 6 FLOPs per token train, 2 more per pass
+    slow = dict(params=1.0, peak_flops=800.0, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
+                publish_overhead_s=0.0)  # fmt: skip
+    assert Trainer(**slow).train_s(800, 1) == pytest.approx(6.0)
+    assert Trainer(**slow, logprob_passes=1).train_s(800, 2) == pytest.approx(4.0)
+    # the trainer is the bound (6 s, then 8 s a step against 1 s of generation), at η = 2
+    for passes, step in ((0, 6.0), (1, 8.0)):
+        trainer = Trainer(**slow, logprob_passes=passes)
+        r = simulate(setup(max_async_level=2, max_inflight=12, trainer=trainer))
+        assert r.step_s() == pytest.approx(step, rel=1e-6)
+
+
 def test_abort_and_resubmit_keeps_the_tokens_and_pays_the_prefill():
     inf = Inference(ITER_S, 0.0, 0.0, 10**6, 1000.0, 0.0)
     keep = simulate(setup(inference=inf, max_inflight=8, mode="keep"))

@@ -18,14 +18,32 @@ import json
 import os
 import sys
 from pathlib import Path
+from statistics import mean
 
-from shared.rundir import RunDir
-from simulate.calibrate import calibrate, measured_outside_per_group, measured_samples_per_s
+from shared.rundir import ORCHESTRATOR, TRAINER, RunDir
+from simulate.calibrate import calibrate, measured_outside_per_group, measured_samples_per_s, steady
 from simulate.pipeline import simulate
 
 RESULTS = Path(__file__).with_name("results")
 PREDICTION = RESULTS / "simulate_prediction.json"
 ETAS = (0, 1, 2)
+
+
+def phases(rundir: RunDir) -> dict[str, float]:
+    """What moves a run's speed that the prediction cannot know: its mean request time and trainer
+    step (read, train, publish), over the steady rows. Equal settings on a shared machine give
+    different values from run to run."""
+    orch = steady(rundir.metrics.rows(ORCHESTRATOR))
+    trainer = steady([r for r in rundir.metrics.rows(TRAINER) if "train_s" in r])
+    spans = [d for r in orch for _, d in r.get("request_spans", [])]
+    return {
+        "request_s": mean(spans) if spans else 0.0,
+        "trainer_step_s": mean(r.get("read_s", 0) + r["train_s"] + r["publish_s"] for r in trainer),
+    }
+
+
+def phase_text(p: dict[str, float]) -> str:
+    return f"{p['request_s'] * 1000:.0f} / {p['trainer_step_s'] * 1000:.0f} ms"
 
 
 def predict(calibration_run: str) -> None:
@@ -39,6 +57,7 @@ def predict(calibration_run: str) -> None:
         "load_average": os.getloadavg(),
         "calibration_run_samples_per_s": measured_samples_per_s(rundir),
         "calibration_run_guard_share": measured_outside_per_group(rundir)[1],
+        "calibration_run_phases": phases(rundir),
         "calibration": setup.notes.get("calibration", ""),
         "setup": setup.describe(),
         "predicted_samples_per_s": {str(k): v for k, v in predicted.items()},
@@ -60,7 +79,8 @@ def compare(runs: list[str]) -> None:
         guard = prediction.get("predicted_guard_share", {}).get(str(eta))
         rows.append({"eta": eta, "run": run, "predicted": predicted, "measured": measured,
                      "ratio": predicted / measured, "predicted_guard_share": guard,
-                     "measured_guard_share": measured_outside_per_group(rundir)[1]})  # fmt: skip
+                     "measured_guard_share": measured_outside_per_group(rundir)[1],
+                     "phases": phases(rundir)})  # fmt: skip
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     record = {"predicted_at": prediction["made_at"], "measured_at": made, "rows": rows,
               "load_average": os.getloadavg()}  # fmt: skip
@@ -70,14 +90,18 @@ def compare(runs: list[str]) -> None:
         f"measured {made}; load average then {os.getloadavg()[0]:.1f} on 2 cores)",
         "",
         "| η | predicted samples/s | measured samples/s | predicted / measured "
-        "| slot-seconds the η guard held empty: predicted / measured |",
-        "| --- | --- | --- | --- | --- |",
+        "| slot-seconds the η guard held empty: predicted / measured | mean request / trainer step |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     lines += [
         f"| {r['eta']} | {r['predicted']:.0f} | {r['measured']:.0f} | {r['ratio']:.2f} "
-        f"| {r['predicted_guard_share'] or 0:.0%} / {r['measured_guard_share']:.0%} |"
+        f"| {r['predicted_guard_share'] or 0:.0%} / {r['measured_guard_share']:.0%} "
+        f"| {phase_text(r['phases'])} |"
         for r in rows
     ]
+    if "calibration_run_phases" in prediction:
+        lines += ["", f"The calibration run's mean request / trainer step: "
+                  f"{phase_text(prediction['calibration_run_phases'])}."]  # fmt: skip
     (RESULTS / "simulate_measured.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -92,7 +116,8 @@ def self_check(runs: list[str]) -> None:
         rows.append({"run": run, "eta": setup.max_async_level, "simulated": r.samples_per_s(),
                      "measured": measured, "ratio": r.samples_per_s() / measured,
                      "simulated_guard_share": r.guard_share(),
-                     "measured_guard_share": measured_outside_per_group(rundir)[1]})  # fmt: skip
+                     "measured_guard_share": measured_outside_per_group(rundir)[1],
+                     "phases": phases(rundir)})  # fmt: skip
     record = json.loads((RESULTS / "simulate_measured.json").read_text())
     record["each_run_on_itself"] = rows
     (RESULTS / "simulate_measured.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -101,12 +126,13 @@ def self_check(runs: list[str]) -> None:
         "Each run calibrated on itself and simulated at its own settings (after the runs; not a prediction):",
         "",
         "| run | η | simulated samples/s | measured | simulated / measured "
-        "| guard's empty slots: simulated / measured |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| guard's empty slots: simulated / measured | mean request / trainer step |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     lines += [
         f"| {Path(r['run']).name} | {r['eta']} | {r['simulated']:.0f} | {r['measured']:.0f} "
-        f"| {r['ratio']:.2f} | {r['simulated_guard_share']:.0%} / {r['measured_guard_share']:.0%} |"
+        f"| {r['ratio']:.2f} | {r['simulated_guard_share']:.0%} / {r['measured_guard_share']:.0%} "
+        f"| {phase_text(r['phases'])} |"
         for r in rows
     ]
     with (RESULTS / "simulate_measured.md").open("a") as f:

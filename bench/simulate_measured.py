@@ -49,7 +49,8 @@ def phase_text(p: dict[str, float]) -> str:
 def predict(calibration_run: str) -> None:
     rundir = RunDir(calibration_run)
     setup = calibrate(rundir)
-    results = {eta: simulate(setup.with_(max_async_level=eta, max_steps=60)) for eta in ETAS}
+    steps = rundir.read_run().config["max_steps"]
+    results = {eta: simulate(setup.with_(max_async_level=eta, max_steps=steps)) for eta in ETAS}
     predicted = {eta: r.samples_per_s() for eta, r in results.items()}
     out = {
         "made_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -111,7 +112,7 @@ def self_check(runs: list[str]) -> None:
     for run in runs:
         rundir = RunDir(run)
         setup = calibrate(rundir)
-        r = simulate(setup.with_(max_steps=60))
+        r = simulate(setup.with_(max_steps=rundir.read_run().config["max_steps"]))
         measured = measured_samples_per_s(rundir)
         rows.append({"run": run, "eta": setup.max_async_level, "simulated": r.samples_per_s(),
                      "measured": measured, "ratio": r.samples_per_s() / measured,

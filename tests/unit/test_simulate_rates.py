@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.simulate_rates import NEMO_V05, implied_tokens_per_sample
+from bench.simulate_rates import NEMO_V05, bounded, implied_tokens_per_sample
 from shared.errors import TriadError
 from simulate.hardware import (
     H20,
@@ -60,3 +60,12 @@ def test_nemo_tokens_per_gpu_is_the_whole_step_with_a_130_token_prompt() -> None
     prompts = [implied_tokens_per_sample(g, r, s) - m for _, _, g, m, r, s in NEMO_V05]
     assert [round(p) for p in prompts[:2]] == [127, 131]
     assert all(120 < p < 140 for p in prompts)
+
+
+def test_a_bound_only_raises_a_rate() -> None:
+    """A phase that fits in the stated step gives a floor: a rate already above it stays."""
+    raised = bounded(Gpu(), hbm_bound=0.9, mfu_bound=0.30)
+    assert (raised.hbm_efficiency, raised.mfu) == (0.9, 0.35)
+    assert (
+        bounded(H20, 0.5, 0.4).hbm_efficiency == 0.6 and bounded(H20, 0.5, 0.4).peak_flops == H20.peak_flops
+    )

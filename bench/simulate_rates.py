@@ -1,17 +1,16 @@
-"""The shared decode and trainer rates against what NeMo-RL's performance summary states.
+"""The shared decode and trainer rates, fitted to a stated run's phase times.
 
-Issue 35 asked to replace the guessed rates (simulate/hardware.py's `Gpu`: `hbm_efficiency`,
-`mfu`) by rates fitted to a source's stated stage rates: `hardware.hbm_efficiency_for` and
-`hardware.mfu_for` do that for a stated decode rate and a stated training rate. NeMo-RL's summary
-(v0.4, v0.5, v0.6) defines per-stage Tokens/sec/GPU and a training MFU but tabulates one
-Tokens/sec/GPU per row and no MFU; `implied_tokens_per_sample` shows that column to be the whole
-step's tokens over the step time and all GPUs (the same ~130-token prompt falls out of every
-Llama-3.1-8B row), so it restates the step time that the published table checks and fits nothing
-independently. What the summary does bound: in NeMo-RL's one-step-off steady state generation (8
-GPUs) and training (8 GPUs) each fit in the stated step, so `step_bound_rates` gives the slowest
-rates consistent with it. Writes bench/results/simulate_rates.{json,md}: the stated rows, the
-implied tokens per sample, those bounds, and the published table under the tabled and under the
-bounded rates, side by side (the bounded table is a what-if: its rates come from a target figure).
+The rates (simulate/hardware.py's `Gpu`: `hbm_efficiency`, `mfu`) were guesses. NeMo-RL's
+performance summary (v0.4-v0.6), which issue 35's rows come from, defines per-stage Tokens/sec/GPU
+and a training MFU but tabulates one Tokens/sec/GPU per row and no MFU; `implied_tokens_per_sample`
+shows that column to be the whole step's tokens over the step time and all GPUs (the same
+~130-token prompt falls out of every Llama-3.1-8B row): it restates the step time the published
+table checks. NeMo-RL's v0.3 blog states phase times of another run (`V03`): `fit_v03` fits
+`hbm_efficiency` to its generation time and the MFU to its training and log-prob times, the
+other decode costs kept. `step_bound_rates` gives the floors that v0.5's one-step-off step puts
+under both (each phase fits in the step), a check of the fit. Writes
+bench/results/simulate_rates.{json,md}: the stated rows, the fit, the floors, and the published
+table under the guessed and the fitted rates side by side, with the phase-time checks.
 
     python -m bench.simulate_rates"""
 
@@ -23,8 +22,9 @@ import time
 from dataclasses import replace
 
 from bench import simulate_published as published
-from simulate.hardware import H20, Gpu
+from simulate.hardware import H20, Gpu, mfu_for
 from simulate.pipeline import simulate
+from simulate.scenario import Scenario
 from simulate.setup import Setup
 
 # NeMo-RL performance summary v0.5 (docs/about/performance-summary.md at tag v0.5.0), Llama-3.1-8B,
@@ -39,6 +39,45 @@ NEMO_V05 = (
 SAMPLES = 2048
 ASYNC_STEP_S = 64.8  # H100 BF16, one-step-off: 8 GPUs generate, 8 train
 ASYNC_GPUS = 8
+
+
+# NeMo-RL v0.3 blog (<https://nvidia-nemo.github.io/blog/2025/07/21/nemo-rl-v0.3/>), its table as
+# quoted in NVIDIA-NeMo/RL issue 959: Llama 3.1-8B Instruct, Megatron, 1 node x 8 GPUs (H100): total
+# step 112 s = policy training 28 + refit 5 + generation 58 + get logprobs 18; 795 generated tokens
+# per sample. Its setup, `examples/configs/grpo_math_8B_megatron.yaml` at tag v0.3.0: 64 prompts x
+# 32 generations, max_total_sequence_length 4096, 1 node of 8, generation and training colocated.
+V03_GENERATION_S, V03_TRAINING_S, V03_LOGPROBS_S = 58.0, 28.0, 18.0
+V03 = Scenario(gpus=8, params=8e9, max_tokens=4096 - 512, batch_prompts=64, group_size=32, mean_tokens=795.0,
+               steps=published.STEPS, logprob_passes=1)  # fmt: skip
+OLD = Gpu(hbm_efficiency=0.6, mfu=0.35)  # the guesses before the fit, for the side-by-side table
+
+
+def v03_generation_s(gpu: Gpu, steps: int = published.STEPS) -> float:
+    """The model's generation of one v0.3 batch on its 8 colocated servers (a trainer that takes no
+    time; the batch write and the weight load taken off the step)."""
+    setup = replace(V03, gpu=gpu, steps=steps).colocated_sync()
+    instant = replace(setup.trainer, mfu=1e12, overhead_s=0.0, publish_overhead_s=0.0)
+    return simulate(setup.with_(trainer=instant)).step_s() - setup.batch_overhead_s - setup.inference.load_s
+
+
+def fit_v03(base: Gpu, steps: int = published.STEPS) -> Gpu:
+    """`base` with the two rates NeMo-RL's v0.3 run states: `hbm_efficiency` at which the model
+    generates its batch in the stated 58 s (the other decode costs kept; bisection, the tail makes
+    it no closed form), and the MFU at which the model's trainer (completion tokens, one log-prob
+    pass) takes the stated policy training + get logprobs, 28 + 18 s, on its 8 GPUs."""
+    lo, hi = 0.05, 20.0
+    for _ in range(30):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (
+            (mid, hi)
+            if v03_generation_s(replace(base, hbm_efficiency=mid), steps) > V03_GENERATION_S
+            else (lo, mid)
+        )
+    trainer = V03.colocated_sync().trainer
+    tokens = V03.batch_prompts * V03.group_size * V03.mean_tokens
+    seconds = V03_TRAINING_S + V03_LOGPROBS_S - trainer.overhead_s
+    mfu = mfu_for(tokens / (V03.gpus * seconds), V03.params, base, V03.logprob_passes)
+    return replace(base, hbm_efficiency=(lo * hi) ** 0.5, mfu=mfu)
 
 
 def implied_tokens_per_sample(gpus: int, rate: float, step_s: float, samples: int = SAMPLES) -> float:
@@ -102,9 +141,13 @@ def checks(gpu: Gpu, h20: Gpu) -> dict[str, float]:
 
 
 def markdown(out: dict) -> list[str]:
-    tabled, bound = out["tabled"], out["bound"]
-    md = [f"# Shared rates against NeMo-RL's stated figures ({out['made_at']})", ""]
-    md += ["NeMo-RL performance summary v0.5, Llama-3.1-8B, 2048 samples a step:", ""]
+    old, new = out["guessed"], out["fitted"]
+    md = [f"# Shared rates: fitted to NeMo-RL v0.3's stated phase times ({out['made_at']})", ""]
+    md += [f"Fitted (`fit_v03`: 2048 samples of 795 tokens generated in {V03_GENERATION_S} s, trained and "
+           f"log-probs in {V03_TRAINING_S} + {V03_LOGPROBS_S} s, on 8 H100): hbm_efficiency "
+           f"{new['gpu']['hbm_efficiency']:.3f} (guessed {old['gpu']['hbm_efficiency']}), mfu "
+           f"{new['gpu']['mfu']:.3f} (guessed {old['gpu']['mfu']})", ""]  # fmt: skip
+    md += ["NeMo-RL performance summary v0.5, Llama-3.1-8B, 2048 samples a step (no stage rate, no MFU):", ""]
     md += ["| table | policy | GPUs | mean completion | Tokens/sec/GPU | step (s) | tokens per sample "
            "(rate x step x GPUs / 2048) | less the completion |"]  # fmt: skip
     md.append("| --- " * 8 + "|")
@@ -113,19 +156,16 @@ def markdown(out: dict) -> list[str]:
         cells = [r[k] for k in ("table", "policy", "gpus", "mean", "rate", "step_s")]
         cells += [f"{per_sample:.0f}", f"{per_sample - r['mean']:.0f}"]
         md.append("| " + " | ".join(str(c) for c in cells) + " |")
-    md += ["", f"Floors from the one-step-off step ({ASYNC_STEP_S} s on 8 + 8 GPUs): hbm_efficiency at least "
-           f"{out['hbm_efficiency_bound']:.3f} (tabled {tabled['gpu']['hbm_efficiency']}), mfu at least "
-           f"{out['mfu_bound']:.3f} (tabled {tabled['gpu']['mfu']}); bounded rates: each raised to its floor "
-           f"(hbm_efficiency {bound['gpu']['hbm_efficiency']:.3f}, "
-           f"mfu {bound['gpu']['mfu']:.3f})", ""]  # fmt: skip
+    floors = f"hbm_efficiency at least {out['hbm_efficiency_bound']:.3f}, mfu at least {out['mfu_bound']:.3f}"
+    md += ["", f"Floors from v0.5's one-step-off step ({ASYNC_STEP_S} s, 8 + 8 GPUs): {floors}", ""]
     md += [
-        "| target | published | tabled rates | ratio | bounded rates | ratio |",
+        "| target | published | guessed rates | ratio | fitted rates | ratio |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for a, b in zip(tabled["rows"], bound["rows"], strict=True):
+    for a, b in zip(old["rows"], new["rows"], strict=True):
         md.append(f"| {a['target']} | {a['published']:g} | {a['predicted']:.2f} | {a['ratio']:.2f} | "
                   f"{b['predicted']:.2f} | {b['ratio']:.2f} |")  # fmt: skip
-    for name, run in (("tabled", tabled), ("bounded", bound)):
+    for name, run in (("guessed", old), ("fitted", new)):
         within = sum(r["within_15pct"] for r in run["rows"])
         others = sum(r["within_15pct"] for r in run["rows"] if not r["target"].startswith("NeMo"))
         checks = ", ".join(f"{k} {v:.1f}" for k, v in run["checks"].items())
@@ -141,12 +181,14 @@ def main() -> None:
     stated = [dict(zip(keys, row, strict=True)) for row in NEMO_V05]
     for r in stated:
         r["tokens_per_sample"] = implied_tokens_per_sample(r["gpus"], r["rate"], r["step_s"])
-    hbm_bound, mfu_bound = step_bound_rates(Gpu())
-    bound, bound_h20 = bounded(Gpu(), hbm_bound, mfu_bound), bounded(H20, hbm_bound, mfu_bound)
+    fitted = fit_v03(Gpu())
+    hbm_bound, mfu_bound = step_bound_rates(fitted)
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     out: dict[str, object] = {"made_at": made, "stated": stated, "hbm_efficiency_bound": hbm_bound,
                               "mfu_bound": mfu_bound}  # fmt: skip
-    for name, gpu, h20 in (("tabled", Gpu(), H20), ("bound", bound, bound_h20)):
+    old_h20 = replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu)
+    fitted_h20 = replace(H20, hbm_efficiency=fitted.hbm_efficiency, mfu=fitted.mfu)
+    for name, gpu, h20 in (("guessed", OLD, old_h20), ("fitted", fitted, fitted_h20)):
         published.use_gpus(gpu, h20)
         out[name] = {
             "gpu": gpu.__dict__,

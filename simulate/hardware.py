@@ -3,7 +3,8 @@
 A decode iteration reads the weights once and each running sequence's KV cache (memory bound,
 at `hbm_efficiency` of the HBM bandwidth), and spends `2 * params` FLOPs per sequence (at
 `compute_efficiency` of peak), plus `launch_s` of fixed cost (kernel launches, scheduling, sampling).
-These are the assumptions docs/simulate.md tables; each is a field, none is hidden in code."""
+These are the assumptions docs/simulate.md tables; each is a field, none is hidden in code. The
+HBM efficiency and the trainer's MFU are fitted to a stated run (`bench.simulate_rates`)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,15 @@ class Gpu:
     peak_flops: float = 989e12  # dense bf16
     hbm_bytes_per_s: float = 3.35e12
     memory_bytes: float = 80e9
-    hbm_efficiency: float = 0.6
+    # fitted to NeMo-RL v0.3's stated generation time (bench.simulate_rates.fit_v03; a unit test
+    # holds these to the fit), with compute_efficiency and launch_s kept as guessed
+    hbm_efficiency: float = 0.83
     compute_efficiency: float = 0.5
     launch_s: float = 0.004
     max_seqs: int = 256  # vLLM's max_num_seqs
-    mfu: float = 0.35  # the trainer's, forward + backward (6 N FLOPs per token)
+    # the trainer's (6 N FLOPs per completion token, 2 N more per log-prob pass), fitted to NeMo-RL
+    # v0.3's stated policy training + get logprobs time (fit_v03)
+    mfu: float = 0.293
     handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 

@@ -7,7 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from bench.simulate_rates import NEMO_V05, bounded, implied_tokens_per_sample
+from bench.simulate_rates import (
+    NEMO_V05,
+    OLD,
+    V03_GENERATION_S,
+    bounded,
+    fit_v03,
+    implied_tokens_per_sample,
+    v03_generation_s,
+)
 from shared.errors import TriadError
 from simulate.hardware import (
     H20,
@@ -21,7 +29,7 @@ from simulate.hardware import (
 
 
 def test_decode_rate_is_the_model_iteration_by_hand() -> None:
-    gpu, params = Gpu(), 8e9
+    gpu, params = OLD, 8e9
     inf = inference_for(params, gpu)
     kv = 64 * 1500.0
     iteration = inf.iter_base_s + 64 * inf.iter_per_seq_s + kv * inf.iter_per_kv_token_s
@@ -64,8 +72,19 @@ def test_nemo_tokens_per_gpu_is_the_whole_step_with_a_130_token_prompt() -> None
 
 def test_a_bound_only_raises_a_rate() -> None:
     """A phase that fits in the stated step gives a floor: a rate already above it stays."""
-    raised = bounded(Gpu(), hbm_bound=0.9, mfu_bound=0.30)
+    raised = bounded(OLD, hbm_bound=0.9, mfu_bound=0.30)
     assert (raised.hbm_efficiency, raised.mfu) == (0.9, 0.35)
-    assert (
-        bounded(H20, 0.5, 0.4).hbm_efficiency == 0.6 and bounded(H20, 0.5, 0.4).peak_flops == H20.peak_flops
-    )
+    h20 = bounded(replace(H20, hbm_efficiency=0.6, mfu=0.35), 0.5, 0.4)
+    assert (h20.hbm_efficiency, h20.mfu, h20.peak_flops) == (0.6, 0.4, H20.peak_flops)
+
+
+def test_the_shared_rates_are_the_fit_to_nemo_rl_v03() -> None:
+    """The defaults are what `fit_v03` computes from the stated 58 s of generation and 28 + 18 s
+    of training and log-probs, whatever rates it starts from; the fitted model generates the
+    stated batch in the stated time."""
+    fitted = fit_v03(OLD)
+    assert fitted.hbm_efficiency == pytest.approx(Gpu().hbm_efficiency, abs=0.005)
+    assert fitted.mfu == pytest.approx(Gpu().mfu, abs=0.0005)
+    assert fitted.mfu == pytest.approx(8 * 8e9 * 2048 * 795 / (8 * 45 * 989e12))
+    assert v03_generation_s(fitted) == pytest.approx(V03_GENERATION_S, rel=1e-6)
+    assert fit_v03(replace(OLD, hbm_efficiency=0.3, mfu=0.9)) == fitted

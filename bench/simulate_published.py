@@ -147,8 +147,11 @@ def sensitivity() -> list[str]:
     moves = [
         ("length mean 0.25 of max (0.35)", replace(AREAL_15B, mean_fraction=0.25)),
         ("truncated 0.15 (0.05)", replace(AREAL_15B, truncated=0.15)),
-        ("trainer MFU 0.2 (0.35)", replace(AREAL_15B, gpu=replace(gpu, mfu=0.2))),
-        ("HBM efficiency 0.8 (0.6)", replace(AREAL_15B, gpu=replace(gpu, hbm_efficiency=0.8))),
+        (f"trainer MFU 0.2 ({gpu.mfu:g})", replace(AREAL_15B, gpu=replace(gpu, mfu=0.2))),
+        (
+            f"HBM efficiency 0.6 ({gpu.hbm_efficiency:g}; the guess before the fit)",
+            replace(AREAL_15B, gpu=replace(gpu, hbm_efficiency=0.6)),
+        ),
         ("launch 8 ms (4 ms)", replace(AREAL_15B, gpu=replace(gpu, launch_s=0.008))),
         ("max_seqs 512 (256)", replace(AREAL_15B, gpu=replace(gpu, max_seqs=512))),
         ("load 2 s (0.5 s)", replace(AREAL_15B, gpu=replace(gpu, load_s=2.0))),

@@ -116,11 +116,6 @@ def step_bound_rates(base: Gpu, step_s: float = ASYNC_STEP_S) -> tuple[float, fl
     return (lo * hi) ** 0.5, base.mfu * (trainer_cycle_s(setup) - fixed) / (step_s - fixed)
 
 
-def bounded(base: Gpu, hbm_bound: float, mfu_bound: float) -> Gpu:
-    """`base` with each rate raised to its bound where it is below it (a bound is a floor)."""
-    return replace(base, hbm_efficiency=max(base.hbm_efficiency, hbm_bound), mfu=max(base.mfu, mfu_bound))
-
-
 def checks(gpu: Gpu, h20: Gpu) -> dict[str, float]:
     """Phase times the sources state that the fit did not use: verl's colocated generation (177.85 s
     on 128 H20, lengths from its stated update_actor time) and NeMo-RL's synchronous step."""

@@ -11,7 +11,6 @@ from bench.simulate_rates import (
     NEMO_V05,
     OLD,
     V03_GENERATION_S,
-    bounded,
     fit_v03,
     implied_tokens_per_sample,
     v03_generation_s,
@@ -68,14 +67,6 @@ def test_nemo_tokens_per_gpu_is_the_whole_step_with_a_130_token_prompt() -> None
     prompts = [implied_tokens_per_sample(g, r, s) - m for _, _, g, m, r, s in NEMO_V05]
     assert [round(p) for p in prompts[:2]] == [127, 131]
     assert all(120 < p < 140 for p in prompts)
-
-
-def test_a_bound_only_raises_a_rate() -> None:
-    """A phase that fits in the stated step gives a floor: a rate already above it stays."""
-    raised = bounded(OLD, hbm_bound=0.9, mfu_bound=0.30)
-    assert (raised.hbm_efficiency, raised.mfu) == (0.9, 0.35)
-    h20 = bounded(replace(H20, hbm_efficiency=0.6, mfu=0.35), 0.5, 0.4)
-    assert (h20.hbm_efficiency, h20.mfu, h20.peak_flops) == (0.6, 0.4, H20.peak_flops)
 
 
 def test_the_shared_rates_are_the_fit_to_nemo_rl_v03() -> None:

@@ -3,12 +3,14 @@
 A decode iteration reads the weights once and each running sequence's KV cache (memory bound,
 at `hbm_efficiency` of the HBM bandwidth), and spends `2 * params` FLOPs per sequence (at
 `compute_efficiency` of peak), plus `launch_s` of fixed cost (kernel launches, scheduling, sampling).
-These are the assumptions docs/simulate.md tables; each is a field, none is hidden in code."""
+These are the assumptions docs/simulate.md tables; each is a field, none is hidden in code. The
+HBM efficiency and the trainer's MFU are fitted to a stated run (`bench.simulate_rates`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.errors import TriadError
 from simulate.setup import Inference, Trainer
 
 # (parameters, layers, KV heads, head dim): the Qwen2.5 / Llama-3 shapes nearest each size
@@ -24,11 +26,15 @@ class Gpu:
     peak_flops: float = 989e12  # dense bf16
     hbm_bytes_per_s: float = 3.35e12
     memory_bytes: float = 80e9
-    hbm_efficiency: float = 0.6
+    # fitted to NeMo-RL v0.3's stated generation time (bench.simulate_rates.fit_v03; a unit test
+    # holds these to the fit), with compute_efficiency and launch_s kept as guessed
+    hbm_efficiency: float = 0.83
     compute_efficiency: float = 0.5
     launch_s: float = 0.004
     max_seqs: int = 256  # vLLM's max_num_seqs
-    mfu: float = 0.35  # the trainer's, forward + backward (6 N FLOPs per token)
+    # the trainer's (6 N FLOPs per completion token, 2 N more per log-prob pass), fitted to NeMo-RL
+    # v0.3's stated policy training + get logprobs time (fit_v03)
+    mfu: float = 0.293
     handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 
@@ -78,3 +84,39 @@ def trainer_for(params: float, gpu: Gpu, colocated: bool = False, logprob_passes
         handoff_bytes_per_s=1e15 if colocated else gpu.handoff_bytes_per_s, publish_overhead_s=0.5,
         logprob_passes=logprob_passes,
     )  # fmt: skip
+
+
+def decode_tokens_per_s_per_gpu(
+    params: float, gpu: Gpu, running: int, context_tokens: float, tp: int = 0
+) -> float:
+    """The model's steady decode rate of one server: `running` sequences, each holding
+    `context_tokens` of KV cache, a token each per iteration, over the server's GPUs."""
+    tp = tp or tp_for(params, gpu)
+    inf = inference_for(params, gpu, tp)
+    iteration = (
+        inf.iter_base_s + inf.iter_per_seq_s * running + inf.iter_per_kv_token_s * running * context_tokens
+    )
+    return running / (iteration * tp)
+
+
+def hbm_efficiency_for(
+    tokens_per_s_per_gpu: float, params: float, gpu: Gpu, running: int, context_tokens: float, tp: int = 0
+) -> float:
+    """The `hbm_efficiency` at which `decode_tokens_per_s_per_gpu` is a stated decode rate, the
+    other efficiencies kept: the inverse of the iteration time for that batch and context."""
+    tp = tp or tp_for(params, gpu)
+    memory_s = running / (tokens_per_s_per_gpu * tp) - gpu.launch_s
+    memory_s -= running * 2 * params / (gpu.peak_flops * gpu.compute_efficiency * tp)
+    if memory_s <= 0:
+        raise TriadError(
+            f"simulate: {tokens_per_s_per_gpu:.0f} tokens/s/GPU at {running} sequences is beyond the "
+            f"model's launch and compute costs on {gpu.name}; fit compute_efficiency or launch_s instead"
+        )
+    read = 2 * params + running * context_tokens * kv_bytes_per_token(params)
+    return read / (memory_s * gpu.hbm_bytes_per_s * tp)
+
+
+def mfu_for(training_tokens_per_s_per_gpu: float, params: float, gpu: Gpu, logprob_passes: int = 0) -> float:
+    """The trainer MFU that a stated training rate (tokens/s/GPU, the log-prob passes included) gives
+    in the model's FLOP count: (6 + 2 * passes) * params per token."""
+    return (6 + 2 * logprob_passes) * params * training_tokens_per_s_per_gpu / gpu.peak_flops

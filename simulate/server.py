@@ -17,11 +17,19 @@ last ran under; `decoded` the tokens it had when it last (re)started. A waiting 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from simulate.setup import Inference
+
+
+def after(now: float, end: float) -> float:
+    """`end`, or the next time the clock can tell from `now` where a remainder of a token is
+    shorter than the clock's resolution there: an end event at `now` itself would fire again at
+    `now` with the server's clock unmoved, forever."""
+    return end if end > now else math.nextafter(now, math.inf)
 
 
 @dataclass(eq=False, slots=True)
@@ -119,7 +127,9 @@ class Server:
         left = running[0][0] - self.v
         frozen = self.frozen_until
         begin = now if now > frozen else frozen
-        return begin + (left if left > 0.0 else 0.0) * self.iteration_s()
+        if left <= 0.0:
+            return begin
+        return after(now, begin + left * self.iteration_s())
 
     def schedule(self, now: float) -> None:
         """Its next end replaces the event it had (which goes stale)."""
@@ -168,6 +178,8 @@ class Server:
             end = begin + (left if left > 0.0 else 0.0) * (
                 base + per_seq * b + per_kv * (self.kv_const + b * v)
             )
+            if end <= now:  # see `after`
+                end = math.nextafter(now, math.inf)
             heapq.heappush(self.events, (end, next(self.order), self.on_end_, stamp))
 
     def refill(self) -> None:

@@ -291,9 +291,13 @@ def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlin
     code before, to the last bit. A change to the model itself changes them, and is then a change
     to say: a sequence aborted twice kept only the tokens since its last abort (the abort cases
     changed then, to the figures here)."""
+    from simulate.hardware import Gpu
     from simulate.scenario import Scenario
 
-    sc = Scenario(gpus=16, params=7e9, max_tokens=8192, batch_prompts=16, group_size=8, steps=8)
+    old_rates = Gpu(hbm_efficiency=0.6, mfu=0.35)  # the rates these figures were made with (guesses then)
+    sc = Scenario(
+        gpus=16, params=7e9, max_tokens=8192, batch_prompts=16, group_size=8, steps=8, gpu=old_rates
+    )
     r = simulate(sc.split(12, 2, "abort"))
     assert (r.samples_per_s(), r.written_at[8], r.dropped) == (2.1815831703687776, 397.8608550168539, 120)
     assert (sum(r.latencies), r.tokens[8]) == (11344.704916673816, 446102)
@@ -307,3 +311,17 @@ def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlin
     r = simulate(s.with_(inference=dataclasses.replace(s.inference, max_seqs=5), group_overhead_s=0.01))
     assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.4341488016462471, 713.5640488244561, 80)
     assert (sum(r.latencies), r.tokens[8]) == (22300.03466484507, 446868)
+
+
+def test_an_end_shorter_than_the_clock_resolution_still_moves_the_clock():
+    """Late in a long run (the clock at ~1.3e5 s) a last sequence's remainder of ~1e-9 tokens took
+    less time than the float clock can tell from `now`: its end event fired at `now` again and
+    again and the run never finished (AReaL's 16-GPU scaling setup, 60 steps, at the fitted
+    rates). The end now lands on the next representable time."""
+    from simulate.hardware import Gpu
+    from simulate.scenario import Scenario
+
+    sc = Scenario(gpus=16, params=7e9, max_tokens=31744, batch_prompts=512, group_size=16, steps=60,
+                  logprob_passes=1, gpu=Gpu(hbm_efficiency=0.83, mfu=0.293))  # fmt: skip
+    r = simulate(sc.colocated_sync())
+    assert r.trained == 60 and 3000 < r.step_s() < 3500

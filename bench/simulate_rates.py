@@ -1,0 +1,202 @@
+"""The shared decode and trainer rates, fitted to a stated run's phase times.
+
+The rates (simulate/hardware.py's `Gpu`: `hbm_efficiency`, `mfu`) were guesses. NeMo-RL's
+performance summary (v0.4-v0.6), which issue 35's rows come from, defines per-stage Tokens/sec/GPU
+and a training MFU but tabulates one Tokens/sec/GPU per row and no MFU; `implied_tokens_per_sample`
+shows that column to be the whole step's tokens over the step time and all GPUs (the same
+~130-token prompt falls out of every Llama-3.1-8B row): it restates the step time the published
+table checks. NeMo-RL's v0.3 blog states phase times of another run (`V03`): `fit_v03` fits
+`hbm_efficiency` to its generation time and the MFU to its training and log-prob times, the
+other decode costs kept. `step_bound_rates` gives the floors that v0.5's one-step-off step puts
+under both (each phase fits in the step), a check of the fit. Writes
+bench/results/simulate_rates.{json,md}: the stated rows, the fit, the floors, and the published
+table under the guessed and the fitted rates side by side, with the phase-time checks.
+
+    python -m bench.simulate_rates"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import replace
+
+from bench import simulate_published as published
+from simulate.hardware import H20, Gpu, mfu_for
+from simulate.pipeline import simulate
+from simulate.scenario import Scenario
+from simulate.setup import Setup
+
+# NeMo-RL performance summary v0.5 (docs/about/performance-summary.md at tag v0.5.0), Llama-3.1-8B,
+# G-GBS 2048: (table, policy, GPUs, G-Average Seq len, Tokens / sec / GPU, Total Step time (s))
+NEMO_V05 = (
+    ("H100 BF16", "on policy", 16, 1019, 1581, 92.8),
+    ("H100 BF16", "1-step off", 16, 1123, 2478, 64.8),
+    ("H100 FP8", "1-step off", 16, 1128, 3052, 53.0),
+    ("GB200 BF16", "on policy", 8, 1066, 3359, 91.0),
+    ("GB200 BF16", "1-step off", 8, 1107, 4463, 71.1),
+)
+SAMPLES = 2048
+ASYNC_STEP_S = 64.8  # H100 BF16, one-step-off: 8 GPUs generate, 8 train
+ASYNC_GPUS = 8
+
+
+# NeMo-RL v0.3 blog (<https://nvidia-nemo.github.io/blog/2025/07/21/nemo-rl-v0.3/>), its table as
+# quoted in NVIDIA-NeMo/RL issue 959: Llama 3.1-8B Instruct, Megatron, 1 node x 8 GPUs (H100): total
+# step 112 s = policy training 28 + refit 5 + generation 58 + get logprobs 18; 795 generated tokens
+# per sample. Its setup, `examples/configs/grpo_math_8B_megatron.yaml` at tag v0.3.0: 64 prompts x
+# 32 generations, max_total_sequence_length 4096, 1 node of 8, generation and training colocated.
+V03_GENERATION_S, V03_TRAINING_S, V03_LOGPROBS_S = 58.0, 28.0, 18.0
+V03 = Scenario(gpus=8, params=8e9, max_tokens=4096 - 512, batch_prompts=64, group_size=32, mean_tokens=795.0,
+               steps=published.STEPS, logprob_passes=1)  # fmt: skip
+OLD = Gpu(hbm_efficiency=0.6, mfu=0.35)  # the guesses before the fit, for the side-by-side table
+
+
+def v03_generation_s(gpu: Gpu, steps: int = published.STEPS) -> float:
+    """The model's generation of one v0.3 batch on its 8 colocated servers (a trainer that takes no
+    time; the batch write and the weight load taken off the step)."""
+    setup = replace(V03, gpu=gpu, steps=steps).colocated_sync()
+    instant = replace(setup.trainer, mfu=1e12, overhead_s=0.0, publish_overhead_s=0.0)
+    return simulate(setup.with_(trainer=instant)).step_s() - setup.batch_overhead_s - setup.inference.load_s
+
+
+def fit_v03(base: Gpu, steps: int = published.STEPS) -> Gpu:
+    """`base` with the two rates NeMo-RL's v0.3 run states: `hbm_efficiency` at which the model
+    generates its batch in the stated 58 s (the other decode costs kept; bisection, the tail makes
+    it no closed form), and the MFU at which the model's trainer (completion tokens, one log-prob
+    pass) takes the stated policy training + get logprobs, 28 + 18 s, on its 8 GPUs."""
+    lo, hi = 0.05, 20.0
+    for _ in range(30):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (
+            (mid, hi)
+            if v03_generation_s(replace(base, hbm_efficiency=mid), steps) > V03_GENERATION_S
+            else (lo, mid)
+        )
+    trainer = V03.colocated_sync().trainer
+    tokens = V03.batch_prompts * V03.group_size * V03.mean_tokens
+    seconds = V03_TRAINING_S + V03_LOGPROBS_S - trainer.overhead_s
+    mfu = mfu_for(tokens / (V03.gpus * seconds), V03.params, base, V03.logprob_passes)
+    return replace(base, hbm_efficiency=(lo * hi) ** 0.5, mfu=mfu)
+
+
+def implied_tokens_per_sample(gpus: int, rate: float, step_s: float, samples: int = SAMPLES) -> float:
+    """Tokens per sample if the row's Tokens/sec/GPU is the whole step's: rate x step x GPUs / samples."""
+    return rate * step_s * gpus / samples
+
+
+def generation_step_s(gpu: Gpu) -> float:
+    """The model's one-step-off step with a trainer that takes no time: its 8 servers' generation."""
+    sc = replace(published.NEMO, mean_tokens=published.NEMO_MEAN[True], gpu=gpu)
+    setup = sc.split(ASYNC_GPUS, 1, "keep")
+    instant = replace(
+        setup.trainer, mfu=1e12, overhead_s=0.0, publish_overhead_s=0.0, handoff_bytes_per_s=1e30
+    )
+    return simulate(setup.with_(trainer=instant)).step_s()
+
+
+def trainer_cycle_s(setup: Setup) -> float:
+    """The model's trainer on one batch of the setup's mean length: train, then publish."""
+    tokens = setup.batch_size * setup.group_size * setup.lengths.mean()
+    return setup.trainer.train_s(round(tokens), setup.train_gpus) + setup.trainer.publish_s()
+
+
+def step_bound_rates(base: Gpu, step_s: float = ASYNC_STEP_S) -> tuple[float, float]:
+    """The slowest rates consistent with NeMo-RL's one-step-off step: the `hbm_efficiency` at which
+    the model's 8 servers generate a step in `step_s` (bisection: the generation tail makes it no
+    closed form) and the `mfu` at which its 8-GPU trainer (with the log-prob pass) trains and
+    publishes one in `step_s`. Each phase fits in the step, so NeMo-RL's rates are at least these."""
+    lo, hi = 0.05, 20.0
+    for _ in range(24):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if generation_step_s(replace(base, hbm_efficiency=mid)) > step_s else (lo, mid)
+    sc = replace(published.NEMO, mean_tokens=published.NEMO_MEAN[True], gpu=base)
+    setup = sc.split(ASYNC_GPUS, 1, "keep")
+    fixed = setup.trainer.overhead_s + setup.trainer.publish_s()
+    return (lo * hi) ** 0.5, base.mfu * (trainer_cycle_s(setup) - fixed) / (step_s - fixed)
+
+
+def checks(gpu: Gpu, h20: Gpu) -> dict[str, float]:
+    """Phase times the sources state that the fit did not use: verl's colocated generation (177.85 s
+    on 128 H20, lengths from its stated update_actor time) and NeMo-RL's synchronous step."""
+    published.use_gpus(gpu, h20)
+    mean = published.verl_mean_from_trainer()
+    sc = replace(published.VERL, mean_tokens=mean, logprob_passes=1)
+    setup = sc.colocated_sync()
+    step = simulate(setup).step_s()
+    generation = step - trainer_cycle_s(setup) - setup.batch_overhead_s
+    nemo = replace(published.NEMO, mean_tokens=published.NEMO_MEAN[True]).split(ASYNC_GPUS, 1, "keep")
+    return {
+        "verl_mean_tokens": mean,
+        "verl_generation_s": generation,
+        "nemo_sync_step_s": published.nemo_step_s(False),
+        "nemo_generation_s": generation_step_s(gpu),
+        "nemo_trainer_s": trainer_cycle_s(nemo),
+    }
+
+
+def markdown(out: dict) -> list[str]:
+    old, new = out["guessed"], out["fitted"]
+    md = [f"# Shared rates: fitted to NeMo-RL v0.3's stated phase times ({out['made_at']})", ""]
+    md += [f"Fitted (`fit_v03`: 2048 samples of 795 tokens generated in {V03_GENERATION_S} s, trained and "
+           f"log-probs in {V03_TRAINING_S} + {V03_LOGPROBS_S} s, on 8 H100): hbm_efficiency "
+           f"{new['gpu']['hbm_efficiency']:.3f} (guessed {old['gpu']['hbm_efficiency']}), mfu "
+           f"{new['gpu']['mfu']:.3f} (guessed {old['gpu']['mfu']})", ""]  # fmt: skip
+    md += ["NeMo-RL performance summary v0.5, Llama-3.1-8B, 2048 samples a step (no stage rate, no MFU):", ""]
+    md += ["| table | policy | GPUs | mean completion | Tokens/sec/GPU | step (s) | tokens per sample "
+           "(rate x step x GPUs / 2048) | less the completion |"]  # fmt: skip
+    md.append("| --- " * 8 + "|")
+    for r in out["stated"]:
+        per_sample = r["tokens_per_sample"]
+        cells = [r[k] for k in ("table", "policy", "gpus", "mean", "rate", "step_s")]
+        cells += [f"{per_sample:.0f}", f"{per_sample - r['mean']:.0f}"]
+        md.append("| " + " | ".join(str(c) for c in cells) + " |")
+    floors = f"hbm_efficiency at least {out['hbm_efficiency_bound']:.3f}, mfu at least {out['mfu_bound']:.3f}"
+    md += ["", f"Floors from v0.5's one-step-off step ({ASYNC_STEP_S} s, 8 + 8 GPUs): {floors}", ""]
+    md += [
+        "| target | published | guessed rates | ratio | fitted rates | ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for a, b in zip(old["rows"], new["rows"], strict=True):
+        md.append(f"| {a['target']} | {a['published']:g} | {a['predicted']:.2f} | {a['ratio']:.2f} | "
+                  f"{b['predicted']:.2f} | {b['ratio']:.2f} |")  # fmt: skip
+    for name, run in (("guessed", old), ("fitted", new)):
+        within = sum(r["within_15pct"] for r in run["rows"])
+        others = sum(r["within_15pct"] for r in run["rows"] if not r["target"].startswith("NeMo"))
+        checks = ", ".join(f"{k} {v:.1f}" for k, v in run["checks"].items())
+        md.append(
+            f"\n{name} rates: {within} of 10 within 15%, {others} of 8 without NeMo-RL's rows; {checks}"
+        )
+    return md
+
+
+def main() -> None:
+    started = time.perf_counter()
+    keys = ("table", "policy", "gpus", "mean", "rate", "step_s")
+    stated = [dict(zip(keys, row, strict=True)) for row in NEMO_V05]
+    for r in stated:
+        r["tokens_per_sample"] = implied_tokens_per_sample(r["gpus"], r["rate"], r["step_s"])
+    fitted = fit_v03(Gpu())
+    hbm_bound, mfu_bound = step_bound_rates(fitted)
+    made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    out: dict[str, object] = {"made_at": made, "stated": stated, "hbm_efficiency_bound": hbm_bound,
+                              "mfu_bound": mfu_bound}  # fmt: skip
+    old_h20 = replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu)
+    fitted_h20 = replace(H20, hbm_efficiency=fitted.hbm_efficiency, mfu=fitted.mfu)
+    for name, gpu, h20 in (("guessed", OLD, old_h20), ("fitted", fitted, fitted_h20)):
+        published.use_gpus(gpu, h20)
+        out[name] = {
+            "gpu": gpu.__dict__,
+            "h20": h20.__dict__,
+            "rows": published.table(),
+            "checks": checks(gpu, h20),
+        }
+    out["seconds"] = time.perf_counter() - started
+    (published.RESULTS / "simulate_rates.json").write_text(json.dumps(out, indent=1) + "\n")
+    md = markdown(out)
+    (published.RESULTS / "simulate_rates.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

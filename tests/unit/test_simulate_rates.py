@@ -1,0 +1,81 @@
+"""The fits of the shared decode and trainer rates to stated rates, on closed forms, and what
+NeMo-RL's stated Tokens/sec/GPU column is."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bench.simulate_rates import (
+    NEMO_V05,
+    OLD,
+    V03_GENERATION_S,
+    fit_v03,
+    implied_tokens_per_sample,
+    v03_generation_s,
+)
+from shared.errors import TriadError
+from simulate.hardware import (
+    H20,
+    Gpu,
+    decode_tokens_per_s_per_gpu,
+    hbm_efficiency_for,
+    inference_for,
+    mfu_for,
+    trainer_for,
+)
+
+
+def test_decode_rate_is_the_model_iteration_by_hand() -> None:
+    gpu, params = OLD, 8e9
+    inf = inference_for(params, gpu)
+    kv = 64 * 1500.0
+    iteration = inf.iter_base_s + 64 * inf.iter_per_seq_s + kv * inf.iter_per_kv_token_s
+    assert decode_tokens_per_s_per_gpu(params, gpu, 64, 1500) == pytest.approx(64 / iteration)
+    # 4 ms launch + 16 GB of weights and 12.6 GB of KV at 0.6 x 3.35 TB/s + 64 x 32.4 us of compute
+    assert 64 / iteration == pytest.approx(64 / (0.004 + 28.58e9 / 2.01e12 + 64 * 16e9 / 494.5e12), rel=1e-3)
+
+
+@pytest.mark.parametrize("gpu, params, tp", [(Gpu(), 8e9, 0), (H20, 7e9, 0), (Gpu(), 70e9, 4)])
+@pytest.mark.parametrize("efficiency", [0.3, 0.6, 0.95])
+def test_hbm_efficiency_for_inverts_the_decode_rate(
+    gpu: Gpu, params: float, tp: int, efficiency: float
+) -> None:
+    rate = decode_tokens_per_s_per_gpu(params, replace(gpu, hbm_efficiency=efficiency), 96, 2000, tp)
+    assert hbm_efficiency_for(rate, params, gpu, 96, 2000, tp) == pytest.approx(efficiency, rel=1e-9)
+
+
+def test_a_rate_beyond_launch_and_compute_is_refused() -> None:
+    gpu = Gpu()
+    ceiling = 32 / (gpu.launch_s + 32 * 2 * 8e9 / (gpu.peak_flops * gpu.compute_efficiency))
+    with pytest.raises(TriadError, match="beyond the model's launch and compute costs"):
+        hbm_efficiency_for(ceiling * 1.01, 8e9, gpu, 32, 1000)
+
+
+def test_mfu_for_gives_the_trainer_the_stated_rate() -> None:
+    gpu, params, rate = Gpu(), 8e9, 5000.0
+    mfu = mfu_for(rate, params, gpu, logprob_passes=1)
+    assert mfu == pytest.approx(8 * 8e9 * 5000 / 989e12)
+    trainer = trainer_for(params, replace(gpu, mfu=mfu), logprob_passes=1)
+    assert trainer.train_s(2_000_000, 8) - trainer.overhead_s == pytest.approx(2_000_000 / (8 * rate))
+
+
+def test_nemo_tokens_per_gpu_is_the_whole_step_with_a_130_token_prompt() -> None:
+    """rate x step x GPUs / samples less the mean completion: the same ~130 tokens in every row,
+    so the column is the step's tokens over the step time and all GPUs, not a stage's rate."""
+    prompts = [implied_tokens_per_sample(g, r, s) - m for _, _, g, m, r, s in NEMO_V05]
+    assert [round(p) for p in prompts[:2]] == [127, 131]
+    assert all(120 < p < 140 for p in prompts)
+
+
+def test_the_shared_rates_are_the_fit_to_nemo_rl_v03() -> None:
+    """The defaults are what `fit_v03` computes from the stated 58 s of generation and 28 + 18 s
+    of training and log-probs, whatever rates it starts from; the fitted model generates the
+    stated batch in the stated time."""
+    fitted = fit_v03(OLD)
+    assert fitted.hbm_efficiency == pytest.approx(Gpu().hbm_efficiency, abs=0.005)
+    assert fitted.mfu == pytest.approx(Gpu().mfu, abs=0.0005)
+    assert fitted.mfu == pytest.approx(8 * 8e9 * 2048 * 795 / (8 * 45 * 989e12))
+    assert v03_generation_s(fitted) == pytest.approx(V03_GENERATION_S, rel=1e-6)
+    assert fit_v03(replace(OLD, hbm_efficiency=0.3, mfu=0.9)) == fitted

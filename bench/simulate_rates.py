@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from bench import simulate_published as published
@@ -52,6 +53,17 @@ V03 = Scenario(gpus=8, params=8e9, max_tokens=4096 - 512, batch_prompts=64, grou
 OLD = Gpu(hbm_efficiency=0.6, mfu=0.35)  # the guesses before the fit, for the side-by-side table
 
 
+def hbm_efficiency_at(base: Gpu, seconds_at: Callable[[Gpu], float], seconds: float, rounds: int) -> float:
+    """The `hbm_efficiency` at which `seconds_at` (a generation time, falling as the efficiency
+    rises) is `seconds`, the rest of `base` kept: a geometric bisection over 0.05-20 (the
+    generation tail makes it no closed form)."""
+    lo, hi = 0.05, 20.0
+    for _ in range(rounds):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if seconds_at(replace(base, hbm_efficiency=mid)) > seconds else (lo, mid)
+    return (lo * hi) ** 0.5
+
+
 def v03_generation_s(gpu: Gpu, steps: int = published.STEPS) -> float:
     """The model's generation of one v0.3 batch on its 8 colocated servers (a trainer that takes no
     time; the batch write and the weight load taken off the step)."""
@@ -62,22 +74,15 @@ def v03_generation_s(gpu: Gpu, steps: int = published.STEPS) -> float:
 
 def fit_v03(base: Gpu, steps: int = published.STEPS) -> Gpu:
     """`base` with the two rates NeMo-RL's v0.3 run states: `hbm_efficiency` at which the model
-    generates its batch in the stated 58 s (the other decode costs kept; bisection, the tail makes
-    it no closed form), and the MFU at which the model's trainer (completion tokens, one log-prob
-    pass) takes the stated policy training + get logprobs, 28 + 18 s, on its 8 GPUs."""
-    lo, hi = 0.05, 20.0
-    for _ in range(30):
-        mid = (lo * hi) ** 0.5
-        lo, hi = (
-            (mid, hi)
-            if v03_generation_s(replace(base, hbm_efficiency=mid), steps) > V03_GENERATION_S
-            else (lo, mid)
-        )
+    generates its batch in the stated 58 s (the other decode costs kept), and the MFU at which the
+    model's trainer (completion tokens, one log-prob pass) takes the stated policy training + get
+    logprobs, 28 + 18 s, on its 8 GPUs."""
+    hbm = hbm_efficiency_at(base, lambda gpu: v03_generation_s(gpu, steps), V03_GENERATION_S, rounds=30)
     trainer = V03.colocated_sync().trainer
     tokens = V03.batch_prompts * V03.group_size * V03.mean_tokens
     seconds = V03_TRAINING_S + V03_LOGPROBS_S - trainer.overhead_s
     mfu = mfu_for(tokens / (V03.gpus * seconds), V03.params, base, V03.logprob_passes)
-    return replace(base, hbm_efficiency=(lo * hi) ** 0.5, mfu=mfu)
+    return replace(base, hbm_efficiency=hbm, mfu=mfu)
 
 
 def implied_tokens_per_sample(gpus: int, rate: float, step_s: float, samples: int = SAMPLES) -> float:
@@ -103,17 +108,14 @@ def trainer_cycle_s(setup: Setup) -> float:
 
 def step_bound_rates(base: Gpu, step_s: float = ASYNC_STEP_S) -> tuple[float, float]:
     """The slowest rates consistent with NeMo-RL's one-step-off step: the `hbm_efficiency` at which
-    the model's 8 servers generate a step in `step_s` (bisection: the generation tail makes it no
-    closed form) and the `mfu` at which its 8-GPU trainer (with the log-prob pass) trains and
-    publishes one in `step_s`. Each phase fits in the step, so NeMo-RL's rates are at least these."""
-    lo, hi = 0.05, 20.0
-    for _ in range(24):
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if generation_step_s(replace(base, hbm_efficiency=mid)) > step_s else (lo, mid)
+    the model's 8 servers generate a step in `step_s` and the `mfu` at which its 8-GPU trainer (with
+    the log-prob pass) trains and publishes one in `step_s`. Each phase fits in the step, so
+    NeMo-RL's rates are at least these."""
+    hbm = hbm_efficiency_at(base, generation_step_s, step_s, rounds=24)
     sc = replace(published.NEMO, mean_tokens=published.NEMO_MEAN[True], gpu=base)
     setup = sc.split(ASYNC_GPUS, 1, "keep")
     fixed = setup.trainer.overhead_s + setup.trainer.publish_s()
-    return (lo * hi) ** 0.5, base.mfu * (trainer_cycle_s(setup) - fixed) / (step_s - fixed)
+    return hbm, base.mfu * (trainer_cycle_s(setup) - fixed) / (step_s - fixed)
 
 
 def checks(gpu: Gpu, h20: Gpu) -> dict[str, float]:

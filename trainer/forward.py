@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from trainer.data import MicroBatch
+from trainer.loss import distribution_entropy, log_softmax_at
 
 Forward = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -43,14 +44,13 @@ def kept_logprobs(
     """[B, K, V] logits at positions `keep` to the [B, T] logprobs of the loss tokens they
     predict (and the entropies), 0 where no loss token is."""
     targets = (keep + 1).clamp(max=input_ids.shape[1] - 1)  # clamped only for predicting()'s masked 0
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    log_probs = log_softmax_at(logits, temperature)
     picked = log_probs.gather(-1, input_ids[:, targets].unsqueeze(-1)).squeeze(-1)
     zeros = torch.zeros(input_ids.shape, dtype=log_probs.dtype, device=input_ids.device)
     logprobs = zeros.index_copy(1, targets, picked) * loss
     if not with_entropy:
         return logprobs, None
-    detached = log_probs.detach()
-    return logprobs, zeros.index_copy(1, targets, -(detached.exp() * detached).sum(-1)) * loss
+    return logprobs, zeros.index_copy(1, targets, distribution_entropy(log_probs.detach())) * loss
 
 
 def padded_forward(

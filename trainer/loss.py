@@ -79,9 +79,19 @@ class LossParts:
         return self.clipped_low + self.clipped_high
 
 
+def log_softmax_at(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(.) of each position's logits at temperature T (float32)."""
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def distribution_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """The entropy of each distribution over the last dimension, from its log-probabilities."""
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
 def next_token_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """log p(. | input_ids[:t+1]) at temperature T, for t = 0..len-2 (float32)."""
-    return torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    return log_softmax_at(logits[:, :-1], temperature)
 
 
 def pick_token_logprobs(log_probs: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -92,7 +102,7 @@ def pick_token_logprobs(log_probs: torch.Tensor, input_ids: torch.Tensor) -> tor
 
 def token_entropy(log_probs: torch.Tensor) -> torch.Tensor:
     """Entropy of each next-token distribution, aligned like `pick_token_logprobs`."""
-    return torch.nn.functional.pad(-(log_probs.exp() * log_probs).sum(-1), (1, 0))
+    return torch.nn.functional.pad(distribution_entropy(log_probs), (1, 0))
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """triad's benchmarks: each figure is a ratio measured in one run, against a goal.
 
     bench/run [--steps 60] [--skip-transport] [--skip-peer]
-    bench/run --only trainer        (one figure again; the rest kept from latest.json)
+    bench/run --only trainer        (one figure again; the rest kept from suite.json)
+
+Writes bench/results/suite.json and suite.md (this suite's table), then latest.md
+(`bench/summary.py`: the newest figure of every bench).
 
 1. asynchrony: samples/s at max_async_level 1 and 2 against 0, and against the
    ideal overlap bound (T_gen + T_train) / max(T_gen, T_train) from the
@@ -183,74 +186,102 @@ def run_trainer_throughput(workdir: Path) -> dict:
     return run_module("bench.trainer_throughput", str(workdir / "trainer"))
 
 
-def markdown(results: dict) -> str:
+Row = tuple[str, str, str, str]  # figure, measured, reference, ratio / goal
+
+
+def core_rows(results: dict) -> list[tuple[str, Row]]:
+    """The asynchrony, hand-off and trainer rows, each with the figure (`--only` name) that measured it."""
     a, h, t = results["asynchrony"], results["handoff"], results["trainer"]
-    rows = [
+    rows: list[tuple[str, Row]] = [
         (
-            "asynchrony: samples/s eta=1 / eta=0",
-            f"{a['speedup_eta1']:.2f}x",
-            f"bound {a['ideal_speedup']:.2f}x",
-            f"{a['fraction_of_bound_eta1']:.2f} of bound (goal >= 0.8)",
+            "asynchrony",
+            (
+                "asynchrony: samples/s eta=1 / eta=0",
+                f"{a['speedup_eta1']:.2f}x",
+                f"bound {a['ideal_speedup']:.2f}x",
+                f"{a['fraction_of_bound_eta1']:.2f} of bound (goal >= 0.8)",
+            ),
         ),
         (
-            "asynchrony: samples/s eta=2 / eta=0",
-            f"{a['speedup_eta2']:.2f}x",
-            f"bound {a['ideal_speedup']:.2f}x",
-            "-",
+            "asynchrony",
+            (
+                "asynchrony: samples/s eta=2 / eta=0",
+                f"{a['speedup_eta2']:.2f}x",
+                f"bound {a['ideal_speedup']:.2f}x",
+                "-",
+            ),
         ),
         (
-            "weight hand-off (median)",
-            f"{h['handoff_s']['median'] * 1000:.0f} ms",
-            f"raw {h['raw_write_read_s'] * 1000:.1f} ms",
-            f"{h['handoff_s']['median'] / h['raw_write_read_s']:.0f}x raw; {handoff_goal(h):.2f} of "
-            "3x raw + 10 ms (goal <= 1)",
+            "asynchrony",
+            (
+                "weight hand-off (median)",
+                f"{h['handoff_s']['median'] * 1000:.0f} ms",
+                f"raw {h['raw_write_read_s'] * 1000:.1f} ms",
+                f"{h['handoff_s']['median'] / h['raw_write_read_s']:.0f}x raw; {handoff_goal(h):.2f} of "
+                "3x raw + 10 ms (goal <= 1)",
+            ),
         ),
         (
-            "trainer tokens/s, 1 rank / plain loop, tiny (0.5M)",
-            f"{t['trainer_tokens_per_s']:.0f}/s ({t['ratio']:.2f}x)",
-            f"plain {t['plain_tokens_per_s']:.0f}/s; trainer with glibc's default malloc "
-            f"{t['trainer_default_malloc_tokens_per_s']:.0f}/s",
-            "goal >= 0.9",
+            "trainer",
+            (
+                "trainer tokens/s, 1 rank / plain loop, tiny (0.5M)",
+                f"{t['trainer_tokens_per_s']:.0f}/s ({t['ratio']:.2f}x)",
+                f"plain {t['plain_tokens_per_s']:.0f}/s; trainer with glibc's default malloc "
+                f"{t['trainer_default_malloc_tokens_per_s']:.0f}/s",
+                "goal >= 0.9",
+            ),
         ),
     ]
     if "5M" in t:
         rows.append(
             (
-                f"trainer tokens/s, 1 rank / plain loop, {t['5M']['parameters'] / 1e6:.0f}M parameters",
-                f"{t['5M']['trainer_tokens_per_s']:.0f}/s ({t['5M']['ratio']:.2f}x)",
-                f"plain {t['5M']['plain_tokens_per_s']:.0f}/s",
-                "goal >= 0.9",
+                "trainer",
+                (
+                    f"trainer tokens/s, 1 rank / plain loop, {t['5M']['parameters'] / 1e6:.0f}M parameters",
+                    f"{t['5M']['trainer_tokens_per_s']:.0f}/s ({t['5M']['ratio']:.2f}x)",
+                    f"plain {t['5M']['plain_tokens_per_s']:.0f}/s",
+                    "goal >= 0.9",
+                ),
             )
         )
     if "trainer_compiled_tokens_per_s" in t:
         rows.append(
             (
-                "trainer with torch.compile, tiny (0.5M), after warm-up",
-                f"{t['trainer_compiled_tokens_per_s']:.0f}/s",
-                f"eager trainer {t['trainer_tokens_per_s']:.0f}/s",
-                f"{t['trainer_compiled_tokens_per_s'] / t['trainer_tokens_per_s']:.2f}x",
+                "trainer",
+                (
+                    "trainer with torch.compile, tiny (0.5M), after warm-up",
+                    f"{t['trainer_compiled_tokens_per_s']:.0f}/s",
+                    f"eager trainer {t['trainer_tokens_per_s']:.0f}/s",
+                    f"{t['trainer_compiled_tokens_per_s'] / t['trainer_tokens_per_s']:.2f}x",
+                ),
             )
         )
+    return rows
+
+
+def orchestrator_rows(results: dict) -> list[Row]:
     o = results.get("orchestrator")
-    if o:
-        rows.append(
-            (
-                "orchestrator: rollouts/s against a zero-latency server",
-                f"{o['rollouts_per_s']:.0f}/s, {o['cpu_ms_per_rollout']:.2f} ms CPU each",
-                f"loop lag p99 {o['loop_lag_ms']['p99']:.0f} ms (saturated)",
-                f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1)",
-            )
-        )
-        loaded = o["at_1000_per_s"]
-        rows.append(
-            (
-                "orchestrator: event-loop lag at ~1000 rollouts/s offered",
-                f"p99 {loaded['loop_lag_ms']['p99']:.1f} ms (median {loaded['loop_lag_ms']['median']:.1f})",
-                f"{loaded['rollouts_per_s']:.0f} rollouts/s",
-                "goal: p99 < 50 ms",
-            )
-        )
-    trl = results.get("trl", {})
+    if not o:
+        return []
+    loaded = o["at_1000_per_s"]
+    return [
+        (
+            "orchestrator: rollouts/s against a zero-latency server",
+            f"{o['rollouts_per_s']:.0f}/s, {o['cpu_ms_per_rollout']:.2f} ms CPU each",
+            f"loop lag p99 {o['loop_lag_ms']['p99']:.0f} ms (saturated)",
+            f"{o['rollouts_per_s'] / 1000:.2f} of 1000/s (goal >= 1)",
+        ),
+        (
+            "orchestrator: event-loop lag at ~1000 rollouts/s offered",
+            f"p99 {loaded['loop_lag_ms']['p99']:.1f} ms (median {loaded['loop_lag_ms']['median']:.1f})",
+            f"{loaded['rollouts_per_s']:.0f} rollouts/s",
+            "goal: p99 < 50 ms",
+        ),
+    ]
+
+
+def trl_rows(results: dict) -> list[Row]:
+    trl, rows = results.get("trl", {}), []
     for name in ("tiny (0.5M)", "50M"):
         if name not in trl:
             continue
@@ -273,40 +304,68 @@ def markdown(results: dict) -> str:
                     "goal: triad faster",
                 )
             )
-    for size, w in results.get("weight_transport", {}).items():
-        rows.append(
-            (
-                f"hand-off by broadcast vs files, {size} ({w['parameters'] / 1e6:.0f}M params)",
-                f"{w['broadcast_s'] * 1000:.0f} ms",
-                f"files {w['filesystem_s'] * 1000:.0f} ms",
-                f"{w['speedup']:.2f}x faster",
-            )
+    return rows
+
+
+def transport_rows(results: dict) -> list[Row]:
+    return [
+        (
+            f"hand-off by broadcast vs files, {size} ({w['parameters'] / 1e6:.0f}M params)",
+            f"{w['broadcast_s'] * 1000:.0f} ms",
+            f"files {w['filesystem_s'] * 1000:.0f} ms",
+            f"{w['speedup']:.2f}x faster",
         )
-    rows += digest_rows(results)
-    rows += adapter_rows(results)
-    rows += floor_rows(results)
-    if "startup_s" in a:
-        s = a["startup_s"]
-        rows.append(
-            (
-                "launch (`triad up`) to first trained step (median of 3 runs)",
-                f"{s['first_step_s']:.1f} s",
-                f"server ready {s['server_ready_s']:.1f} s, first batch {s['first_batch_s']:.1f} s",
-                "goal: halved",
-            )
+        for size, w in results.get("weight_transport", {}).items()
+    ]
+
+
+def launch_rows(results: dict) -> list[Row]:
+    s = results["asynchrony"].get("startup_s")
+    if not s:
+        return []
+    return [
+        (
+            "launch (`triad up`) to first trained step (median of 3 runs)",
+            f"{s['first_step_s']:.1f} s",
+            f"server ready {s['server_ready_s']:.1f} s, first batch {s['first_batch_s']:.1f} s",
+            "goal: halved",
         )
-    rows += start_rows(results)
-    rows += store_rows(results)
-    rows += delta_rows(results)
+    ]
+
+
+def figure_rows(results: dict) -> list[tuple[str, Row]]:
+    """Every row of the suite's table, each with the figure (`--only` name) that measured it."""
+    tagged = [
+        ("orchestrator", orchestrator_rows),
+        ("trl", trl_rows),
+        ("weight_transport", transport_rows),
+        ("digest", digest_rows),
+        ("lora_sharing", sharing_rows),
+        ("adapter_handoff", adapter_rows),
+        ("floor", floor_rows),
+        ("asynchrony", launch_rows),
+        ("inference_start", start_rows),
+        ("object_store", store_rows),
+        ("weight_deltas", delta_rows),
+    ]
+    return core_rows(results) + [(figure, row) for figure, rows in tagged for row in rows(results)]
+
+
+def measured_at(results: dict, figure: str) -> str:
+    """When `figure` was last measured: the suite's date unless it was measured again alone."""
+    return results.get("remeasured", {}).get(figure, results["date"])
+
+
+def markdown(results: dict) -> str:
     lines = ["| figure | measured | reference | ratio / goal |", "| --- | --- | --- | --- |"]
-    lines += [f"| {' | '.join(r)} |" for r in rows]
+    lines += [f"| {' | '.join(row)} |" for _, row in figure_rows(results)]
     again = "".join(
         f"; {name} figures re-measured {date}" for name, date in results.get("remeasured", {}).items()
     )
     return f"Benchmarks ({results['machine']}, {results['date']}{again})\n\n" + "\n".join(lines) + "\n"
 
 
-def digest_rows(results: dict) -> list[tuple[str, str, str, str]]:
+def digest_rows(results: dict) -> list[Row]:
     """The weight digests' share of the hand-off (`bench/weight_transport.py`)."""
     d = results.get("digest", {})
     rows = []
@@ -329,22 +388,25 @@ def digest_rows(results: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def adapter_rows(results: dict) -> list[tuple[str, str, str, str]]:
-    """A LoRA adapter's hand-off against full weights (`bench/adapter_handoff.py`), and LoRA
-    runs sharing one server (`bench/lora_sharing.py`)."""
-    rows = []
+def sharing_rows(results: dict) -> list[Row]:
+    """LoRA runs sharing one server (`bench/lora_sharing.py`)."""
     s = results.get("lora_sharing")
-    if s:
-        a, b = s["sharing_samples_per_s"]["a"], s["sharing_samples_per_s"]["b"]
-        rows.append(
-            (
-                "LoRA runs sharing one server: samples/s of two runs vs one alone (tiny, rank 8)",
-                f"{a:.1f} + {b:.1f} = {s['together_samples_per_s']:.1f}/s",
-                f"alone {s['alone_samples_per_s']:.1f}/s",
-                f"{s['together_over_alone']:.2f}x together",
-            )
+    if not s:
+        return []
+    a, b = s["sharing_samples_per_s"]["a"], s["sharing_samples_per_s"]["b"]
+    return [
+        (
+            "LoRA runs sharing one server: samples/s of two runs vs one alone (tiny, rank 8)",
+            f"{a:.1f} + {b:.1f} = {s['together_samples_per_s']:.1f}/s",
+            f"alone {s['alone_samples_per_s']:.1f}/s",
+            f"{s['together_over_alone']:.2f}x together",
         )
-    return rows + [
+    ]
+
+
+def adapter_rows(results: dict) -> list[Row]:
+    """A LoRA adapter's hand-off against full weights (`bench/adapter_handoff.py`)."""
+    return [
         (
             f"hand-off of a LoRA adapter ({r['lora']}) vs full weights, {size}",
             f"{r['adapter_s'] * 1000:.0f} ms ({r['adapter_bytes'] / 1e3:.0f} kB)",
@@ -355,7 +417,7 @@ def adapter_rows(results: dict) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def floor_rows(results: dict) -> list[tuple[str, str, str, str]]:
+def floor_rows(results: dict) -> list[Row]:
     """triad's steady-state step at eta=1 against the same step done in one process."""
     f = results.get("floor")
     if not f:
@@ -373,7 +435,7 @@ def floor_rows(results: dict) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def start_rows(results: dict) -> list[tuple[str, str, str, str]]:
+def start_rows(results: dict) -> list[Row]:
     """Launch to the first trained step, and vLLM's own start (`bench/inference_start.py`)."""
     r = results.get("inference_start")
     if not r:
@@ -395,7 +457,7 @@ def start_rows(results: dict) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def store_rows(results: dict) -> list[tuple[str, str, str, str]]:
+def store_rows(results: dict) -> list[Row]:
     """The object-store run directory against a local one (`bench/object_store.py`)."""
     r = results.get("object_store")
     if not r:
@@ -422,7 +484,7 @@ def store_rows(results: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def delta_rows(results: dict) -> list[tuple[str, str, str, str]]:
+def delta_rows(results: dict) -> list[Row]:
     """Delta versions against full snapshots through the object store (`bench/weight_deltas.py`)."""
     r = results.get("weight_deltas") or {}
     rows = []
@@ -490,9 +552,9 @@ def measure_all(workdir: Path, args: argparse.Namespace) -> dict:
 def remeasure(workdir: Path, figures: list[str], steps: int) -> dict:
     """The latest results with some figures measured again, one after the other in this run
     (on the same kind of machine)."""
-    results = json.loads((RESULTS / "latest.json").read_text())
+    results = json.loads((RESULTS / "suite.json").read_text())
     if results["machine"] != machine():
-        raise SystemExit(f"latest.json is from {results['machine']}, not {machine()}: run the whole suite")
+        raise SystemExit(f"suite.json is from {results['machine']}, not {machine()}: run the whole suite")
     for figure in figures:
         if figure in TOGETHER:
             results.update(TOGETHER[figure](workdir, steps))
@@ -516,9 +578,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="triad-bench-") as tmp:
         workdir = Path(tmp)
         results = remeasure(workdir, args.only, args.steps) if args.only else measure_all(workdir, args)
-    (RESULTS / "latest.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / "latest.md").write_text(markdown(results))
+    (RESULTS / "suite.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / "suite.md").write_text(markdown(results))
     print(markdown(results))
+    from bench import summary  # it reads this module's rows
+
+    summary.write()
+    print(f"the newest figure of every bench: {RESULTS / 'latest.md'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""The one-minute check before a submission: the embedded default's steady step against its
+compute floor, and the weight hand-off against raw I/O, as ratios measured back to back.
+
+    python -m bench.quick [--rounds 3] [--steps 40]     (bench/run includes it)
+
+Each round measures, one after the other on this machine:
+- the floor (`bench/floor.py`): the same step in one process, no services;
+- `triad up` on the embedded default at η = 1 for `--steps` steps: the steady step (seconds
+  between the orchestrator's batch writes after warm-up, per step) and the hand-off (trainer
+  publishes V -> inference serves V, `bench/suite.run_handoff`);
+and the ratios step / floor and hand-off / (3 x raw write and read + 10 ms). Rounds alternate the
+two, so a machine that gets busier mid-run moves both; the load average is recorded before each.
+A change is judged by these ratios from one run against the same ratios from another run of the
+commit before it, never by an old absolute figure (one commit's step moves ±15% between runs here).
+Writes bench/results/quick.json and quick.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.suite import RESULTS, handoff_goal, machine, run_handoff, run_module, triad_up
+from shared.rundir import ORCHESTRATOR, RunDir
+
+WARMUP_STEPS = 10  # the first steps include vLLM's and the trainer's first-call costs
+FLOOR_STEPS = 30
+
+
+def steady_step_s(run_dir: Path) -> float:
+    """Seconds per step between the orchestrator's batch writes, after warm-up."""
+    rows = RunDir(run_dir).metrics.rows(ORCHESTRATOR)[WARMUP_STEPS:]
+    if len(rows) < 3:
+        raise SystemExit(
+            f"{run_dir}: only {len(rows)} steps after warm-up; give --steps above {WARMUP_STEPS + 3}"
+        )
+    return (rows[-1]["time"] - rows[0]["time"]) / (len(rows) - 1)
+
+
+def one_round(workdir: Path, index: int, steps: int) -> dict:
+    load_before = os.getloadavg()[0]
+    floor = run_module("bench.floor", str(FLOOR_STEPS))
+    run_dir = workdir / f"round{index}"
+    launched = triad_up(run_dir, 1, steps)
+    step = steady_step_s(run_dir)
+    handoff = run_handoff(run_dir)
+    return {
+        "load_before": round(load_before, 2),
+        "floor_step_s": floor["step_s"],
+        "floor_sample_s": floor["sample_s"],
+        "floor_train_s": floor["train_s"],
+        "step_s": step,
+        "step_over_floor": step / floor["step_s"],
+        "handoff_s": handoff["handoff_s"]["median"],
+        "raw_write_read_s": handoff["raw_write_read_s"],
+        "handoff_over_goal": handoff_goal(handoff),
+        "up_wall_s": time.time() - launched,
+    }
+
+
+def spread(rounds: list[dict], key: str) -> dict[str, float]:
+    values = [r[key] for r in rounds]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summary(rounds: list[dict], steps: int) -> dict:
+    keys = ("floor_step_s", "step_s", "step_over_floor", "handoff_s", "handoff_over_goal")
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": machine(),
+        "command": f"python -m bench.quick --rounds {len(rounds)} --steps {steps}",
+        "steps": steps,
+        "rounds": rounds,
+        **{key: spread(rounds, key) for key in keys},
+        "goals": {"step_over_floor": 1.5, "handoff_over_goal": 1.0},
+    }
+
+
+def markdown(s: dict) -> str:
+    lines = [
+        f"# bench.quick, {s['date']} ({s['machine']})",
+        "",
+        f"`{s['command']}`: the embedded default at η = 1 ({s['steps']} steps, "
+        f"{WARMUP_STEPS} warm-up) against its floor ({FLOOR_STEPS} steps), round by round.",
+        "",
+        "| round | load before | floor step | step | step / floor | hand-off | raw I/O | hand-off / goal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, r in enumerate(s["rounds"], 1):
+        lines.append(
+            f"| {i} | {r['load_before']:.2f} | {r['floor_step_s'] * 1e3:.0f} ms | {r['step_s'] * 1e3:.0f} ms "
+            f"| {r['step_over_floor']:.2f} | {r['handoff_s'] * 1e3:.0f} ms "
+            f"| {r['raw_write_read_s'] * 1e3:.1f} ms | {r['handoff_over_goal']:.2f} |"
+        )
+    sof, hog = s["step_over_floor"], s["handoff_over_goal"]
+    lines += [
+        "",
+        f"- step / floor: median **{sof['median']:.2f}** (spread {sof['min']:.2f}-{sof['max']:.2f}; "
+        f"goal at most {s['goals']['step_over_floor']})",
+        f"- hand-off / (3 x raw + 10 ms): median **{hog['median']:.2f}** "
+        f"(spread {hog['min']:.2f}-{hog['max']:.2f}; goal at most 1)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where quick.json and quick.md go")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="triad-quick-") as tmp:
+        rounds = []
+        for i in range(args.rounds):
+            rounds.append(one_round(Path(tmp), i, args.steps))
+            print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
+    s = summary(rounds, args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "quick.json").write_text(json.dumps(s, indent=1))
+    (args.out / "quick.md").write_text(markdown(s))
+    print(markdown(s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""bench/results/latest.md: the newest figure of every bench, each with its date and command.
+
+    python -m bench.summary      (bench/run runs it after the suite; run it after any bench alone)
+
+Every result file `bench/results/NAME.json` has a reader here that gives its figures, when they
+were measured and the command that measured them. A result file without a reader is an error,
+so a new bench cannot be left out of the page (a unit test checks that every file's newest
+figure appears in it). History is not current: the rounds that docs/simulate.md cites
+(`*_roundN.*`) and the predictions the simulator's measured rounds were checked against
+(`simulate_prediction*.json`) stay as files and are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.suite import RESULTS, Row, figure_rows, measured_at
+
+HISTORY = re.compile(r"(_round\d+|^simulate_prediction.*)\.json$")
+SUITE = "suite.json"
+Entry = tuple[Row, str, str]  # the row, when measured, the command
+
+
+def suite_entries(r: dict) -> list[Entry]:
+    def command(figure: str) -> str:
+        return f"bench/run --only {figure}" if figure in r.get("remeasured", {}) else "bench/run"
+
+    return [(row, measured_at(r, figure), command(figure)) for figure, row in figure_rows(r)]
+
+
+def quick_entries(r: dict) -> list[Entry]:
+    sof, hog = r["step_over_floor"], r["handoff_over_goal"]
+    step, floor = r["step_s"], r["floor_step_s"]
+    return [
+        (
+            (
+                "embedded default: steady step / compute floor, same run (bench.quick)",
+                f"{step['median'] * 1e3:.0f} ms",
+                f"floor {floor['median'] * 1e3:.0f} ms",
+                f"{sof['median']:.2f}x (spread {sof['min']:.2f}-{sof['max']:.2f}; goal <= 1.5)",
+            ),
+            r["date"],
+            r["command"],
+        ),
+        (
+            (
+                "weight hand-off / (3 x raw + 10 ms), same run (bench.quick)",
+                f"{r['handoff_s']['median'] * 1e3:.0f} ms",
+                "3 x raw write and read + 10 ms",
+                f"{hog['median']:.2f} (spread {hog['min']:.2f}-{hog['max']:.2f}; goal <= 1)",
+            ),
+            r["date"],
+            r["command"],
+        ),
+    ]
+
+
+def delta_publish_entries(r: dict) -> list[Entry]:
+    after, before = r["after"], r["before"]
+    row = (
+        f"delta publish and apply offline, {r['size']} (bench.delta_publish)",
+        f"publish {after['publish_s']:.2f} s, apply {after['apply_s']:.2f} s",
+        f"commit {r['base']}: publish {before['publish_s']:.2f} s, apply {before['apply_s']:.2f} s",
+        f"{r['publish_after_over_before']:.2f}x / {r['apply_after_over_before']:.2f}x the time",
+    )
+    return [(row, r["date"], "python -m bench.delta_publish WORKDIR")]
+
+
+def weight_deltas_entries(r: dict) -> list[Entry]:
+    rows = []
+    for size, d in r["results"].items():
+        if "delta_bytes" not in d:
+            continue
+        row = (
+            f"delta vs full versions through moto, {size} bf16, {d['versions']} versions",
+            f"{d['delta_bytes'] / 1e6:.2f} MB; {d['delta_hand_off_s']:.2f} s",
+            f"full {d['full_bytes'] / 1e6:.1f} MB; {d['full_hand_off_s']:.2f} s",
+            f"{d['bytes_full_over_delta']:.1f}x fewer bytes, {d['hand_off_full_over_delta']:.1f}x faster",
+        )
+        rows.append((row, r["date"], r["command"]))
+    return rows
+
+
+def stock_servers_entries(r: dict) -> list[Entry]:
+    triad, vllm = r["servers"]["triad"], r["servers"]["vllm"]
+    row = (
+        "stock vLLM's RL routes vs triad's launcher: hand-off; samples/s (bench.stock_servers)",
+        f"{vllm['handoff_ms']:.1f} ms; {vllm['samples_per_s']:.1f}/s",
+        f"triad {triad['handoff_ms']:.1f} ms; {triad['samples_per_s']:.1f}/s",
+        f"{vllm['handoff_ms'] / triad['handoff_ms']:.2f}x the hand-off, "
+        f"{vllm['samples_per_s'] / triad['samples_per_s']:.2f}x the samples/s",
+    )
+    return [(row, r["date"], "python -m bench.stock_servers WORKDIR")]
+
+
+def simulate_measured_entries(r: dict) -> list[Entry]:
+    ratios = ", ".join(f"η {row['eta']} {row['ratio']:.2f}" for row in r["rows"])
+    row = ("simulate: predicted / measured samples/s here (bench.simulate_measured)", ratios, "1.00", "-")
+    return [(row, r["measured_at"][:16].replace("T", " "), "python -m bench.simulate_measured compare ...")]
+
+
+def simulate_published_entries(r: dict) -> list[Entry]:
+    within = sum(row["within_15pct"] for row in r["rows"])
+    row = (
+        "simulate: published figures within 15% (bench.simulate_published)",
+        f"{within} of {len(r['rows'])}",
+        "see bench/results/simulate_published.md",
+        "-",
+    )
+    return [(row, r["made_at"][:16].replace("T", " "), "python -m bench.simulate_published")]
+
+
+def simulate_rates_entries(r: dict) -> list[Entry]:
+    gpu = r["fitted"]["gpu"]
+    row = (
+        "simulate: rates fitted to NeMo-RL v0.3 (bench.simulate_rates)",
+        f"hbm_efficiency {gpu['hbm_efficiency']:.3f}, mfu {gpu['mfu']:.3f}",
+        f"floors {r['hbm_efficiency_bound']:.3f} / {r['mfu_bound']:.3f}",
+        "-",
+    )
+    return [(row, r["made_at"][:16].replace("T", " "), "python -m bench.simulate_rates")]
+
+
+def simulate_speed_entries(r: dict) -> list[Entry]:
+    row = (
+        f"simulate: {r['gpus']} GPUs x {r['steps']} steps, CPU time (bench.simulate_speed)",
+        f"{r['cpu_seconds']:.1f} s",
+        "a minute",
+        f"{r['cpu_seconds'] / 60:.2f} of the goal",
+    )
+    return [(row, r["made_at"][:16].replace("T", " "), "python -m bench.simulate_speed")]
+
+
+READERS: dict[str, Callable[[dict], list[Entry]]] = {
+    SUITE: suite_entries,
+    "quick.json": quick_entries,
+    "delta_publish.json": delta_publish_entries,
+    "weight_deltas.json": weight_deltas_entries,
+    "stock_servers.json": stock_servers_entries,
+    "simulate_measured.json": simulate_measured_entries,
+    "simulate_published.json": simulate_published_entries,
+    "simulate_rates.json": simulate_rates_entries,
+    "simulate_speed.json": simulate_speed_entries,
+}
+
+
+def current_files(results: Path) -> list[Path]:
+    return sorted(p for p in results.glob("*.json") if not HISTORY.search(p.name))
+
+
+def entries(results: Path) -> dict[str, list[Entry]]:
+    """Each current result file's entries; a file with no reader is an error that names it."""
+    out = {}
+    for path in current_files(results):
+        reader = READERS.get(path.name)
+        if reader is None:
+            raise SystemExit(f"{path}: no reader in bench/summary.py; add one so latest.md shows its figures")
+        out[path.name] = reader(json.loads(path.read_text()))
+    return out
+
+
+def markdown(results: Path) -> str:
+    lines = [
+        "# Benchmarks: the newest figure of each",
+        "",
+        "Generated by `python -m bench.summary` from every result file in this folder; each row says "
+        "when it was measured and by which command (ratios are of two things measured in the same run). "
+        "Rows of different dates were measured on different days, at different loads: compare a row "
+        "only with the reference in its own row.",
+        "",
+        "| figure | measured | reference | ratio / goal | measured on | command | file |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, found in entries(results).items():
+        for row, date, command in found:
+            lines.append(f"| {' | '.join(row)} | {date} | `{command}` | [{name}]({name}) |")
+    return "\n".join(lines) + "\n"
+
+
+def write(results: Path = RESULTS) -> str:
+    text = markdown(results)
+    (results / "latest.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    print(write())

@@ -1,0 +1,171 @@
+"""A reverse proxy in front of one inference server that spoils a share of its answers.
+
+    python -m bench.fault_proxy --listen 127.0.0.1:8601 --upstream http://127.0.0.1:8600 \
+        --share 0.03 --seed 0 --counts counts.json
+
+Generation (`/v1/completions`, `/v1/chat/completions`), render and derender calls are spoiled
+with probability `--share`, each spoiled call getting one fault drawn evenly from `FAULTS`:
+an HTTP 500, 503 or 429 (with Retry-After), a 400, the upstream's body cut in half, the
+connection dropped before any answer, or a stall (the answer held back `--stall-s`, then the
+connection dropped). Every other call, and every call on other routes (health, admin, tokenize),
+is forwarded as is. The faults injected so far are written, by kind and route, to `--counts`
+after each one, so a run can be checked against them. Loopback only: the proxy refuses to listen
+or forward anywhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import threading
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import h11
+import httpx
+
+FAULTS = ("http_500", "http_503", "http_429", "http_400", "cut_body", "dropped", "stall")
+SPOILED_ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/chat/completions/render",
+    "/v1/chat/completions/derender",
+)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host"}
+
+
+class Faults:
+    """Which calls to spoil and how: seeded, so a soak run is repeatable; counted by kind and route."""
+
+    def __init__(self, share: float, seed: int, counts: Path | None, kinds: tuple[str, ...] = FAULTS) -> None:
+        self.share, self.rng, self.path, self.kinds = share, random.Random(seed), counts, kinds
+        self.injected: Counter[str] = Counter()
+        self.by_route: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def draw(self, route: str) -> str | None:
+        if route not in SPOILED_ROUTES:
+            return None
+        with self.lock:
+            self.calls[route] += 1
+            if self.rng.random() >= self.share:
+                return None
+            fault = self.rng.choice(self.kinds)
+            self.injected[fault] += 1
+            self.by_route[route] += 1
+            self.save()
+            return fault
+
+    def save(self) -> None:
+        if self.path is not None:
+            record = {"injected": self.injected, "by_route": self.by_route, "calls": self.calls}
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=1))
+            tmp.replace(self.path)
+
+
+class Proxy:
+    def __init__(self, upstream: str, faults: Faults, stall_s: float) -> None:
+        host = urlsplit(upstream).hostname
+        if host not in LOOPBACK:
+            raise SystemExit(f"fault_proxy forwards to loopback only, not {upstream}")
+        self.http = httpx.AsyncClient(base_url=upstream, timeout=None)
+        self.faults, self.stall_s = faults, stall_s
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while await self.one_exchange(conn, reader, writer):
+                conn.start_next_cycle()
+        except (ConnectionError, h11.RemoteProtocolError, h11.LocalProtocolError):
+            pass
+        finally:
+            writer.transport.abort()
+
+    async def one_exchange(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Read one request, answer it (or spoil it); False when the connection is to close."""
+        request, body = None, b""
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await reader.read(65536)
+                conn.receive_data(data)
+                if not data and request is None:
+                    return False
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            elif isinstance(event, h11.ConnectionClosed):
+                return False
+        path = request.target.decode()
+        fault = self.faults.draw(path.split("?")[0])
+        if fault in ("dropped", "stall"):
+            if fault == "stall":
+                await asyncio.sleep(self.stall_s)
+            return False
+        if fault in ("http_500", "http_503", "http_429", "http_400"):
+            status = int(fault[-3:])
+            extra = [(b"retry-after", b"1")] if status in (429, 503) else []
+            message = json.dumps({"error": {"message": f"injected {status}", "code": status}}).encode()
+            await self.send(conn, writer, status, extra, message)
+            return True
+        headers = [(k, v) for k, v in request.headers if k.lower() not in HOP_BY_HOP]
+        try:
+            r = await self.http.request(request.method.decode(), path, headers=headers, content=body)
+        except httpx.HTTPError:
+            return False  # the server is down: so is the proxy's answer
+        content = r.content[: len(r.content) // 2] if fault == "cut_body" else r.content
+        kept = [
+            (k.encode(), v.encode()) for k, v in r.headers.items() if k.encode().lower() not in HOP_BY_HOP
+        ]
+        await self.send(conn, writer, r.status_code, kept, content)
+        return True
+
+    @staticmethod
+    async def send(
+        conn: h11.Connection, writer: asyncio.StreamWriter, status: int, headers: list, body: bytes
+    ) -> None:
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
+        writer.write(conn.send(h11.Data(data=body)))
+        writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+
+
+async def serve(listen: str, upstream: str, faults: Faults, stall_s: float) -> None:
+    host, port = listen.rsplit(":", 1)
+    if host not in LOOPBACK:
+        raise SystemExit(f"fault_proxy listens on loopback only, not {host}")
+    proxy = Proxy(upstream, faults, stall_s)
+    server = await asyncio.start_server(proxy.serve, host, int(port))
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", required=True, help="HOST:PORT on loopback")
+    parser.add_argument("--upstream", required=True, help="the inference server's URL (loopback)")
+    parser.add_argument("--share", type=float, default=0.03)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stall-s", type=float, default=20.0)
+    parser.add_argument("--counts", type=Path)
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=FAULTS, help="the kinds to draw from")
+    args = parser.parse_args()
+    faults = Faults(args.share, args.seed, args.counts, tuple(args.faults))
+    asyncio.run(serve(args.listen, args.upstream, faults, args.stall_s))
+
+
+if __name__ == "__main__":
+    main()

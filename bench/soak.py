@@ -1,0 +1,260 @@
+"""The fault soak: a run on its worst day reaches its last step, loses nothing and counts every fault.
+
+    python -m bench.soak WORKDIR [--only default chat] [--steps default=1000 chat=60] [--share 0.03]
+
+Each scenario runs the three services as separate processes on one run directory, as a fleet
+would, with three kinds of trouble at once:
+(a) `bench/fault_proxy.py` in front of vLLM spoils `--share` of generation, render and derender
+    calls (500, 503, 429, 400, a cut body, a dropped connection, a stall past the request bound);
+(b) the environment (`bench/soak_envs.py`) makes its reward, respond and tool hang past
+    `orchestrator.env_timeout_s`, raise, or return a megabyte, on `--share` of calls;
+(c) inference is killed (kill -9, engine and worker included) and restarted twice, at a third and
+    two thirds of the steps.
+Scenarios: `default`, the embedded default (addition on the 0.5M model), and `chat`, the chat
+calculator on the embedded chat model (`configs/tiny-tools.toml`). Checked for each: every
+service exits 0 on its own, the trainer trains steps 1..N exactly once, every batch's samples
+obey max_async_level, no log holds a traceback, and every injected fault is counted in the
+orchestrator's metrics under its cause. Results: bench/results/soak.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from bench.soak_envs import COUNTS_VAR
+from bench.suite import REPO, RESULTS
+from shared.net import free_port
+from shared.rundir import ORCHESTRATOR, TRAINER, RunDir
+from tests.helpers import CHAT_VLLM_ARGS, Server, trainer_cmd, triad_cmd
+
+SCENARIOS = {
+    "default": {
+        "config": "services/embedded_default.toml",
+        "env": "bench.soak_envs:faulty_addition",
+        "steps": 1000,
+        "vllm_args": (),
+    },
+    "chat": {
+        "config": "configs/tiny-tools.toml",
+        "env": "bench.soak_envs:faulty_calculator",
+        "steps": 60,
+        "vllm_args": CHAT_VLLM_ARGS,
+    },
+}
+STALL_S = 600.0  # no trained step for this long: the soak has failed (a wedged run)
+ETA = 1
+
+
+class Soak:
+    def __init__(self, root: Path, name: str, steps: int, share: float) -> None:
+        self.root, self.name, self.steps, self.share = root, name, steps, share
+        self.spec = SCENARIOS[name]
+        self.run_dir = root / "run"
+        self.proxy_port = free_port()
+        self.proxy_counts = root / "proxy_counts.json"
+        self.env_counts = root / "env_counts.json"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.server: Server | None = None
+        self.server_port = free_port()
+        self.restarts: list[int] = []
+
+    def sets(self) -> list[str]:
+        return [
+            f"run_dir={self.run_dir}",
+            f"max_steps={self.steps}",
+            f"max_async_level={ETA}",
+            f"orchestrator.env={self.spec['env']}",
+            f'orchestrator.inference_urls=["http://127.0.0.1:{self.proxy_port}"]',
+            f"inference.port={self.server_port}",
+            "orchestrator.env_timeout_s=5",
+            "orchestrator.request_timeout_s=10",
+            "orchestrator.retry_backoff_s=0.2",
+            "orchestrator.eval_every=0",
+            "trainer.checkpoint.every=50",
+        ]
+
+    def flags(self) -> list[str]:
+        return ["-c", self.spec["config"], *[f"--set={s}" for s in self.sets()]]
+
+    def start_server(self) -> None:
+        extra = (
+            [f"inference.vllm_args={json.dumps(list(self.spec['vllm_args']))}"]
+            if self.spec["vllm_args"]
+            else []
+        )
+        cfg = tomllib_model(self.spec["config"])
+        self.server = Server(
+            self.run_dir,
+            cfg,
+            self.root / "inference.log",
+            *extra,
+            f"max_steps={self.steps}",
+            port=self.server_port,
+        )
+        self.server.wait_healthy(600)
+
+    def start(self, service: str, cmd: list[str], env: dict | None = None) -> None:
+        log = open(self.root / f"{service}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.procs[service] = subprocess.Popen(
+            cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def trained(self) -> list[int]:
+        return [r["step"] for r in RunDir(self.run_dir).metrics.rows(TRAINER)]
+
+    def run(self) -> dict:
+        self.root.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        self.start_server()
+        proxy = [sys.executable, "-m", "bench.fault_proxy", "--listen", f"127.0.0.1:{self.proxy_port}"]
+        proxy += [
+            "--upstream",
+            self.server.url,
+            "--share",
+            str(self.share),
+            "--counts",
+            str(self.proxy_counts),
+        ]
+        self.start("proxy", [*proxy, "--stall-s", "20"])
+        env = {COUNTS_VAR: str(self.env_counts), "TRIAD_SOAK_SHARE": str(self.share)}
+        self.start("orchestrator", triad_cmd("orchestrator", *self.flags()), env)
+        self.start("trainer", trainer_cmd(*self.flags()))
+        self.follow()
+        outcome = self.check(time.time() - started)
+        self.stop()
+        return outcome
+
+    def follow(self) -> None:
+        """Until the trainer and orchestrator exit: restart inference at a third and two thirds."""
+        restart_at = [self.steps // 3, 2 * self.steps // 3]
+        last_progress, last_count = time.monotonic(), 0
+        while any(self.procs[s].poll() is None for s in ("orchestrator", "trainer")):
+            time.sleep(2)
+            count = len(self.trained())
+            if count != last_count:
+                last_progress, last_count = time.monotonic(), count
+            if time.monotonic() - last_progress > STALL_S:
+                raise SystemExit(f"soak {self.name}: no step trained for {STALL_S:g} s (at {count})")
+            if restart_at and count >= restart_at[0]:
+                restart_at.pop(0)
+                self.server.kill()
+                self.restarts.append(count)
+                time.sleep(3)
+                self.start_server()
+
+    def check(self, wall_s: float) -> dict:
+        rundir = RunDir(self.run_dir)
+        steps = self.trained()
+        rows = rundir.metrics.rows(ORCHESTRATOR)
+        lag_max = max(r["lag_max"] for r in rows) if rows else None
+        logs = sorted(self.root.glob("*.log"))
+        tracebacks = {p.name: p.read_text(errors="replace").count("Traceback") for p in logs}
+        failed = {
+            k: sum(r.get(k, 0) or 0 for r in rows)
+            for k in sorted({k for r in rows for k in r})
+            if "fail" in k
+        }
+        return {
+            "scenario": self.name,
+            "steps": self.steps,
+            "exit_codes": {s: p.returncode for s, p in self.procs.items() if s != "proxy"},
+            "trained_once": steps == list(range(1, self.steps + 1)),
+            "trained_steps": len(steps),
+            "lag_max": lag_max,
+            "within_eta": lag_max is not None and lag_max <= ETA,
+            "batches_checked": self.batch_lags(rundir),
+            "tracebacks": tracebacks,
+            "inference_restarted_at_step": self.restarts,
+            "proxy_faults": json.loads(self.proxy_counts.read_text()) if self.proxy_counts.exists() else {},
+            "environment_faults": json.loads(self.env_counts.read_text()) if self.env_counts.exists() else {},
+            "orchestrator_failure_counts": failed,
+            "wall_s": round(wall_s, 1),
+            "step_s_median": statistics.median(r["step_time_s"] for r in rows[5:]) if len(rows) > 5 else None,
+        }
+
+    def batch_lags(self, rundir: RunDir) -> dict:
+        """The kept batches' oldest sample version against their step (η: step - 1 - version <= η)."""
+        worst, checked = 0, 0
+        for step in rundir.rollouts.steps():
+            path = rundir.batch_file(step)
+            if not path.is_file():
+                continue
+            versions = pq.read_table(path, columns=["version"]).column("version").to_pylist()
+            worst, checked = max(worst, step - 1 - min(versions)), checked + 1
+        return {"batches": checked, "worst_lag": worst}
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if self.server is not None:
+            self.server.stop()
+
+
+def tomllib_model(config: str) -> str:
+    import tomllib
+
+    return tomllib.loads((REPO / config).read_text())["model"]
+
+
+def markdown(results: list[dict]) -> str:
+    lines = [f"# Fault soak, {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    for r in results:
+        ok = r["trained_once"] and r["within_eta"] and not any(r["tracebacks"].values())
+        ok = ok and all(code == 0 for code in r["exit_codes"].values())
+        lines += [
+            f"## {r['scenario']}: {r['trained_steps']} of {r['steps']} steps, "
+            f"{'survived' if ok else 'FAILED'} ({r['wall_s']:.0f} s)",
+            "",
+            f"- exit codes {r['exit_codes']}; trained each step once: {r['trained_once']}; "
+            f"lag max {r['lag_max']} (η {ETA}), kept batches {r['batches_checked']}",
+            f"- tracebacks in logs: {r['tracebacks']}; inference killed and restarted at steps "
+            f"{r['inference_restarted_at_step']}",
+            "",
+            "| fault injected | where | count |",
+            "| --- | --- | --- |",
+        ]
+        for kind, n in sorted(r["proxy_faults"].get("injected", {}).items()):
+            lines.append(f"| {kind} | proxy (generation, render, derender) | {n} |")
+        for kind, n in sorted(r["environment_faults"].items()):
+            lines.append(f"| {kind} | environment | {n} |")
+        lines += ["", "| counted by the orchestrator | total |", "| --- | --- |"]
+        lines += [f"| {k} | {v} |" for k, v in r["orchestrator_failure_counts"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
+    parser.add_argument("--steps", nargs="*", default=[], help="SCENARIO=STEPS")
+    parser.add_argument("--share", type=float, default=0.03)
+    args = parser.parse_args()
+    steps = {k: int(v) for k, v in (s.split("=") for s in args.steps)}
+    results = []
+    for name in args.only:
+        soak = Soak(args.workdir / name, name, steps.get(name, SCENARIOS[name]["steps"]), args.share)
+        try:
+            results.append(soak.run())
+        finally:
+            soak.stop()
+        print(json.dumps(results[-1]), flush=True)
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "share": args.share}
+    (RESULTS / "soak.json").write_text(json.dumps({**record, "results": results}, indent=1))
+    (RESULTS / "soak.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -229,6 +229,15 @@ def check_free(live: LiveRecords, role: str, clock: Callable[[], float] = time.t
         )
 
 
+def describe_holder(live: LiveRecords, role: str, now: float) -> str:
+    """`triad status`'s line of a role: its holder and last progress, or that none holds it."""
+    held = parse_record(live.read(role), live.describe(role))
+    if held is None:
+        return "no process holds it"
+    gone = " (gone: the lease is free)" if held.holder_is_gone(now) else ""
+    return f"{held.who(now)}{gone}; last progress: {held.last_progress(now)}"
+
+
 class PeerWatch:
     """A waiter's view of its peer's progress: `check` ends a wait once the peer's progress has
     not changed for `stall_s` seconds of this process's clock."""

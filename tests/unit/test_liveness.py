@@ -195,3 +195,20 @@ def test_the_old_fixed_bounds_name_their_new_place(tmp_path, old, new):
     with pytest.raises(TriadError) as caught:
         load_config(None, [f"run_dir={tmp_path}", f"{old}=300"])
     assert str(caught.value) == f"config key {old!r} is now {new!r} (from TRIAD_* variables or --set)"
+
+
+def test_status_shows_each_sides_holder_and_last_progress(tmp_path):
+    from services.report import status_lines
+
+    rundir = RunDir(tmp_path)
+    rundir.ensure_run({"max_steps": 5})
+    progress = Progress(step=3, micro_steps=12)
+    Lease(rundir.live, TRAINER, progress, clock=Clock(1000.0)).acquire()
+    lines = status_lines(rundir, now=1005.0)
+    holder = f"host {os.uname().nodename}, pid {os.getpid()}, renewed 5 s ago"
+    assert (
+        f"  trainer      {holder}; last progress: step 3, micro_steps 12 at 00:16:40 UTC (5 s ago)" in lines
+    )
+    assert "  orchestrator no process holds it" in lines
+    later = status_lines(rundir, now=1000.0 + LEASE_S + 1)
+    assert any(line.startswith("  trainer ") and "(gone: the lease is free)" in line for line in later)

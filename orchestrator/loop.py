@@ -321,7 +321,7 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient], run_
     for client in clients:
         await client.wait_ready(oc.inference_timeout_s, oc.model_name)
         backend = await backend_for(client, cfg, run_id)
-        servers.append(Server(client, backend))
+        servers.append(Server(client, backend, answered_at=time.time()))
     if len({s.backend.updates for s in servers}) > 1:
         kinds = {s.url: s.backend.kind for s in servers}
         raise TriadError(f"inference servers disagree on loading weights ({kinds}); set orchestrator.backend")

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -342,9 +343,11 @@ def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_pa
                 s.version = s.backend.version = 7
 
             watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            await asyncio.sleep(0.15)  # answers its health checks
             fake.state.healthy = False
             await asyncio.sleep(0.3)
-            assert not server.healthy and "health" in server.why_out
+            assert not server.healthy and "its /health does not answer; it last answered " in server.why_out
+            assert re.search(r"answered 0 s ago \(at \d\d:\d\d:\d\d UTC\)$", server.why_out)
             server.version = 3  # what it served before it went away
             fake.state.healthy = True
             await asyncio.sleep(0.3)

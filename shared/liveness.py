@@ -5,7 +5,8 @@ Each service that writes a run directory's shared state (the trainer, the orches
 host, pid and last renewal, and carries its *progress* (counters and a phase, `Progress`). A
 thread renews it every `RENEW_S` seconds, off the critical path of any step. A second process
 that finds a live record refuses to start, naming the holder; a record not renewed for `LEASE_S`
-seconds (or whose pid is gone on this host) is taken over.
+seconds (or whose process is gone on this host: no process of its pid and start time, as after a
+`kill -9` or a restarted container) is taken over at once.
 
 A service that waits for its peer (the trainer for a batch, the orchestrator for weights) reads
 the peer's record (`PeerWatch`): the wait goes on as long as the peer's progress changes, and
@@ -25,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -45,6 +47,7 @@ class LiveRecord(BaseModel):
     holder: str
     host: str
     pid: int
+    pid_start: int | None = None  # the process's start time (`process_start`): a pid reused is another
     started_at: float
     renewed_at: float
     progress: dict[str, Any] = {}
@@ -54,7 +57,9 @@ class LiveRecord(BaseModel):
         """Not renewed for `LEASE_S`, or a pid of this host that no longer exists."""
         if now - self.renewed_at > LEASE_S:
             return True
-        return self.host == socket.gethostname() and not pid_exists(self.pid)
+        if self.host != socket.gethostname():
+            return False
+        return process_start(self.pid) != self.pid_start
 
     def who(self, now: float) -> str:
         return f"host {self.host}, pid {self.pid}, renewed {max(now - self.renewed_at, 0):.0f} s ago"
@@ -65,14 +70,15 @@ class LiveRecord(BaseModel):
         return f"{done} at {at} ({max(now - self.progress_at, 0):.0f} s ago)"
 
 
-def pid_exists(pid: int) -> bool:
+def process_start(pid: int) -> int | None:
+    """When process `pid` of this host started (clock ticks after boot, /proc/PID/stat); None if
+    there is no such process, or no /proc (then a lease is taken over after `LEASE_S` only)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else int(fields[19])  # a zombie has ended
 
 
 def parse_record(raw: bytes | None, where: str) -> LiveRecord | None:
@@ -131,6 +137,7 @@ class Lease:
             holder=uuid.uuid4().hex,
             host=socket.gethostname(),
             pid=os.getpid(),
+            pid_start=process_start(os.getpid()),
             started_at=now,
             renewed_at=now,
             progress=progress.snapshot(),

@@ -101,6 +101,16 @@ def test_a_holder_whose_pid_is_gone_on_this_host_is_taken_over_at_once(tmp_path)
         Lease(RunDir(tmp_path).live, ORCHESTRATOR, Progress()).acquire()
 
 
+def test_a_record_whose_pid_now_runs_another_process_is_taken_over(tmp_path):
+    """As after a container restart: the pid exists, but it is not the process that held the role."""
+    live = RunDir(tmp_path).live
+    old = Lease(live, TRAINER, Progress())
+    old.record = old.record.model_copy(update={"pid_start": old.record.pid_start - 1})
+    old.acquire()
+    Lease(live, TRAINER, Progress()).acquire()
+    assert not old.renew()
+
+
 def test_the_heartbeat_thread_renews_and_publishes_progress_and_stops_when_taken_over(tmp_path):
     live, lost = RunDir(tmp_path).live, threading.Event()
     progress = Progress(phase="training")

@@ -20,8 +20,6 @@ inference; checkpoints are written every `trainer.checkpoint.every` updates.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass, replace
 
@@ -32,7 +30,6 @@ from shared.batch import load_batch_reader, read_batch_rows, wait_for_batch_mark
 from shared.config import TriadConfig
 from shared.digest import load_cpu_kernel
 from shared.faults import TRAINER_MID_STEP, failpoint
-from shared.libc import set_parent_death_signal
 from shared.liveness import Lease, PeerWatch, Progress
 from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, TRAINER, Marker, RunDir
@@ -373,8 +370,6 @@ def warm_up() -> None:
 
 
 def run_trainer(cfg: TriadConfig, model_path: str) -> None:
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank, in a session of its own: it ends with torchrun,
-        set_parent_death_signal(signal.SIGKILL)  # also with a torchrun killed by `kill -9`
     if cfg.trainer.keep_freed_memory and not keep_freed_memory():
         log.info("trainer.keep_freed_memory: no glibc mallopt here; the allocator keeps its defaults")
     device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.collective_timeout_s)

@@ -304,7 +304,7 @@ async def adapter_backend(client: InferenceClient, cfg: TriadConfig, run_id: str
         )
     prefix = run_dir_prefix(cfg.run_dir, listed.run_dir, url)
     name = oc.adapter_name or f"run-{run_id}"
-    backend = AdapterLoads(client, name, run_id, prefix, oc.weights_timeout_s)
+    backend = AdapterLoads(client, name, run_id, prefix, oc.weight_load_timeout_s)
     await backend.current()  # a name another run owns is refused here
     log.info("%s: LoRA adapter %r of run %s (run_dir at %r in the server's)", url, name, run_id, prefix)
     return backend
@@ -315,7 +315,7 @@ async def backend_for(client: InferenceClient, cfg: TriadConfig, run_id: str) ->
     oc = cfg.orchestrator
     if cfg.trainer.lora.rank:
         return await adapter_backend(client, cfg, run_id)
-    return await detect(client, oc.backend, cfg.run_dir, oc.weights_timeout_s)
+    return await detect(client, oc.backend, cfg.run_dir, oc.weight_load_timeout_s)
 
 
 async def _answers(client: InferenceClient, route: str) -> bool:

@@ -35,6 +35,7 @@ most `max_async_level` steps ahead of training and disk use stays bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -59,7 +60,8 @@ from orchestrator.stats import GuardWaits, LoopLag, rates, summarize
 from orchestrator.weights import WeightFollower
 from shared.batch import publish_batch
 from shared.config import TriadConfig
-from shared.errors import TriadError, WaitTimeout
+from shared.errors import TriadError
+from shared.liveness import RENEW_S, Lease, Progress
 from shared.resume import discard_batches_after, newest_batch, newest_checkpoint
 from shared.rundir import EVAL, ORCHESTRATOR, RunDir
 
@@ -107,10 +109,18 @@ class FailedGroups:
 class Orchestrator:
     """The scheduler: a producer of groups, an assembler of batches, and the weight follower."""
 
-    def __init__(self, cfg: TriadConfig, run_id: str, pool: ServerPool, env: Environment) -> None:
+    def __init__(
+        self,
+        cfg: TriadConfig,
+        run_id: str,
+        pool: ServerPool,
+        env: Environment,
+        progress: Progress | None = None,
+    ) -> None:
         self.cfg, self.oc = cfg, cfg.orchestrator
         self.run_id = run_id
         self.rundir = RunDir.of(cfg)
+        self.progress = progress or Progress()  # published by the lease's heartbeat
         self.pool = pool
         self.env = env
         retention = BatchRetention(self.rundir, run_id, self.oc.keep_rollouts)  # prunes at each new version
@@ -152,8 +162,8 @@ class Orchestrator:
 
     # -- producer -----------------------------------------------------------
     async def wait_until_may_start(self) -> None:
-        """Block until a group may start; time out if fresh weights never come."""
-        stalled_since: float | None = None  # since when nothing but new weights can unblock us
+        """Block until a group may start; stop once the trainer, whose fresh weights alone can
+        unblock us, has made no progress for `weights_stall_s`."""
         async with self.changed:
             while not self.may_start_group():
                 target, free = self.next_group_step(), self.oc.max_inflight - self.pending
@@ -161,27 +171,15 @@ class Orchestrator:
                 self.guard.observe(
                     free > 0 and target <= self.cfg.max_steps and stale, free
                 )  # the guard alone
-                stalled_on_weights = self.pending == 0 and target <= self.cfg.max_steps
-                if not stalled_on_weights:
-                    stalled_since = None
-                elif stalled_since is None:
-                    stalled_since = time.monotonic()
-                elif time.monotonic() - stalled_since > self.oc.weights_timeout_s:
-                    needed = oldest_allowed_version(self.next_group_step(), self.cfg.max_async_level)
-                    raise WaitTimeout(
-                        f"no weights of version {needed} after {self.oc.weights_timeout_s:g} s: "
-                        f"waiting for {self.rundir.weights.describe_marker(needed)} from the trainer"
-                    )
-                try:
-                    # not wait_for: it can swallow a cancel on 3.11
-                    async with asyncio.timeout(min(15, self.oc.weights_timeout_s / 4)):
+                needed = oldest_allowed_version(target, self.cfg.max_async_level)
+                await self.weights.trainer.while_stalled(
+                    self.pending == 0 and target <= self.cfg.max_steps,  # on nothing but new weights
+                    f"{self.rundir.weights.describe_marker(needed)} from the trainer",
+                )
+                with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel on 3.11
+                    async with asyncio.timeout(min(RENEW_S, self.oc.weights_stall_s / 4)):
                         await self.changed.wait()
-                except TimeoutError:
-                    if stalled_on_weights:
-                        log.info(
-                            "waiting for the trainer to publish weights (serving v%d)",
-                            self.weights.served_version,
-                        )
+            self.weights.trainer.end_stall()
             self.guard.observe(False, 0)
 
     async def produce(self) -> None:
@@ -201,6 +199,7 @@ class Orchestrator:
             await self.notify()
             return
         self.failures.succeeded()
+        self.progress.add("samples_finished", len(samples))
         await self.queue.put(Group(uuid.uuid4().hex[:12], prompt, samples))
 
     # -- assembler ----------------------------------------------------------
@@ -268,6 +267,7 @@ class Orchestrator:
             log.info("resuming: batches 1..%d are already published", self.first_step - 1)
         held_out = eval_prompts(self.env, self.oc.eval_size) if self.oc.eval_every else []
         for step in range(self.first_step, self.cfg.max_steps + 1):
+            self.progress.set(step=step)
             batch, dropped, filtered = await self.assemble(step)
             await self.finish_step(step, batch, dropped, filtered, last, time.monotonic())
             last = time.monotonic()
@@ -295,6 +295,7 @@ class Orchestrator:
                 tg.create_task(self.weights.follow()),
                 tg.create_task(self.pool.watch_health(self.weights.align)),
                 tg.create_task(self.loop_lag.run()),
+                tg.create_task(count_requests(self.pool, self.progress)),
             ]
             async with asyncio.TaskGroup() as evals:
                 producer = tg.create_task(self.produce())
@@ -306,6 +307,13 @@ class Orchestrator:
         log.info("done: %d steps, %d samples dropped as too stale", self.cfg.max_steps, self.dropped_total)
 
 
+async def count_requests(pool: ServerPool, progress: Progress) -> None:
+    """Forever: the requests in flight into the progress the heartbeat publishes."""
+    while True:
+        progress.set(requests_in_flight=sum(s.client.inflight for s in pool.servers))
+        await asyncio.sleep(RENEW_S / 2)
+
+
 async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient], run_id: str) -> list[Server]:
     """Wait for every server, then find how each loads weights; they must agree."""
     oc = cfg.orchestrator
@@ -313,7 +321,7 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient], run_
     for client in clients:
         await client.wait_ready(oc.inference_timeout_s, oc.model_name)
         backend = await backend_for(client, cfg, run_id)
-        servers.append(Server(client, backend))
+        servers.append(Server(client, backend, answered_at=time.time()))
     if len({s.backend.updates for s in servers}) > 1:
         kinds = {s.url: s.backend.kind for s in servers}
         raise TriadError(f"inference servers disagree on loading weights ({kinds}); set orchestrator.backend")
@@ -344,18 +352,29 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
     untrusted.configure(cfg.orchestrator)
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
+    progress = Progress(phase="connecting to inference")
+    lease = await asyncio.to_thread(Lease(rundir.live, ORCHESTRATOR, progress).start)  # one per run directory
+    try:
+        await orchestrate_as_holder(cfg, env, run.run_id, progress)
+    finally:
+        await asyncio.to_thread(lease.close)
+
+
+async def orchestrate_as_holder(cfg: TriadConfig, env: Environment, run_id: str, progress: Progress) -> None:
+    rundir = RunDir.of(cfg)
     token = cfg.inference.token()
     clients = [
         InferenceClient(url, token, cfg.orchestrator.request_timeout_s) for url in cfg.inference_urls()
     ]
     fleet, watcher = None, None
     try:
-        pool = ServerPool(await connect_servers(cfg, clients, run.run_id), cfg.orchestrator)
+        pool = ServerPool(await connect_servers(cfg, clients, run_id), cfg.orchestrator)
+        progress.set(phase="rolling out")
         fleet = Fleet(cfg, rundir, pool)
         if cfg.orchestrator.fleet_poll_s:
             watcher = asyncio.create_task(fleet.watch())
         while True:
-            orchestrator = Orchestrator(cfg, run.run_id, pool, env)
+            orchestrator = Orchestrator(cfg, run_id, pool, env, progress)
             fleet.follow(orchestrator.weights)
             try:
                 await orchestrator.run()
@@ -365,7 +384,7 @@ async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
                 if rewound is None:
                     raise first_user_error(group) from None
             log.warning("%s", first_user_error(rewound))
-            follow_rewound_trainer(RunDir.of(cfg), run.run_id)
+            follow_rewound_trainer(RunDir.of(cfg), run_id)
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -41,11 +41,20 @@ class Server:
     healthy: bool = True
     failures: int = 0  # consecutive
     why_out: str = ""
+    answered_at: float | None = None  # wall clock of its last answer: its last sign of life
     loading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight load at a time
 
     @property
     def url(self) -> str:
         return self.client.base_url
+
+
+def last_answer(server: Server, now: float | None = None) -> str:
+    if server.answered_at is None:
+        return "it has not answered yet"
+    now = time.time() if now is None else now
+    at = time.strftime("%H:%M:%S UTC", time.gmtime(server.answered_at))
+    return f"it last answered {max(now - server.answered_at, 0):.0f} s ago (at {at})"
 
 
 class ServerPool:
@@ -72,6 +81,7 @@ class ServerPool:
         return [s for s in self.servers if s.healthy]
 
     def take_out(self, server: Server, why: str) -> None:
+        why = f"{why}; {last_answer(server)}"
         if server.healthy:
             log.warning("taking inference server %s out of rotation: %s", server.url, why)
         server.healthy, server.why_out = False, why
@@ -129,7 +139,7 @@ class ServerPool:
                     self.take_out(server, f"{server.failures} failed requests in a row, the last: {e}")
                 await asyncio.sleep(min(self.oc.retry_backoff_s * 2**attempt, MAX_BACKOFF_S))
                 continue
-            server.failures = 0
+            server.failures, server.answered_at = 0, time.time()
             return out, server
         raise RolloutFailed(f"{what} failed {self.oc.max_retries + 1} times; the last error: {error}")
 
@@ -154,6 +164,7 @@ class ServerPool:
         if not await server.client.healthy():
             self.take_out(server, "its /health does not answer")
             return
+        server.answered_at = time.time()
         if server.loading.locked():
             return
         try:

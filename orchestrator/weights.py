@@ -24,9 +24,10 @@ from orchestrator.published import PublishedWeights
 from shared.admin_api import WeightsInfo
 from shared.config import TriadConfig
 from shared.errors import TriadError
+from shared.liveness import PeerWatch
 from shared.resume import newest_checkpoint
-from shared.rundir import Marker, RunDir
-from shared.waiting import Backoff, async_wait_for, poll_cap
+from shared.rundir import TRAINER, Marker, RunDir
+from shared.waiting import Backoff, poll_cap
 from shared.watch import DirWatch
 
 log = logging.getLogger("triad.orchestrator")
@@ -86,10 +87,15 @@ class WeightFollower:
         pool: ServerPool,
         on_change: Callable[[], Awaitable[None]],
         on_version: Callable[[int], None] | None = None,
+        trainer: PeerWatch | None = None,
     ) -> None:
         """`on_change` is awaited after each new version; `on_version(version)` runs in a thread
-        before it (store work of the follower's owner)."""
+        before it (store work of the follower's owner). `trainer`: the trainer's progress, which
+        bounds `wait_for_version` (default: a watch bounded by `orchestrator.weights_stall_s`)."""
         self.cfg, self.rundir, self.run_id, self.pool = cfg, rundir, run_id, pool
+        self.trainer = trainer or PeerWatch(
+            rundir.live, TRAINER, cfg.orchestrator.weights_stall_s, "orchestrator.weights_stall_s"
+        )
         self.on_change, self.on_version = on_change, on_version
         self.published = PublishedWeights(rundir, run_id)
         self.checked = CheckedLoads(rundir, run_id)
@@ -248,10 +254,10 @@ class WeightFollower:
             await self.on_change()
 
     async def wait_for_version(self, version: int) -> None:
-        """Until the servers serve `version` (the trainer's last): a timeout names its marker."""
-
-        async def served() -> bool | None:
-            return True if self.served_version >= version else None
-
+        """Until the servers serve `version` (the trainer's last), as long as the trainer makes
+        progress towards it (its loads are bounded by `orchestrator.weight_load_timeout_s`)."""
         what = f"{self.rundir.weights.describe_marker(version)} from the trainer, after the last batch"
-        await async_wait_for(served, what, self.cfg.orchestrator.weights_timeout_s, poll=POLL_S)
+        while self.served_version < version:
+            await self.trainer.while_stalled(self.trainer_version < version, what)
+            await asyncio.sleep(POLL_S)
+        self.trainer.end_stall()

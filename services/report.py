@@ -9,6 +9,7 @@ from statistics import mean
 from services.timeline import breakdown, spans
 from shared.errors import TriadError
 from shared.fleet import parse_records
+from shared.liveness import describe_holder
 from shared.resume import newest_batch, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, SERVICES, TRAINER, RunDir
 
@@ -59,6 +60,8 @@ def status_lines(rundir: RunDir, now: float | None = None, last_n: int = 20) -> 
         last = rows[-1]
         age = now - last["time"]
         lines.append(f"  {service:<12} step {last['step']:>5}  {describe(service, last)}  ({age:.0f} s ago)")
+    for role in (ORCHESTRATOR, TRAINER):
+        lines.append(f"  {role:<12} {describe_holder(rundir.live, role, now)}")
     for record in parse_records(rundir.fleet.read_all(), rundir.fleet.describe()):
         age = now - record.written_at
         lines.append(f"  {'joined':<12} {record.url}  beat {record.beat}  ({age:.0f} s ago)")

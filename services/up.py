@@ -1,7 +1,9 @@
 """`triad up`: the three services as child processes on this node.
 
 Each child runs the same entry point as its stand-alone command, in its own
-process group, with its output in `run_dir/logs/<service>.log`. The run ends
+process group that ends when `triad up` dies (even by `kill -9`), with its output in
+`run_dir/logs/<service>.log`. A run directory that a live trainer or orchestrator holds
+(`shared/liveness.py`) is refused before anything in it changes. The run ends
 when the orchestrator and the trainer have both finished; if any child fails
 the others are stopped and the failing child's last log lines are shown.
 Ctrl-C stops all three.
@@ -24,6 +26,7 @@ from services.progress import ProgressPrinter
 from services.report import plot_run
 from shared.config import TriadConfig
 from shared.errors import TriadError
+from shared.liveness import check_free
 from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
@@ -120,11 +123,13 @@ def pinned(cmd: list[str], cpus: str | None) -> list[str]:
 
 
 def start(name: str, cmd: list[str], rundir: RunDir, env: dict[str, str]) -> Child:
+    """The child in a process group of its own, which ends when this process dies, even by
+    `kill -9` (`services/die_with_parent.py`)."""
     log_path = rundir.log_file(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            cmd,
+            [sys.executable, "-m", "services.die_with_parent", *cmd],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -179,6 +184,8 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     signal.signal(signal.SIGINT, _interrupt)
     rundir = RunDir.of(cfg)
     rundir.check_writable()
+    for role in (TRAINER, ORCHESTRATOR):  # before anything of the run is discarded
+        check_free(rundir.live, role)
     model = resolve_model(cfg.model)
     run = rundir.ensure_run(cfg.public_dict())
     print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.logs_dir}")

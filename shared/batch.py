@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from shared.errors import TriadError
 from shared.faults import ORCHESTRATOR_BEFORE_MARKER, audit_read, failpoint
 from shared.rundir import Marker, RunDir
-from shared.waiting import poll_cap, wait_for
+from shared.waiting import Peer, poll_cap, wait_for
 from shared.watch import DirWatch
 
 BATCH_SCHEMA = pa.schema(
@@ -99,10 +99,17 @@ def publish_batch(
 
 
 def wait_for_batch_marker(
-    rundir: RunDir, step: int, run_id: str, timeout: float, watch: DirWatch | None = None
+    rundir: RunDir,
+    step: int,
+    run_id: str,
+    timeout: float | None,
+    watch: DirWatch | None = None,
+    peer: Peer | None = None,
 ) -> Marker:
     """Block until batch `step` of this run is published (polls from the store's floor up;
-    `watch`, from `rundir.rollouts.watch()`, wakes the wait as soon as the marker is written)."""
+    `watch`, from `rundir.rollouts.watch()`, wakes the wait as soon as the marker is written),
+    for `timeout` seconds or, with `peer` (the orchestrator's `PeerWatch`), as long as the
+    orchestrator makes progress."""
     return wait_for(
         lambda: rundir.rollouts.marker(step, run_id),
         f"{rundir.rollouts.describe_marker(step)} from the orchestrator",
@@ -110,6 +117,7 @@ def wait_for_batch_marker(
         poll=poll_cap(rundir.store.poll_floor_s),
         floor=rundir.store.poll_floor_s,
         sleep=time.sleep if watch is None else watch.wait,
+        peer=peer,
     )
 
 

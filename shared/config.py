@@ -164,7 +164,10 @@ class OrchestratorConfig(Table):
     eval_every: int = Field(0, ge=0, description="evaluate every N steps and at the end; 0: never")
     eval_size: int = Field(32, ge=1, description="held-out prompts per evaluation")
     eval_k: int = Field(4, ge=1, description="samples per prompt: pass@1 and pass@k")
-    weights_timeout_s: float = Field(900, gt=0, description="wait for the trainer's weights")
+    weights_stall_s: float = Field(
+        900, gt=0, description="waiting for weights: stop once the trainer made no progress this long"
+    )
+    weight_load_timeout_s: float = Field(900, gt=0, description="bound on one server's weight load")
     keep_rollouts: int = Field(4, ge=1, description="rollout step directories kept on disk")
 
 
@@ -249,7 +252,9 @@ class TrainerConfig(Table):
     keep_freed_memory: bool = Field(
         True, description="glibc: freed host memory stays in the process instead of faulting in every step"
     )
-    batch_timeout_s: float = Field(900, gt=0, description="wait for the next batch")
+    batch_stall_s: float = Field(
+        900, gt=0, description="waiting for a batch: stop once the orchestrator made no progress this long"
+    )
     collective_timeout_s: float = Field(1800, gt=0, description="longest wait in one collective")
     max_mismatch_kl: float | None = Field(
         1.0, gt=0, description="drift alarm: warn when a step's mismatch_kl exceeds it; None: off"
@@ -439,6 +444,8 @@ def _moved_keys() -> dict[str, str]:
         "trainer.keep_weights": "weights.keep",
         "trainer.sharded_publish": "weights.sharded",
         "weight_transport": "weights.transport",
+        "trainer.batch_timeout_s": "trainer.batch_stall_s",
+        "orchestrator.weights_timeout_s": "orchestrator.weights_stall_s",
     }
     moved |= {f"trainer.broadcast_{k}": f"weights.broadcast.{k}" for k in BroadcastConfig.model_fields}
     return moved

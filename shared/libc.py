@@ -1,5 +1,6 @@
 """Functions of the C library through ctypes, for the Linux-only process and file-system
-calls that Python's standard library lacks (`trainer/host.py`, `shared/watch.py`)."""
+calls that Python's standard library lacks (`trainer/host.py`, `shared/watch.py`,
+`services/die_with_parent.py`)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,14 @@ def libc_function(name: str, argtypes: list, restype=ctypes.c_int):
         return None
     function.argtypes, function.restype = argtypes, restype
     return function
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send `sig` to this process when the thread that started it ends (prctl
+    PR_SET_PDEATHSIG; kept across exec); False where there is no prctl."""
+    ulong = ctypes.c_ulong
+    prctl = libc_function("prctl", [ctypes.c_int, ulong, ulong, ulong, ulong])
+    return prctl is not None and prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0

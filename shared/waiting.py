@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from shared.errors import WaitTimeout
 
@@ -42,34 +42,54 @@ class Backoff:
         self.interval = self.floor
 
 
+class Peer(Protocol):
+    """The side a wait waits on (`shared/liveness.py` `PeerWatch`): `check` raises WaitTimeout
+    once it has made no progress for its stall bound."""
+
+    def reset(self) -> None: ...
+
+    def check(self, what: str) -> None: ...
+
+    def last_sign(self) -> str: ...
+
+
 class _Progress:
-    def __init__(self, what: str, timeout: float, log_every: float) -> None:
-        self.what, self.timeout, self.log_every = what, timeout, log_every
+    def __init__(self, what: str, timeout: float | None, log_every: float, peer: Peer | None = None) -> None:
+        self.what, self.timeout, self.log_every, self.peer = what, timeout, log_every, peer
         self.start = self.last_log = time.monotonic()
+        if peer is not None:
+            peer.reset()
 
     def tick(self) -> None:
         now = time.monotonic()
         waited = now - self.start
-        if waited >= self.timeout:
+        if self.timeout is not None and waited >= self.timeout:
             raise WaitTimeout(f"gave up after {self.timeout:.0f} s waiting for {self.what}")
+        if self.peer is not None:
+            self.peer.check(self.what)
         if now - self.last_log >= self.log_every:
             self.last_log = now
-            log.info("still waiting for %s (%.0f s of %.0f s)", self.what, waited, self.timeout)
+            if self.peer is not None:
+                log.info("still waiting for %s (%.0f s; %s)", self.what, waited, self.peer.last_sign())
+            else:
+                log.info("still waiting for %s (%.0f s of %.0f s)", self.what, waited, self.timeout)
 
 
 def wait_for(
     check: Callable[[], T | None],
     what: str,
-    timeout: float,
+    timeout: float | None,
     poll: float = 0.1,
     log_every: float = 15.0,
     floor: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    peer: Peer | None = None,
 ) -> T:
-    """Call `check` until it returns something other than None, or time out. Every `poll`
+    """Call `check` until it returns something other than None, or time out: after `timeout`
+    seconds, or (`peer`) once the side it waits on has stopped making progress. Every `poll`
     seconds, or with `floor` at intervals growing from `floor` to `poll` (`Backoff`). `sleep`
     may end an interval early (`shared/watch.py`'s `DirWatch.wait`)."""
-    progress = _Progress(what, timeout, log_every)
+    progress = _Progress(what, timeout, log_every, peer)
     intervals = Backoff(poll if floor is None else floor, poll)
     while (result := check()) is None:
         progress.tick()

@@ -18,10 +18,9 @@ import ctypes
 import os
 import signal
 
-from shared.libc import libc_function
+from shared.libc import libc_function, set_parent_death_signal
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
-PR_SET_PDEATHSIG = 1  # from linux/prctl.h
 
 
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
@@ -37,10 +36,7 @@ def die_with_launcher(launcher_pid: int) -> bool:
     `launcher_pid` dies, and exit at once if it already has. False where not applicable."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
-    prctl = libc_function("prctl", [ctypes.c_int, ctypes.c_ulong])
-    if prctl is None:
-        return False
-    if prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+    if not set_parent_death_signal(signal.SIGKILL):
         return False
     if os.getppid() != launcher_pid:  # it died before the request took effect
         os._exit(1)

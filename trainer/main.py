@@ -30,8 +30,9 @@ from shared.batch import load_batch_reader, read_batch_rows, wait_for_batch_mark
 from shared.config import TriadConfig
 from shared.digest import load_cpu_kernel
 from shared.faults import TRAINER_MID_STEP, failpoint
+from shared.liveness import Lease, PeerWatch, Progress
 from shared.resume import discard_after_checkpoint, newest_checkpoint
-from shared.rundir import TRAINER, RunDir
+from shared.rundir import ORCHESTRATOR, TRAINER, Marker, RunDir
 from shared.watch import DirWatch
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
@@ -104,6 +105,27 @@ def step_phases(
     )
 
 
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def await_batch(
+    rundir: RunDir,
+    step: int,
+    run_id: str,
+    batches: DirWatch | None,
+    orchestrator: PeerWatch,
+    progress: Progress,
+) -> Marker:
+    """Batch `step`'s marker, waited for as long as the orchestrator makes progress."""
+    progress.set(step=step, updates=step - 1, phase="waiting for its batch")
+    marker = wait_for_batch_marker(rundir, step, run_id, None, batches, orchestrator)
+    progress.set(phase="training")
+    return marker
+
+
 def config_dtype(config) -> torch.dtype:
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -139,7 +161,9 @@ def load_reference(model_path: str, device: torch.device, mesh, dtype: torch.dty
 
 
 class Trainer:
-    def __init__(self, cfg: TriadConfig, model_path: str, device: torch.device, mesh) -> None:
+    def __init__(
+        self, cfg: TriadConfig, model_path: str, device: torch.device, mesh, progress: Progress
+    ) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
         self.cfg, self.tc = cfg, cfg.trainer
@@ -147,15 +171,17 @@ class Trainer:
         self.device = device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.rundir = RunDir.of(cfg)
+        self.progress = progress  # published by rank 0's lease (`shared/liveness.py`)
         hf_config = AutoConfig.from_pretrained(model_path)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         torch.manual_seed(cfg.seed)
-        self.model = load_policy(self.tc, model_path, device, mesh, self.compute_dtype())
+        compute = compute_dtype(self.parallel.mixed_precision, device)
+        self.model = load_policy(self.tc, model_path, device, mesh, compute)
         self.reference = None
         if self.loss.kl_target == "reference":
             # loaded once the policy is sharded: two full copies at once need not fit on a device
-            self.reference = load_reference(model_path, device, mesh, self.compute_dtype())
+            self.reference = load_reference(model_path, device, mesh, compute)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.optim.lr,
@@ -166,12 +192,6 @@ class Trainer:
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         dtype = published_dtype(cfg.weights.dtype, device, config_dtype(hf_config))
         self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, dtype)
-
-    def compute_dtype(self) -> torch.dtype:
-        precision = self.parallel.mixed_precision
-        if precision == "auto":
-            precision = "bf16" if self.device.type == "cuda" else "fp32"
-        return torch.bfloat16 if precision == "bf16" else torch.float32
 
     @property
     def forward(self) -> Forward:
@@ -218,6 +238,7 @@ class Trainer:
         )
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum.
         (parts.loss * self.world).backward()
+        self.progress.add("micro_steps")
         with torch.no_grad():
             ent = (entropy * batch.loss_mask).sum()
             return torch.stack(
@@ -296,14 +317,15 @@ class Trainer:
         every = self.tc.checkpoint.every
         return every > 0 and (step % every == 0 or step == self.cfg.max_steps)
 
-    def run(self, run_id: str, batches: DirWatch | None = None) -> None:
-        """Train to `max_steps`; `batches` (`rundir.rollouts.watch()`) wakes each batch wait."""
+    def run(self, run_id: str, batches: DirWatch | None, orchestrator: PeerWatch) -> None:
+        """Train to `max_steps`; `batches` (`rundir.rollouts.watch()`) wakes each batch wait, which
+        goes on as long as the `orchestrator` makes progress."""
         first = self.resume(run_id) + 1
         self.publisher.start_broadcasting(run_id, self.device)
         alarm = DriftAlarm(self.tc.max_mismatch_kl, self.tc.mismatch_kl_steps, speak=self.rank == 0)
         for step in range(first, self.cfg.max_steps + 1):
             t0 = time.monotonic()
-            marker = wait_for_batch_marker(self.rundir, step, run_id, self.tc.batch_timeout_s, batches)
+            marker = await_batch(self.rundir, step, run_id, batches, orchestrator, self.progress)
             t_read = time.monotonic()
             rows = read_batch_rows(self.rundir, step, TRAINER)
             t1 = time.monotonic()
@@ -351,17 +373,23 @@ def run_trainer(cfg: TriadConfig, model_path: str) -> None:
     if cfg.trainer.keep_freed_memory and not keep_freed_memory():
         log.info("trainer.keep_freed_memory: no glibc mallopt here; the allocator keeps its defaults")
     device, mesh = init_distributed(cfg.trainer.device, cfg.trainer.collective_timeout_s)
-    batches = None
+    batches, lease, progress = None, None, Progress(phase="starting")
     try:
         rundir = RunDir.of(cfg)
         if dist.get_rank() == 0:
             rundir.ensure_run(cfg.public_dict())
+            lease = Lease(rundir.live, TRAINER, progress).start()  # one trainer per run directory
         dist.barrier()
         run_id = rundir.read_run().run_id
         warm_up()
         batches = rundir.rollouts.watch()
-        Trainer(cfg, model_path, device, mesh).run(run_id, batches)
+        orchestrator = PeerWatch(
+            rundir.live, ORCHESTRATOR, cfg.trainer.batch_stall_s, "trainer.batch_stall_s"
+        )
+        Trainer(cfg, model_path, device, mesh, progress).run(run_id, batches, orchestrator)
     finally:
         if batches is not None:
             batches.close()
+        if lease is not None:
+            lease.close()
         dist.destroy_process_group()

@@ -12,7 +12,8 @@ and the marker is written last.
 
 The package, by concept: `names` (every name), `steps` (step directories and their markers,
 adapter files, a step directory read by path), `weights_files` (a version's tensor and
-handshake files), `metrics_files`, `fleet_registry`, and here `RunDir`, which holds them all.
+handshake files), `metrics_files`, `fleet_registry`, `live_records` (each role's lease and
+heartbeat), and here `RunDir`, which holds them all.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pydantic import ValidationError
 
 from shared.errors import TriadError
 from shared.rundir.fleet_registry import FleetRegistry
+from shared.rundir.live_records import LiveRecords
 from shared.rundir.metrics_files import MetricsFiles
 from shared.rundir.names import (
     _BATCH_FILE,
@@ -64,6 +66,7 @@ __all__ = [
     "DeltaFiles",
     "FleetRegistry",
     "Handshake",
+    "LiveRecords",
     "Marker",
     "MetricsFiles",
     "RunDir",
@@ -88,6 +91,7 @@ class RunDir(WeightsFiles, StepDirAt):
         self.checkpoints = Steps(self.store, _CHECKPOINTS)
         self.adapters = AdapterFiles(self.weights)
         self.fleet = FleetRegistry(self.store)
+        self.live = LiveRecords(self.store)
         self.metrics = MetricsFiles(self.store)
 
     @classmethod

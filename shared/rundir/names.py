@@ -20,6 +20,7 @@ _TRAINER_STATE = "trainer"
 _ROLLOUTS, _WEIGHTS, _CHECKPOINTS = "rollouts", "weights", "checkpoints"
 _METRICS, _LOGS, _TENSORBOARD, _PLOT = "metrics", "logs", "tensorboard", "plot.png"
 _FLEET, _FLEET_SUFFIX = "fleet", ".json"
+_LIVE, _LIVE_SUFFIX = "live", ".json"  # one heartbeat and lease record per role
 _METRICS_SUFFIX = ".jsonl"
 _METRICS_NAME = re.compile(r"(?P<service>[a-z]+)(-(?P<server>[0-9a-f]+))?(\.(?P<part>\d{5}))?\.jsonl")
 _SERVER_ID = re.compile(r"[0-9a-f]+")

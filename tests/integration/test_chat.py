@@ -60,8 +60,8 @@ def config(run_dir: Path, model: str, url: str, env: str, *extra: str) -> tuple[
         "orchestrator.group_size=4",
         "orchestrator.max_tokens=96",
         "trainer.optim.lr=1e-4",
-        "trainer.batch_timeout_s=300",
-        "orchestrator.weights_timeout_s=300",
+        "trainer.batch_stall_s=300",
+        "orchestrator.weights_stall_s=300",
         *extra,
     ]
     return load_config(None, sets), [f"--set={s}" for s in sets]

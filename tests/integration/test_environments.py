@@ -139,8 +139,8 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
         "orchestrator.group_size=4",
         "orchestrator.max_tokens=4",
         "trainer.optim.lr=1e-4",
-        "trainer.batch_timeout_s=300",
-        "orchestrator.weights_timeout_s=300",
+        "trainer.batch_stall_s=300",
+        "orchestrator.weights_stall_s=300",
     ]
     flags = [f"--set={s}" for s in sets]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}

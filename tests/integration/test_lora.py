@@ -145,7 +145,7 @@ def test_a_resumed_lora_run_equals_a_straight_one_and_checkpoints_only_the_adapt
     straight, split = tmp_path / "straight", tmp_path / "split"
     for run_dir in (straight, split):
         make_batches(run_dir, tiny_model, range(1, 5))
-    sets = [*LORA_TIED, "trainer.optim.lr=1e-2", "trainer.checkpoint.every=2", "trainer.batch_timeout_s=20"]
+    sets = [*LORA_TIED, "trainer.optim.lr=1e-2", "trainer.checkpoint.every=2", "trainer.batch_stall_s=20"]
     train(straight, tiny_model, 2, *sets, "max_steps=4")
     train(split, tiny_model, 2, *sets, "max_steps=2")
     for step in (1, 2):  # a trainer that did not resume would wait for these and time out
@@ -173,7 +173,7 @@ def lora_run(run_dir: Path, model: str, server: Server, service: str, *extra: st
         "trainer.optim.lr=1e-3",
         "trainer.checkpoint.every=0",
         "weights.keep=100",
-        "trainer.batch_timeout_s=240",
+        "trainer.batch_stall_s=240",
         f"inference.admin_token={TOKEN}",
         f'orchestrator.inference_urls=["{server.url}"]',
         "orchestrator.batch_size=4",

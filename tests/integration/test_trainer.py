@@ -81,7 +81,7 @@ def trainer_cmd(
     # (which differs with the rank count) in near-zero elements becomes an update of up to lr:
     # measured 3.4e-5 apart at lr 1e-4 after 4 steps, so rank equivalence is checked at 1e-5.
     base = [f"run_dir={run_dir}", f"model={model}", f"max_steps={STEPS}", "trainer.optim.lr=1e-5"]
-    base += ["trainer.checkpoint.every=2", "weights.keep=10", "trainer.batch_timeout_s=120"]
+    base += ["trainer.checkpoint.every=2", "weights.keep=10", "trainer.batch_stall_s=120"]
     return helpers.trainer_cmd(
         *[f"--set={s}" for s in [*base, *sets]], nproc=nproc, launch=launch or ("--standalone",)
     )

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import re
+import signal
 import threading
 import time
 
@@ -27,9 +30,10 @@ from shared.config import load_config
 from shared.digest import version_digest
 from shared.errors import TriadError, WaitTimeout
 from shared.net import free_port
-from shared.rundir import ORCHESTRATOR, RunDir
+from shared.rundir import ORCHESTRATOR, TRAINER, RunDir
 from shared.waiting import async_wait_for
 from tests.fake_openai import FakeServer
+from tests.unit.test_liveness import peer_process
 
 
 class FakeBackend:
@@ -339,9 +343,11 @@ def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_pa
                 s.version = s.backend.version = 7
 
             watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            await asyncio.sleep(0.15)  # answers its health checks
             fake.state.healthy = False
             await asyncio.sleep(0.3)
-            assert not server.healthy and "health" in server.why_out
+            assert not server.healthy and "its /health does not answer; it last answered " in server.why_out
+            assert re.search(r"answered 0 s ago \(at \d\d:\d\d:\d\d UTC\)$", server.why_out)
             server.version = 3  # what it served before it went away
             fake.state.healthy = True
             await asyncio.sleep(0.3)
@@ -537,8 +543,9 @@ def test_resumes_after_the_newest_batch(tmp_path):
     assert again.rng.random() != random.Random(f"{again.cfg.seed}-1").random()
 
 
-def test_weights_timeout_counts_only_time_stalled_on_weights(tmp_path):
-    """Generation time is not waiting for the trainer: the clock starts when nothing else is left."""
+def test_weights_stall_counts_only_time_stalled_on_weights(tmp_path):
+    """Generation time is not waiting for the trainer: the clock starts when nothing else is left
+    (and here no trainer ever published a heartbeat)."""
     with FakeServer() as fake:
         fake.state.delay = 0.6
 
@@ -548,7 +555,7 @@ def test_weights_timeout_counts_only_time_stalled_on_weights(tmp_path):
                 [fake.url],
                 "max_async_level=0",
                 "max_steps=10",
-                "orchestrator.weights_timeout_s=0.4",
+                "orchestrator.weights_stall_s=0.4",
             )
             producer = asyncio.create_task(orch.produce())
             await orch.assemble(1)  # its groups took 0.6 s, longer than the weights timeout
@@ -556,13 +563,45 @@ def test_weights_timeout_counts_only_time_stalled_on_weights(tmp_path):
             with pytest.raises(ExceptionGroup) as caught:  # raised inside the producer's TaskGroup
                 await producer
             (timeout,) = caught.value.subgroup(WaitTimeout).exceptions
-            assert "version 1" in str(timeout) and orch.rundir.weights.describe_marker(1) in str(timeout)
+            assert str(timeout).startswith("no heartbeat from the trainer in ")
+            assert orch.rundir.weights.describe_marker(1) in str(timeout)
             waited = asyncio.get_running_loop().time() - done
             await close(orch)
             return waited
 
         waited = asyncio.run(run())
     assert 0.35 < waited < 1.5
+
+
+def test_a_slow_trainer_that_makes_progress_is_waited_for_a_killed_one_is_named(tmp_path):
+    """Weights that take longer than the stall bound come while the trainer makes progress;
+    after a kill -9 of the trainer the producer stops within the bound, naming it."""
+    with FakeServer() as fake, peer_process(tmp_path, TRAINER) as trainer:
+
+        async def run() -> tuple[float, BaseException]:
+            sets = ("max_async_level=0", "max_steps=10", "orchestrator.weights_stall_s=1")
+            orch = make(tmp_path, [fake.url], *sets)
+            producer = asyncio.create_task(orch.produce())
+            await orch.assemble(1)
+            await asyncio.sleep(3)  # stalled on weights for three times the bound
+            assert not producer.done()
+            set_version(orch, 1)
+            await orch.notify()
+            await orch.assemble(2)
+            trainer.send_signal(signal.SIGKILL)
+            killed = asyncio.get_running_loop().time()
+            with pytest.raises(ExceptionGroup) as caught:
+                await producer
+            waited = asyncio.get_running_loop().time() - killed
+            await close(orch)
+            (stalled,) = caught.value.subgroup(WaitTimeout).exceptions
+            return waited, stalled
+
+        waited, stalled = asyncio.run(run())
+    assert 1 < waited < 3
+    assert str(stalled).startswith(f"the trainer (host {os.uname().nodename}, pid {trainer.pid}, renewed ")
+    assert "made no progress for 1 s; its last: phase rolling out, samples_finished " in str(stalled)
+    assert "(orchestrator.weights_stall_s); waited for " in str(stalled)
 
 
 def test_frozen_backend_paces_rollouts_by_the_trainer_and_skips_the_staleness_drop(tmp_path):

@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import untrusted
+from orchestrator import env_calls
 from orchestrator.chat import ChatRenderer
 from orchestrator.client import RequestRejected
 from orchestrator.environments import env_metrics, score
@@ -204,7 +204,7 @@ class EpisodeRecorder:
 async def run_agent(env, prompt, base_url: str, model: str, timeout: float) -> Any:
     """The environment's agent program, bounded by `timeout`; a plain function runs in a thread."""
     async with asyncio.timeout(timeout):
-        return await untrusted.call(env.run_agent, prompt, base_url, model)
+        return await env_calls.call(env.run_agent, prompt, base_url, model)
 
 
 class AgentRollouts:

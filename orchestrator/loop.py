@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from orchestrator import untrusted
+from orchestrator import env_calls
 from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
@@ -254,7 +254,7 @@ class Orchestrator:
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
             **self.loop_lag.take(), **self.guard.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
-            groups_filtered=filtered, groups_failed=self.failures.take(),
+            groups_filtered=filtered, groups_failed=self.failures.take(), **env_calls.take_counts(),
         )  # fmt: skip
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
@@ -341,7 +341,7 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
-    untrusted.configure(cfg.orchestrator)
+    env_calls.configure(cfg.orchestrator)
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
     token = cfg.inference.token()

@@ -58,8 +58,8 @@ class ThreadLoop:
     """fn(*args) in the calling thread; an awaitable it returns is run to its end on a new event loop
     of that thread's own. `cancel` (from any thread) cancels that awaitable at its next await."""
 
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn, self.args = fn, args
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
         self.__qualname__ = name_of(fn)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -67,7 +67,7 @@ class ThreadLoop:
         self._cancelled = False
 
     def __call__(self) -> Any:
-        result = self.fn(*self.args)
+        result = self.fn(*self.args, **self.kwargs)
         if not inspect.isawaitable(result):
             return result
         loop = asyncio.new_event_loop()
@@ -216,14 +216,14 @@ def _settle(done: asyncio.Future[Any], result: Any, error: BaseException | None)
         done.set_exception(error)
 
 
-_FIELDS = OrchestratorConfig.model_fields
-THREADS = EnvThreads(_FIELDS["env_threads"].default, _FIELDS["max_stuck_calls"].default)
-AGENT_THREADS = EnvThreads(1, _FIELDS["max_stuck_calls"].default, "agent")
-
-
 def agent_episodes_at_once(oc: OrchestratorConfig) -> int:
     """Agent episodes that may run at once: the groups in flight, and an evaluation's."""
     return oc.max_inflight * oc.group_size + oc.eval_size * oc.eval_k
+
+
+_DEFAULTS = OrchestratorConfig()
+THREADS = EnvThreads(_DEFAULTS.env_threads, _DEFAULTS.max_stuck_calls)
+AGENT_THREADS = EnvThreads(agent_episodes_at_once(_DEFAULTS), _DEFAULTS.max_stuck_calls, "agent")
 
 
 def configure(oc: OrchestratorConfig) -> None:
@@ -246,7 +246,7 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await result if inspect.isawaitable(result) else result
 
 
-async def run_episode(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in a thread of the agent pool, an awaitable it returns on that thread's own loop;
+async def run_episode(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) in a thread of the agent pool, an awaitable it returns on that thread's own loop;
     a cancelled caller cancels that awaitable (it stops at its next await)."""
-    return await AGENT_THREADS.run(ThreadLoop(fn, *args))
+    return await AGENT_THREADS.run(ThreadLoop(fn, *args, **kwargs))

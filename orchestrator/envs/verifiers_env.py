@@ -64,12 +64,12 @@ class VerifiersEnv:
             return [self.prompt_of("train", i) for i in range(len(self.train))]
         return [self.prompt_of("eval", i) for i in range(len(self.held_out))]
 
-    async def run_agent(self, prompt: Prompt, base_url: str, model: str) -> dict:
+    async def run_agent(self, prompt: Prompt, base_url: str, model: str, api_key: str) -> dict:
         """The environment's own rollout and rubric, its model calls sent to `base_url`."""
         import openai
 
         row = (self.train if prompt.meta["split"] == "train" else self.held_out)[int(prompt.meta["index"])]
-        client = self.vf.OpenAIChatCompletionsClient(openai.AsyncOpenAI(base_url=base_url, api_key="unused"))
+        client = self.vf.OpenAIChatCompletionsClient(openai.AsyncOpenAI(base_url=base_url, api_key=api_key))
         try:
             output = await self.env.run_rollout(dict(row), client, model, dict(self.env.sampling_args))
         finally:

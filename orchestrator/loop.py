@@ -4,7 +4,8 @@
 
 Concurrent parts share one asyncio loop:
 
-- the *producer* samples a prompt from the environment and rolls out a group
+- the *producer* draws a prompt (`draws.py`: a dataset's prompts once per epoch in
+  a seeded shuffle, resumed where the newest batch left off) and rolls out a group
   of `group_size` samples (single- or multi-turn, see `rollout.py`), keeping
   at most `max_inflight` groups generating or queued. It starts a group only
   if the policy version it would use is fresh enough for the batch that group
@@ -47,7 +48,8 @@ from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.client import InferenceClient
-from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
+from orchestrator.draws import Draw, Draws, Position
+from orchestrator.environments import Environment, eval_prompts, load_environment, max_turns
 from orchestrator.episodes import episodes_for
 from orchestrator.evaluation import evaluate_and_log
 from orchestrator.fleet import Fleet
@@ -119,7 +121,7 @@ class Orchestrator:
         self.episodes = episodes_for(env, pool, self.oc)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
-        self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
+        self.draws = Draws(env, cfg.seed, self.resume_position())
         for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
             self.rundir.metrics.drop_after(kind, self.first_step - 1)
         self.metrics = self.rundir.metrics.writer(ORCHESTRATOR)
@@ -133,6 +135,22 @@ class Orchestrator:
         self.failures = FailedGroups(self.oc.max_failed_groups)
         self.loop_lag = LoopLag()
         self.guard = GuardWaits()
+
+    def resume_position(self) -> Position:
+        """Where the draws stand after the newest batch kept (its marker's `draws`)."""
+        if self.first_step == 1:
+            return Position()
+        step = self.first_step - 1
+        marker = self.rundir.rollouts.marker(step, self.run_id)
+        raw = getattr(marker, "draws", None) if marker is not None else None
+        if raw is None:
+            log.warning(
+                "batch %d records no prompt position (%s; written before triad recorded one): "
+                "the prompts are drawn from the start again",
+                step, self.rundir.rollouts.describe_marker(step),
+            )  # fmt: skip
+            return Position()
+        return Position.from_json(raw, self.rundir.rollouts.describe_marker(step))
 
     # -- shared state -------------------------------------------------------
     async def notify(self) -> None:
@@ -189,19 +207,20 @@ class Orchestrator:
             while True:
                 await self.wait_until_may_start()
                 self.pending += 1
-                groups.create_task(self.generate_group(self.env.sample(self.rng)))
+                groups.create_task(self.generate_group(self.draws.draw()))
 
-    async def generate_group(self, prompt: Prompt) -> None:
+    async def generate_group(self, draw: Draw) -> None:
         try:
-            samples = await self.episodes.group(prompt, self.oc.group_size)
+            samples = await self.episodes.group(draw.prompt, self.oc.group_size)
         except RolloutFailed as e:
             self.pending -= 1
+            self.draws.consumed(draw.number)
             log.warning("dropped a group of %d samples: %s", self.oc.group_size, e)
             self.failures.failed(e)
             await self.notify()
             return
         self.failures.succeeded()
-        await self.queue.put(Group(uuid.uuid4().hex[:12], prompt, samples))
+        await self.queue.put(Group(uuid.uuid4().hex[:12], draw.prompt, samples, draw.number))
 
     # -- assembler ----------------------------------------------------------
     def accepts(self, group: Group, step: int, filtered: int) -> str | None:
@@ -223,6 +242,7 @@ class Orchestrator:
         while len(batch) < self.oc.batch_size:
             group = await self.queue.get()
             self.pending -= 1
+            self.draws.consumed(group.draw)
             why = self.accepts(group, step, filtered)
             if why is None:
                 batch.append(group)
@@ -242,8 +262,12 @@ class Orchestrator:
         """Publish batch `step` in a thread; its row has the phases since `last`: generate, assemble, write"""
         rows = self.builder.rows(step, batch)
         assembled = time.monotonic()
+        position = self.draws.position().to_json()
+        drawn = [g.draw for g in batch]
         await to_thread_to_completion(
-            publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature
+            lambda: publish_batch(
+                self.rundir, self.run_id, step, rows, self.oc.temperature, draws=position, prompt_draws=drawn
+            )
         )
         written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
@@ -255,12 +279,18 @@ class Orchestrator:
             **self.loop_lag.take(), **self.guard.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total,
             groups_filtered=filtered, groups_failed=self.failures.take(), **env_calls.take_counts(),
+            **self.epoch(),
         )  # fmt: skip
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
             step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.weights.served_version,
         )  # fmt: skip
+
+    def epoch(self) -> dict[str, float]:
+        """`epoch`: dataset epochs done as of this batch (none for a procedural environment)."""
+        done = self.draws.epochs_done()
+        return {} if done is None else {"epoch": done}
 
     async def run_steps(self, evals: asyncio.TaskGroup) -> None:
         last = time.monotonic()

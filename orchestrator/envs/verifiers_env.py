@@ -19,6 +19,7 @@ import logging
 import random
 from typing import Any
 
+from orchestrator.draws import Indexed
 from orchestrator.envs.extras import require
 from orchestrator.prompt import Prompt
 from shared.errors import TriadError
@@ -56,6 +57,10 @@ class VerifiersEnv:
 
     def sample(self, rng: random.Random) -> Prompt:
         return self.prompt_of("train", rng.randrange(len(self.train)))
+
+    def dataset(self) -> Indexed:
+        """The training dataset, each row once per epoch (made when drawn)."""
+        return Indexed(len(self.train), lambda i: self.prompt_of("train", i))
 
     def eval_prompts(self) -> list[Prompt]:
         if self.held_out is None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from orchestrator.prompt import Prompt
 from shared.errors import TriadError
+from shared.rundir import RunDir
 
 log = logging.getLogger("triad.orchestrator")
 
@@ -134,9 +135,32 @@ class Draws:
         """What a restart resumes from: the next new draw, and every earlier one not consumed."""
         return Position(self.next, sorted(self.outstanding | set(self.again)))
 
+    def marker_fields(self, drawn: list[int]) -> dict[str, Any]:
+        """What a batch's marker records: its groups' draws, and the position after it."""
+        return {"draws": self.position().to_json(), "prompt_draws": drawn}
+
+    def metrics(self) -> dict[str, float]:
+        """`epoch`, for the step's row (none for a procedural environment)."""
+        done = self.epochs_done()
+        return {} if done is None else {"epoch": done}
+
     def epochs_done(self) -> float | None:
         """Dataset epochs whose every draw is consumed, as a fraction (1.5: half-way into the second)."""
         if self.dataset is None:
             return None
         first_open = min(self.outstanding | set(self.again), default=self.next)
         return round(first_open / len(self.dataset), 4)
+
+
+def resume_position(rundir: RunDir, run_id: str, step: int) -> Position:
+    """Where the draws stand after batch `step` (its marker's `draws`); the start for step 0."""
+    if step == 0:
+        return Position()
+    marker = rundir.rollouts.marker(step, run_id)
+    where = rundir.rollouts.describe_marker(step)
+    raw = getattr(marker, "draws", None) if marker is not None else None
+    if raw is None:
+        log.warning("batch %d records no prompt position (%s; written before triad recorded one): "
+                    "the prompts are drawn from the start again", step, where)  # fmt: skip
+        return Position()
+    return Position.from_json(raw, where)

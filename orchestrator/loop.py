@@ -41,6 +41,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from orchestrator import env_calls
@@ -48,7 +49,7 @@ from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.client import InferenceClient
-from orchestrator.draws import Draw, Draws, Position
+from orchestrator.draws import Draw, Draws, resume_position
 from orchestrator.environments import Environment, eval_prompts, load_environment, max_turns
 from orchestrator.episodes import episodes_for
 from orchestrator.evaluation import evaluate_and_log
@@ -111,17 +112,15 @@ class Orchestrator:
 
     def __init__(self, cfg: TriadConfig, run_id: str, pool: ServerPool, env: Environment) -> None:
         self.cfg, self.oc = cfg, cfg.orchestrator
-        self.run_id = run_id
-        self.rundir = RunDir.of(cfg)
-        self.pool = pool
-        self.env = env
+        self.run_id, self.rundir = run_id, RunDir.of(cfg)
+        self.pool, self.env = pool, env
         retention = BatchRetention(self.rundir, run_id, self.oc.keep_rollouts)  # prunes at each new version
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify, retention.prune_consumed)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
         self.episodes = episodes_for(env, pool, self.oc)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
-        self.draws = Draws(env, cfg.seed, self.resume_position())
+        self.draws = Draws(env, cfg.seed, resume_position(self.rundir, run_id, self.first_step - 1))
         for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
             self.rundir.metrics.drop_after(kind, self.first_step - 1)
         self.metrics = self.rundir.metrics.writer(ORCHESTRATOR)
@@ -135,22 +134,6 @@ class Orchestrator:
         self.failures = FailedGroups(self.oc.max_failed_groups)
         self.loop_lag = LoopLag()
         self.guard = GuardWaits()
-
-    def resume_position(self) -> Position:
-        """Where the draws stand after the newest batch kept (its marker's `draws`)."""
-        if self.first_step == 1:
-            return Position()
-        step = self.first_step - 1
-        marker = self.rundir.rollouts.marker(step, self.run_id)
-        raw = getattr(marker, "draws", None) if marker is not None else None
-        if raw is None:
-            log.warning(
-                "batch %d records no prompt position (%s; written before triad recorded one): "
-                "the prompts are drawn from the start again",
-                step, self.rundir.rollouts.describe_marker(step),
-            )  # fmt: skip
-            return Position()
-        return Position.from_json(raw, self.rundir.rollouts.describe_marker(step))
 
     # -- shared state -------------------------------------------------------
     async def notify(self) -> None:
@@ -262,13 +245,9 @@ class Orchestrator:
         """Publish batch `step` in a thread; its row has the phases since `last`: generate, assemble, write"""
         rows = self.builder.rows(step, batch)
         assembled = time.monotonic()
-        position = self.draws.position().to_json()
-        drawn = [g.draw for g in batch]
-        await to_thread_to_completion(
-            lambda: publish_batch(
-                self.rundir, self.run_id, step, rows, self.oc.temperature, draws=position, prompt_draws=drawn
-            )
-        )
+        marker = self.draws.marker_fields([g.draw for g in batch])
+        publish = partial(publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature, **marker)
+        await to_thread_to_completion(publish)
         written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
         fields = dict(
@@ -277,20 +256,14 @@ class Orchestrator:
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
             **self.loop_lag.take(), **self.guard.take(),
-            samples_dropped=dropped, samples_dropped_total=self.dropped_total,
+            samples_dropped=dropped, samples_dropped_total=self.dropped_total, **self.draws.metrics(),
             groups_filtered=filtered, groups_failed=self.failures.take(), **env_calls.take_counts(),
-            **self.epoch(),
         )  # fmt: skip
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
             step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.weights.served_version,
         )  # fmt: skip
-
-    def epoch(self) -> dict[str, float]:
-        """`epoch`: dataset epochs done as of this batch (none for a procedural environment)."""
-        done = self.draws.epochs_done()
-        return {} if done is None else {"epoch": done}
 
     async def run_steps(self, evals: asyncio.TaskGroup) -> None:
         last = time.monotonic()

@@ -2,12 +2,18 @@
 
 An agent environment has, instead of (or beside) chat prompts,
 
-    async def run_agent(self, prompt, base_url: str, model: str) -> Any    # or a plain function
+    async def run_agent(self, prompt, base_url: str, model: str, api_key: str) -> Any  # or plain
     def reward(self, prompt, episode: AgentEpisode) -> float               # or async
 
 `run_agent` runs any program against `base_url` (an OpenAI-compatible
 chat-completions endpoint with tools, served by the orchestrator for that
-episode alone); `reward` scores the episode: what `run_agent` returned
+episode alone) with `api_key` as its key (`orchestrator.proxy_token`; a
+`run_agent` without that parameter is refused at start when a token is set).
+Each episode runs in a thread of its own, an `async def` on an event loop of
+that thread's own (`env_calls.py`): a blocking call in it cannot stall the loop
+that serves the proxy, and `orchestrator.agent_timeout_s` fires. The calls of an
+episode prefer the server that answered its last call, whose cache holds the
+conversation so far. `reward` scores the episode: what `run_agent` returned
 (`episode.result`), every call with its reply (`episode.calls`) and the
 conversation of the last call (`episode.conversation`).
 
@@ -24,16 +30,17 @@ advantages are taken over the samples of the prompt's group.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import untrusted
+from orchestrator import env_calls
 from orchestrator.chat import ChatRenderer
 from orchestrator.client import RequestRejected
 from orchestrator.environments import env_metrics, score
-from orchestrator.pool import RolloutFailed, ServerPool
+from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.proxy import AgentProxy
 from orchestrator.sample import Sample
 from orchestrator.tool_calls import assistant_message
@@ -124,6 +131,7 @@ class EpisodeRecorder:
     def __init__(self, pool: ServerPool, oc: OrchestratorConfig) -> None:
         self.pool, self.oc = pool, oc
         self.episode = AgentEpisode()
+        self.server: Server | None = None  # the server that answered the last call: the next one prefers it
         self.closed = asyncio.Event()
         self.lock = asyncio.Lock()  # one call at a time: a chain is a sequence
 
@@ -178,7 +186,8 @@ class EpisodeRecorder:
         cancelled by the end of its episode leaves it as it was."""
         sample = chain.sample
         before = sample.input_ids + ids
-        (c,), server, version = await self.pool.complete(before, 1, max_tokens=max_tokens)
+        (c,), server, version = await self.pool.complete(before, 1, self.server, max_tokens=max_tokens)
+        self.server = server
         parsed = await chain.parser.parse(c, before, server)
         if self.closed.is_set():
             raise asyncio.CancelledError
@@ -201,10 +210,32 @@ class EpisodeRecorder:
         }
 
 
-async def run_agent(env, prompt, base_url: str, model: str, timeout: float) -> Any:
-    """The environment's agent program, bounded by `timeout`; a plain function runs in a thread."""
+NO_TOKEN = "none"  # the api_key of agents on a proxy without a token (OpenAI clients need one)
+
+
+def takes_api_key(run: Any) -> bool:
+    try:
+        parameters = inspect.signature(run).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: pass it
+        return True
+    return any(p.name == "api_key" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def check_agent(env: Any, oc: OrchestratorConfig) -> None:
+    """A proxy with a token answers 401 to an agent that is not given it: refuse such a run at start."""
+    if oc.proxy_token is not None and not takes_api_key(env.run_agent):
+        raise TriadError(
+            f"environment {env.name!r}: orchestrator.proxy_token is set but run_agent takes no api_key: "
+            "make it run_agent(prompt, base_url, model, api_key) and give api_key to its client"
+        )
+
+
+async def run_agent(env, prompt, base_url: str, model: str, api_key: str, timeout: float) -> Any:
+    """The environment's agent program in a thread of its own (an `async def` on that thread's loop),
+    bounded by `timeout`."""
+    kwargs = {"api_key": api_key} if takes_api_key(env.run_agent) else {}
     async with asyncio.timeout(timeout):
-        return await untrusted.call(env.run_agent, prompt, base_url, model)
+        return await env_calls.run_episode(env.run_agent, prompt, base_url, model, **kwargs)
 
 
 class AgentRollouts:
@@ -212,8 +243,10 @@ class AgentRollouts:
     own proxy URL; the calls it makes become the samples."""
 
     def __init__(self, env, pool: ServerPool, oc: OrchestratorConfig) -> None:
+        check_agent(env, oc)
         self.env, self.pool, self.oc = env, pool, oc
         self.proxy = AgentProxy(oc)
+        self.api_key = oc.proxy_token.get_secret_value() if oc.proxy_token else NO_TOKEN
 
     async def start(self, prompt) -> None:
         self.proxy.model = self.pool.servers[0].client.model or self.proxy.model
@@ -226,9 +259,8 @@ class AgentRollouts:
         recorder = EpisodeRecorder(self.pool, self.oc)
         episode = self.proxy.open(recorder)
         try:
-            result = await run_agent(
-                self.env, prompt, self.proxy.base_url(episode), self.proxy.model, self.oc.agent_timeout_s
-            )
+            url, model = self.proxy.base_url(episode), self.proxy.model
+            result = await run_agent(self.env, prompt, url, model, self.api_key, self.oc.agent_timeout_s)
         except TimeoutError:
             log.warning(
                 "environment %r: an agent episode ran over %g s (orchestrator.agent_timeout_s): "

@@ -23,6 +23,7 @@ class Group:
     group_id: str
     prompt: Prompt
     samples: list[Sample]
+    draw: int = -1  # the producer's draw number (`draws.py`); -1: not drawn (an evaluation's)
 
     @property
     def version(self) -> int:

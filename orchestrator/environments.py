@@ -28,7 +28,7 @@ environment's user messages), and `respond` answers with a user message. With
 environment keeps seeing text. Rewards, responses, metrics and tools may be
 coroutines, and may call out (a subprocess, a sandbox); each call is bounded by
 `orchestrator.env_timeout_s`. Plain functions run in worker threads, off the event
-loop (`untrusted.py`); a coroutine must not block.
+loop (`env_calls.py`: a bounded thread pool, no sandbox); a coroutine must not block.
 
 `orchestrator.env` names the environment: a built-in (see `BUILTIN`), a library
 adapter's `prefix:name` (see `ADAPTERS`: `reasoning_gym:<task>`), the name
@@ -48,9 +48,9 @@ from collections.abc import Awaitable, Callable
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from orchestrator import untrusted
+from orchestrator import env_calls
+from orchestrator.env_calls import TooManyStuck
 from orchestrator.prompt import Prompt
-from orchestrator.untrusted import TooManyStuck
 from shared.errors import TriadError
 
 log = logging.getLogger("triad.orchestrator")
@@ -76,10 +76,10 @@ def env_tools(env: Environment) -> list[Callable[..., Any]]:
 
 
 async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -> Any:
-    """fn(*args) through `untrusted` (a sync fn in a worker thread), bounded by `timeout`."""
+    """fn(*args) through `env_calls` (a sync fn in a pool thread), bounded by `timeout` from now."""
     async with asyncio.timeout(timeout):
         try:
-            return await untrusted.call(fn, *args)
+            return await env_calls.call(fn, *args)
         except (TimeoutError, TooManyStuck):
             raise
         except Exception as e:

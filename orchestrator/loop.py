@@ -4,7 +4,8 @@
 
 Concurrent parts share one asyncio loop:
 
-- the *producer* samples a prompt from the environment and rolls out a group
+- the *producer* draws a prompt (`draws.py`: a dataset's prompts once per epoch in
+  a seeded shuffle, resumed where the newest batch left off) and rolls out a group
   of `group_size` samples (single- or multi-turn, see `rollout.py`), keeping
   at most `max_inflight` groups generating or queued. It starts a group only
   if the policy version it would use is fresh enough for the batch that group
@@ -41,14 +42,16 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
-from orchestrator import untrusted
+from orchestrator import env_calls
 from orchestrator.advantages import has_signal
 from orchestrator.backends import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.client import InferenceClient
-from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns
+from orchestrator.draws import Draw, Draws, resume_position
+from orchestrator.environments import Environment, eval_prompts, load_environment, max_turns
 from orchestrator.episodes import episodes_for
 from orchestrator.evaluation import evaluate_and_log
 from orchestrator.fleet import Fleet
@@ -118,18 +121,16 @@ class Orchestrator:
         progress: Progress | None = None,
     ) -> None:
         self.cfg, self.oc = cfg, cfg.orchestrator
-        self.run_id = run_id
-        self.rundir = RunDir.of(cfg)
+        self.run_id, self.rundir = run_id, RunDir.of(cfg)
         self.progress = progress or Progress()  # published by the lease's heartbeat
-        self.pool = pool
-        self.env = env
+        self.pool, self.env = pool, env
         retention = BatchRetention(self.rundir, run_id, self.oc.keep_rollouts)  # prunes at each new version
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify, retention.prune_consumed)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
         self.episodes = episodes_for(env, pool, self.oc)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
-        self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
+        self.draws = Draws(env, cfg.seed, resume_position(self.rundir, run_id, self.first_step - 1))
         for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
             self.rundir.metrics.drop_after(kind, self.first_step - 1)
         self.metrics = self.rundir.metrics.writer(ORCHESTRATOR)
@@ -187,20 +188,21 @@ class Orchestrator:
             while True:
                 await self.wait_until_may_start()
                 self.pending += 1
-                groups.create_task(self.generate_group(self.env.sample(self.rng)))
+                groups.create_task(self.generate_group(self.draws.draw()))
 
-    async def generate_group(self, prompt: Prompt) -> None:
+    async def generate_group(self, draw: Draw) -> None:
         try:
-            samples = await self.episodes.group(prompt, self.oc.group_size)
+            samples = await self.episodes.group(draw.prompt, self.oc.group_size)
         except RolloutFailed as e:
             self.pending -= 1
+            self.draws.consumed(draw.number)
             log.warning("dropped a group of %d samples: %s", self.oc.group_size, e)
             self.failures.failed(e)
             await self.notify()
             return
         self.failures.succeeded()
         self.progress.add("samples_finished", len(samples))
-        await self.queue.put(Group(uuid.uuid4().hex[:12], prompt, samples))
+        await self.queue.put(Group(uuid.uuid4().hex[:12], draw.prompt, samples, draw.number))
 
     # -- assembler ----------------------------------------------------------
     def accepts(self, group: Group, step: int, filtered: int) -> str | None:
@@ -222,6 +224,7 @@ class Orchestrator:
         while len(batch) < self.oc.batch_size:
             group = await self.queue.get()
             self.pending -= 1
+            self.draws.consumed(group.draw)
             why = self.accepts(group, step, filtered)
             if why is None:
                 batch.append(group)
@@ -241,9 +244,9 @@ class Orchestrator:
         """Publish batch `step` in a thread; its row has the phases since `last`: generate, assemble, write"""
         rows = self.builder.rows(step, batch)
         assembled = time.monotonic()
-        await to_thread_to_completion(
-            publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature
-        )
+        marker = self.draws.marker_fields([g.draw for g in batch])
+        publish = partial(publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature, **marker)
+        await to_thread_to_completion(publish)
         written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
         fields = dict(
@@ -252,8 +255,8 @@ class Orchestrator:
             served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
             **self.loop_lag.take(), **self.guard.take(),
-            samples_dropped=dropped, samples_dropped_total=self.dropped_total,
-            groups_filtered=filtered, groups_failed=self.failures.take(),
+            samples_dropped=dropped, samples_dropped_total=self.dropped_total, **self.draws.metrics(),
+            groups_filtered=filtered, groups_failed=self.failures.take(), **env_calls.take_counts(),
         )  # fmt: skip
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
@@ -349,7 +352,7 @@ def first_user_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def orchestrate(cfg: TriadConfig, env: Environment) -> None:
-    untrusted.configure(cfg.orchestrator)
+    env_calls.configure(cfg.orchestrator)
     rundir = RunDir.of(cfg)
     run = rundir.ensure_run(cfg.public_dict())
     progress = Progress(phase="connecting to inference")

@@ -9,6 +9,10 @@ that is over (finished, timed out, cancelled) is answered 404 at once, one that
 is in flight when its episode ends gets 410, a bad body or a request the
 inference server refused (a prompt over its context, say) gets 400, each with an
 OpenAI-style `{"error": {"message", "type"}}` body; a failed rollout gets 502.
+A request option the proxy does not honour (`stop`, `tool_choice`, `response_format`,
+`top_p`, ...) gets a 400 that names it, unless its value is what the proxy does anyway
+(`tool_choice` "auto", `top_p` 1, ..., or null): an option dropped silently would train
+the policy on samples the agent did not ask for.
 Episode ids are unguessable (`secrets`); on an address other than loopback the
 proxy needs `orchestrator.proxy_token` as a bearer token.
 Sampling follows the run's settings: the sampler's temperature must be the one
@@ -62,10 +66,39 @@ def check_tools(raw: Any) -> list[dict] | None:
     return raw
 
 
+HONOURED = frozenset({"messages", "model", "tools", "max_tokens", "max_completion_tokens", "n", "stream"})
+IGNORED = frozenset({"temperature", "user"})  # the run's temperature is the trainer's; `user` is a label
+AS_DONE = {  # options whose value is what the proxy does anyway
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "top_p": 1,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logprobs": False,
+    "stop": [],
+}
+
+
+def unsupported(body: dict) -> list[str]:
+    """The options of `body` that the proxy would not honour, sorted."""
+    known = HONOURED | IGNORED
+    return sorted(
+        k
+        for k, v in body.items()
+        if k not in known and v is not None and (k not in AS_DONE or AS_DONE[k] != v)
+    )
+
+
 def check_request(body: Any, max_tokens: int) -> tuple[list[dict], list[dict] | None, int]:
     """(messages, tools, max_tokens) of a chat-completions body; TriadError naming what is wrong."""
     if not isinstance(body, dict):
         raise TriadError("the body must be a JSON object")
+    refused = unsupported(body)
+    if refused:
+        raise TriadError(
+            f"unsupported by the training proxy: {', '.join(refused)}; sampling follows the run's settings "
+            "(orchestrator.temperature, max_tokens): leave them out"
+        )
     if body.get("stream"):
         raise TriadError("stream is not supported by the training proxy")
     if body.get("n", 1) != 1:

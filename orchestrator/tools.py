@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import untrusted
+from orchestrator import env_calls
 from orchestrator.tool_calls import JSON_TYPES, ParsedTurn, ToolCall, json_type_of, one_line
 from shared.errors import TriadError
 
@@ -114,7 +114,7 @@ def _id_order(message: dict[str, str]) -> tuple[int, str]:
 class ToolRunner:
     """Runs a turn's tool calls against a fixed set of tools, each call bounded by `timeout` s.
 
-    Sync tools run in the bounded executor for untrusted code (`untrusted.py`), so that a slow one
+    Sync tools run in the bounded pool for environment code (`env_calls.py`), so that a slow one
     cannot block the event loop; one that times out is answered at once, though its worker runs
     until the tool returns and counts as stuck meanwhile."""
 
@@ -147,7 +147,7 @@ class ToolRunner:
         return bound, None
 
     async def _invoke(self, fn: Callable[..., Any], bound: inspect.BoundArguments) -> Any:
-        return await untrusted.call(fn, *bound.args, **bound.kwargs)
+        return await env_calls.call(fn, *bound.args, **bound.kwargs)
 
     async def _content(self, call: ToolCall) -> str:
         if call.name not in self._tools:

@@ -37,7 +37,8 @@ def rolling_mean(values: list[float], window: int = 10) -> list[float]:
 
 def describe(service: str, row: dict) -> str:
     if service == ORCHESTRATOR:
-        return f"reward {row['reward_mean']:.3f}, lag {row['lag_mean']:.2f} (max {row['lag_max']})"
+        epoch = f", epoch {row['epoch']:.2f}" if "epoch" in row else ""
+        return f"reward {row['reward_mean']:.3f}, lag {row['lag_mean']:.2f} (max {row['lag_max']}){epoch}"
     if service == TRAINER:
         return f"loss {row['loss']:+.4f}, grad norm {row['grad_norm']:.3f}"
     return f"serving version {row['version']}"

@@ -76,10 +76,10 @@ def read_batch(source: Path | pa.BufferReader, where: str | None = None) -> pa.T
 
 
 def publish_batch(
-    rundir: RunDir, run_id: str, step: int, rows: list[dict[str, Any]], temperature: float
+    rundir: RunDir, run_id: str, step: int, rows: list[dict[str, Any]], temperature: float, **producer: Any
 ) -> int:
-    """Write batch `step` and then its marker (sizes, policy versions, sampling temperature);
-    returns its token count."""
+    """Write batch `step` and then its marker (sizes, policy versions, sampling temperature, and the
+    producer's own fields: the orchestrator's `draws` and `prompt_draws`); returns its token count."""
     rundir.rollouts.clear(step)
     with rundir.writing_batch(step) as tmp:
         write_batch(tmp, rows)
@@ -94,6 +94,7 @@ def publish_batch(
         min_policy_version=min(versions),
         max_policy_version=max(versions),
         temperature=temperature,
+        **producer,
     )
     return tokens
 

@@ -101,6 +101,9 @@ class OrchestratorConfig(Table):
     max_stuck_calls: int = Field(
         32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls fail"
     )
+    env_threads: int = Field(
+        64, ge=1, description="threads for sync rewards, respond, metrics and tools; more calls wait for one"
+    )
     chat: bool = Field(
         False, description="send text prompts as a user message with the model's chat template"
     )
@@ -355,6 +358,11 @@ class TriadConfig(BaseSettings):
             raise ValueError(
                 f"weights.transport = 'broadcast' needs triad's launcher, not orchestrator.backend = "
                 f"{self.orchestrator.backend!r}: use transport 'filesystem'"
+            )
+        if self.orchestrator.max_stuck_calls > self.orchestrator.env_threads:
+            raise ValueError(
+                f"orchestrator.max_stuck_calls ({self.orchestrator.max_stuck_calls}) must be at most "
+                f"orchestrator.env_threads ({self.orchestrator.env_threads}), the threads they would hold"
             )
         timeout, interval = self.orchestrator.heartbeat_timeout_s, self.inference.heartbeat_interval_s
         if timeout <= 2 * interval:

@@ -141,6 +141,10 @@ class GradeSchoolMath:
     def sample(self, rng: random.Random) -> Prompt:
         return self._prompt(rng.choice(self.items[: -self.eval_size]))
 
+    def dataset(self) -> list[Prompt]:
+        """The training prompts (all but the held-out last `eval_size`), each once per epoch."""
+        return [self._prompt(item) for item in self.items[: -self.eval_size]]
+
     def eval_prompts(self) -> list[Prompt]:
         return [self._prompt(item) for item in self.items[-self.eval_size :]]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from orchestrator.draws import Indexed
 from orchestrator.envs.extras import require
 from orchestrator.prompt import Prompt
 from shared.errors import TriadError
@@ -113,6 +114,10 @@ class ReasoningGym:
 
     def sample(self, rng: random.Random) -> Prompt:
         return self.prompt_of("train", rng.randrange(self.size))
+
+    def dataset(self) -> Indexed:
+        """The training split, each entry once per epoch (made when drawn)."""
+        return Indexed(self.size, lambda i: self.prompt_of("train", i))
 
     def eval_prompts(self) -> list[Prompt]:
         return [self.prompt_of("eval", i) for i in range(len(self.held_out))]

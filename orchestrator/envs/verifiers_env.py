@@ -19,6 +19,7 @@ import logging
 import random
 from typing import Any
 
+from orchestrator.draws import Indexed
 from orchestrator.envs.extras import require
 from orchestrator.prompt import Prompt
 from shared.errors import TriadError
@@ -57,6 +58,10 @@ class VerifiersEnv:
     def sample(self, rng: random.Random) -> Prompt:
         return self.prompt_of("train", rng.randrange(len(self.train)))
 
+    def dataset(self) -> Indexed:
+        """The training dataset, each row once per epoch (made when drawn)."""
+        return Indexed(len(self.train), lambda i: self.prompt_of("train", i))
+
     def eval_prompts(self) -> list[Prompt]:
         if self.held_out is None:
             log.warning("verifiers environment %s has no eval dataset: evaluation uses its training prompts",
@@ -64,12 +69,12 @@ class VerifiersEnv:
             return [self.prompt_of("train", i) for i in range(len(self.train))]
         return [self.prompt_of("eval", i) for i in range(len(self.held_out))]
 
-    async def run_agent(self, prompt: Prompt, base_url: str, model: str) -> dict:
+    async def run_agent(self, prompt: Prompt, base_url: str, model: str, api_key: str) -> dict:
         """The environment's own rollout and rubric, its model calls sent to `base_url`."""
         import openai
 
         row = (self.train if prompt.meta["split"] == "train" else self.held_out)[int(prompt.meta["index"])]
-        client = self.vf.OpenAIChatCompletionsClient(openai.AsyncOpenAI(base_url=base_url, api_key="unused"))
+        client = self.vf.OpenAIChatCompletionsClient(openai.AsyncOpenAI(base_url=base_url, api_key=api_key))
         try:
             output = await self.env.run_rollout(dict(row), client, model, dict(self.env.sampling_args))
         finally:

@@ -4,6 +4,7 @@ results capped, and the agent proxy's failures, ids and exposure (issue 32, item
 from __future__ import annotations
 
 import asyncio
+import time
 
 import openai
 import pytest
@@ -182,3 +183,187 @@ def test_a_proxy_off_loopback_needs_a_token_and_then_asks_for_it():
             await proxy.stop()
 
     asyncio.run(run())
+
+
+def pools_of(*fakes: FakeServer, sets: tuple[str, ...] = ()) -> tuple[ServerPool, list[InferenceClient]]:
+    cfg = load_config(None, ["orchestrator.max_tokens=32", "orchestrator.max_retries=0", *sets])
+    clients = [InferenceClient(fake.url, None, 10) for fake in fakes]
+    return ServerPool([Server(c, Frozen()) for c in clients], cfg.orchestrator), clients
+
+
+def run_group(agent, size: int, *fakes: FakeServer, sets: tuple[str, ...] = ()):
+    """`size` episodes of the agent through a proxy against the fakes: the samples, or the error."""
+
+    async def run():
+        pool, clients = pools_of(*fakes, sets=sets)
+        for client in clients:
+            await client.wait_ready(10, None)
+        rollouts = AgentRollouts(agent, pool, pool.oc)
+        await rollouts.start(agent.sample(None))
+        try:
+            return await rollouts.group(agent.sample(None), size)
+        finally:
+            await rollouts.stop()
+            for client in clients:
+                await client.close()
+
+    return asyncio.run(run())
+
+
+class KeyedAgent(Agent):
+    """Two calls per episode with the api_key it is given."""
+
+    async def run_agent(self, prompt, base_url, model, api_key):
+        self.keys = [*getattr(self, "keys", []), api_key]
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=10)
+        try:
+            for _ in range(2):
+                await client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "1+1="}]
+                )
+        finally:
+            await client.close()
+
+
+def test_the_proxy_token_reaches_the_agent_as_its_api_key():
+    agent = KeyedAgent()
+    with FakeServer() as fake:
+        samples = run_group(agent, 2, fake, sets=("orchestrator.proxy_token=s3cret",))
+    assert agent.keys == ["s3cret", "s3cret"] and len(samples) == 4 and not agent.errors
+
+
+def test_an_agent_that_cannot_take_the_token_is_refused_at_start():
+    cfg = load_config(None, ["orchestrator.proxy_token=s3cret"])
+    with pytest.raises(
+        TriadError, match="proxy_token is set but run_agent takes no api_key: make it run_agent"
+    ):
+        AgentRollouts(Agent(), None, cfg.orchestrator)
+    AgentRollouts(Agent(), None, load_config(None, []).orchestrator)  # no token: the old signature runs
+
+
+def test_options_the_proxy_does_not_honour_get_a_400_that_names_them():
+    cfg = load_config(None, [])
+    proxy = AgentProxy(cfg.orchestrator)
+
+    class Answers:
+        async def call(self, messages, tools, max_tokens):
+            return {"message": {"role": "assistant", "content": "2"}, "finish_reason": "stop",
+                    "prompt_tokens": 1, "completion_tokens": 1}  # fmt: skip
+
+        def close(self):
+            pass
+
+    async def run():
+        await proxy.start()
+        try:
+            client = openai.AsyncOpenAI(
+                base_url=proxy.base_url(proxy.open(Answers())), api_key="x", max_retries=0
+            )
+            messages = [{"role": "user", "content": "1+1="}]
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.chat.completions.create(
+                    model="m", messages=messages, stop=["\n"], response_format={"type": "json_object"}
+                )
+            assert refused.value.body["message"] == (
+                "unsupported by the training proxy: response_format, stop; sampling follows the run's "
+                "settings (orchestrator.temperature, max_tokens): leave them out"
+            )
+            with pytest.raises(
+                openai.BadRequestError, match="unsupported by the training proxy: tool_choice;"
+            ):
+                await client.chat.completions.create(model="m", messages=messages, tool_choice="required")
+            done = await client.chat.completions.create(  # what the proxy does anyway is accepted
+                model="m", messages=messages, tool_choice="auto", top_p=1, temperature=0.3, stop=None
+            )
+            assert done.choices[0].message.content == "2"
+            await client.close()
+        finally:
+            await proxy.stop()
+
+    asyncio.run(run())
+
+
+class BlockingAgent(Agent):
+    """An `async def` that calls its proxy with a blocking (sync) client, then blocks for `sleep` s."""
+
+    def __init__(self, sleep: float = 0) -> None:
+        super().__init__()
+        self.sleep = sleep
+
+    async def run_agent(self, prompt, base_url, model):
+        client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=5)
+        messages = [{"role": "user", "content": prompt.text}]
+        try:
+            for _ in range(2):
+                reply = client.chat.completions.create(model=model, messages=messages)
+                messages += [
+                    reply.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "?"},
+                ]
+        except openai.APIError as e:
+            self.errors.append(e)
+            raise
+        finally:
+            client.close()
+        time.sleep(self.sleep)
+        await asyncio.sleep(0)
+
+
+def test_an_async_agent_that_blocks_does_not_stall_its_own_proxy():
+    agent = BlockingAgent()
+    with FakeServer() as fake:
+        (sample,) = run_group(agent, 1, fake)
+    assert not agent.errors and sample.turns == 2 and sample.reward == 1.0
+
+
+def test_the_agent_timeout_fires_on_an_async_agent_that_blocks():
+    agent = BlockingAgent(sleep=4)
+    with FakeServer() as fake:
+        started = time.monotonic()
+        (sample,) = run_group(agent, 1, fake, sets=("orchestrator.agent_timeout_s=1",))
+        took = time.monotonic() - started
+    assert took < 3.5 and sample.turns == 2  # scored as it stood at the bound, not when the agent woke
+
+
+class LoadedAgent(Agent):
+    """Three calls; after the first, another request is in flight on the server that answered it."""
+
+    def __init__(self, pool_clients: list[InferenceClient]) -> None:
+        super().__init__()
+        self.clients = pool_clients
+
+    async def run_agent(self, prompt, base_url, model):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=10)
+        messages = [{"role": "user", "content": prompt.text}]
+        try:
+            for turn in range(3):
+                reply = await client.chat.completions.create(model=model, messages=messages)
+                messages += [
+                    reply.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "?"},
+                ]
+                if turn == 0:
+                    self.clients[0].inflight += 1  # another episode's request, say
+        finally:
+            await client.close()
+
+
+def test_the_calls_of_an_episode_prefer_the_server_that_answered_the_last():
+    with FakeServer() as a, FakeServer() as b:
+
+        async def run():
+            pool, clients = pools_of(a, b)
+            for client in clients:
+                await client.wait_ready(10, None)
+            agent = LoadedAgent(clients)
+            rollouts = AgentRollouts(agent, pool, pool.oc)
+            await rollouts.start(agent.sample(None))
+            try:
+                return await rollouts.group(agent.sample(None), 1)
+            finally:
+                await rollouts.stop()
+                for client in clients:
+                    await client.close()
+
+        (sample,) = asyncio.run(run())
+        assert sample.turns == 3 and (a.state.requests, b.state.requests) == (3, 0)

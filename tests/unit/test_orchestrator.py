@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import re
 import signal
 import threading
@@ -459,7 +458,7 @@ def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):
             orch.step = 4  # as if batches 1-3 were taken; their groups were generated at version 0
             orch.pending = 3
             for _ in range(3):
-                await orch.generate_group(Prompt("1+1=", "2"))
+                await orch.generate_group(orch.draws.draw())
             set_version(orch, 3)  # the bound for batch 4 is version 2
             producer = asyncio.create_task(orch.produce())
             out = await orch.assemble(4)
@@ -533,14 +532,15 @@ def test_published_batch_has_advantages_versions_and_marker(tmp_path):
 
 def test_resumes_after_the_newest_batch(tmp_path):
     orch = make(tmp_path, ["http://127.0.0.1:9"])
-    rows = orch.builder.rows(1, [Group("g", Prompt("1+1=", "2"), samples([1.0]))])
-    publish_batch(orch.rundir, orch.run_id, 1, rows, orch.oc.temperature)
+    rows = orch.builder.rows(1, [Group("g", Prompt("1+1=", "2"), samples([1.0]), 2)])
+    position = {"next": 6, "open": [3, 5]}  # draws 3 and 5 were in flight when batch 1 was written
+    publish_batch(orch.rundir, orch.run_id, 1, rows, orch.oc.temperature, draws=position, prompt_draws=[2])
     for step in (1, 2):  # killed after logging step 2, before its batch's DONE
         orch.metrics.log(step, reward_mean=0.5)
     again = make(tmp_path, ["http://127.0.0.1:9"])
     assert again.first_step == 2 and again.step == 2
     assert [r["step"] for r in again.rundir.metrics.rows("orchestrator")] == [1]
-    assert again.rng.random() != random.Random(f"{again.cfg.seed}-1").random()
+    assert [again.draws.draw().number for _ in range(3)] == [3, 5, 6]  # those in flight first, then on
 
 
 def test_weights_stall_counts_only_time_stalled_on_weights(tmp_path):

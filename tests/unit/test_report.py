@@ -55,6 +55,14 @@ def test_status_names_each_service_and_the_newest_steps(tmp_path):
     assert "inference    no metrics yet" in text
 
 
+def test_status_shows_a_dataset_runs_epoch(tmp_path):
+    rundir = fake_run(tmp_path, steps=3)
+    rundir.metrics.writer("orchestrator").log(4, reward_mean=0.5, lag_mean=0.0, lag_max=0, epoch=2.25)
+    lines = status_lines(rundir, now=rundir.metrics_file("trainer").stat().st_mtime)
+    (line,) = [x for x in lines if x.strip().startswith("orchestrator")]
+    assert "step     4  reward 0.500, lag 0.00 (max 0), epoch 2.25" in line
+
+
 def test_plot_writes_a_png(tmp_path):
     rundir = fake_run(tmp_path)
     out = plot_run(rundir)

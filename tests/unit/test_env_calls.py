@@ -1,4 +1,4 @@
-"""Untrusted sync code runs in worker threads off the event loop, with a cap on the stuck ones."""
+"""Sync environment code runs in a bounded pool of threads off the event loop; stuck ones are capped."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from orchestrator import untrusted
+from orchestrator import env_calls
+from orchestrator.env_calls import EnvThreads, TooManyStuck
 from orchestrator.environments import score
 from orchestrator.tools import ToolCall, ToolRunner
-from orchestrator.untrusted import TooManyStuck, Workers
 from shared.waiting import async_wait_for
 from tests.helpers import REPO
 
@@ -33,7 +33,7 @@ class Gate:
         return "opened"
 
 
-async def times_out(workers: Workers, fn) -> None:
+async def times_out(workers: EnvThreads, fn) -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await workers.run(fn)
@@ -41,7 +41,7 @@ async def times_out(workers: Workers, fn) -> None:
 
 def test_stuck_workers_are_capped_and_counted_until_they_return():
     async def main() -> None:
-        workers, gates = Workers(max_stuck=2), [Gate(), Gate(), Gate()]
+        workers, gates = EnvThreads(size=8, max_stuck=2), [Gate(), Gate(), Gate()]
         assert await workers.run(lambda: 41 + 1) == 42 and workers.stuck == 0  # a call that returns
         for gate in gates[:2]:
             await times_out(workers, gate.wait_here)
@@ -50,7 +50,7 @@ def test_stuck_workers_are_capped_and_counted_until_they_return():
             await workers.run(gates[2].wait_here)
         assert gates[2].calls == 0  # refused before it started
         assert str(refused.value) == (
-            "not calling Gate.wait_here: 2 untrusted calls ran past their time limit and are still running "
+            "not calling Gate.wait_here: 2 environment calls ran past their time limit and are still running "
             "(orchestrator.max_stuck_calls = 2); make the reward, tool or agent return in time"
         )
         gates[0].event.set()  # one stuck call returns: its worker no longer counts
@@ -67,21 +67,67 @@ def test_stuck_workers_are_capped_and_counted_until_they_return():
     asyncio.run(main())
 
 
-def test_workers_are_reused_and_a_call_never_waits_for_a_busy_one():
+def test_threads_are_reused_and_bounded_however_many_call_at_once():
     async def main() -> None:
-        workers, gate = Workers(max_stuck=4), Gate()
+        workers, gate = EnvThreads(size=4, max_stuck=4), Gate()
         for n in range(20):
             assert await workers.run(lambda n=n: n * 2) == n * 2
         assert workers.threads == 1
-        calls = [asyncio.create_task(workers.run(gate.wait_here)) for _ in range(3)]
+        calls = [asyncio.create_task(workers.run(gate.wait_here)) for _ in range(200)]
         await async_wait_for(
-            lambda: asyncio.sleep(0, gate.calls == 3 or None), "three calls to run at once", 5, poll=0.01
+            lambda: asyncio.sleep(0, gate.calls == 4 or None), "four calls to run at once", 5, poll=0.01
         )
+        await asyncio.sleep(0.1)
+        assert gate.calls == 4 and workers.threads == 4 and workers.take()["queued"] == 196
         gate.event.set()
-        assert await asyncio.gather(*calls) == ["opened"] * 3
-        assert workers.threads == 3 and len(set(gate.entered)) == 3 and workers.stuck == 0
+        assert await asyncio.gather(*calls) == ["opened"] * 200
+        assert workers.threads == 4 and len(set(gate.entered)) == 4 and workers.stuck == 0
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0}
 
     asyncio.run(main())
+
+
+def test_a_time_limit_counts_from_the_call_not_from_when_it_got_a_thread():
+    async def main() -> None:
+        workers, held, queued = EnvThreads(size=1, max_stuck=1), Gate(), Gate()
+        holder = asyncio.create_task(workers.run(held.wait_here))
+        await async_wait_for(lambda: asyncio.sleep(0, held.calls or None), "the thread to be held", 5, 0.01)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await workers.run(queued.wait_here)
+        assert 0.3 <= loop.time() - started < 2  # fired on time, though no thread ever took the call
+        held.event.set()
+        assert await holder == "opened"
+        assert await workers.run(lambda: "next") == "next"
+        assert queued.calls == 0  # a call given up before a thread took it never runs
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0}
+
+    asyncio.run(main())
+
+
+def test_a_call_that_hangs_holds_its_thread_counted_until_it_returns():
+    async def main() -> None:
+        workers, gate = EnvThreads(size=2, max_stuck=2), Gate()
+        await times_out(workers, gate.wait_here)
+        assert workers.take() == {"queued": 0, "stuck": 1, "overran": 1}
+        assert await workers.run(lambda: "the other thread") == "the other thread"
+        assert workers.threads == 2 and workers.take() == {"queued": 0, "stuck": 1, "overran": 0}
+        gate.event.set()
+        await async_wait_for(
+            lambda: asyncio.sleep(0, workers.stuck == 0 or None), "the hung call to return", 5, poll=0.01
+        )
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0}
+
+    asyncio.run(main())
+
+
+def test_more_stuck_calls_than_threads_is_refused_at_start():
+    from shared.config import load_config
+
+    with pytest.raises(Exception, match=r"max_stuck_calls \(9\) must be at most .*env_threads \(8\)"):
+        load_config(None, ["orchestrator.env_threads=8", "orchestrator.max_stuck_calls=9"])
 
 
 def test_errors_reach_the_caller_and_a_sync_result_that_is_awaitable_is_awaited():
@@ -93,15 +139,15 @@ def test_errors_reach_the_caller_and_a_sync_result_that_is_awaitable_is_awaited(
 
     async def main() -> None:
         with pytest.raises(ValueError, match="bad input"):
-            await untrusted.call(raises)
-        assert await untrusted.call(lambda: later()) == "awaited"
-        assert await untrusted.call(later) == "awaited"
+            await env_calls.call(raises)
+        assert await env_calls.call(lambda: later()) == "awaited"
+        assert await env_calls.call(later) == "awaited"
 
     asyncio.run(main())
 
 
 def test_at_the_cap_a_reward_fails_in_one_line_and_a_tool_is_answered_with_it(monkeypatch):
-    monkeypatch.setattr(untrusted, "WORKERS", Workers(max_stuck=1))
+    monkeypatch.setattr(env_calls, "THREADS", EnvThreads(size=4, max_stuck=1))
     gate = Gate()
 
     class Hung:
@@ -120,7 +166,7 @@ def test_at_the_cap_a_reward_fails_in_one_line_and_a_tool_is_answered_with_it(mo
     async def main() -> None:
         assert await score(Hung(), None, "x", timeout=0.05) == 0.0  # timed out: now stuck
         with pytest.raises(
-            TooManyStuck, match=r"not calling .*reward: 1 untrusted calls .*max_stuck_calls = 1"
+            TooManyStuck, match=r"not calling .*reward: 1 environment calls .*max_stuck_calls = 1"
         ):
             await score(Hung(), None, "x", timeout=0.05)
         message = await ToolRunner([calc], timeout=1).run(ToolCall("call_0", "calc", {"expression": "1"}))
@@ -134,7 +180,7 @@ def test_at_the_cap_a_reward_fails_in_one_line_and_a_tool_is_answered_with_it(mo
 def test_a_stuck_worker_does_not_keep_the_process_from_exiting():
     code = (
         "import asyncio, time\n"
-        "from orchestrator.untrusted import call\n"
+        "from orchestrator.env_calls import call\n"
         "async def main():\n"
         "    try:\n"
         "        async with asyncio.timeout(0.05):\n"

@@ -179,7 +179,7 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     signal.signal(signal.SIGINT, _interrupt)
     rundir = RunDir.of(cfg)
     rundir.check_writable()
-    model = resolve_model(cfg.model)
+    model = resolve_model(cfg.model, cfg.model_revision)
     run = rundir.ensure_run(cfg.public_dict())
     print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.logs_dir}")
     resume_from = newest_checkpoint(rundir, run.run_id)

@@ -314,6 +314,9 @@ class TriadConfig(BaseSettings):
 
     run_dir: str = Field("runs/default", description="a local path, or s3://bucket/prefix")
     model: str = BUILTIN_MODEL_PREFIX + "tiny-addition"
+    model_revision: str | None = Field(
+        None, description="a hub id's branch, tag or commit in the Hugging Face cache; None: main"
+    )
     max_steps: int = Field(20, ge=1)
     max_async_level: int = Field(1, ge=0)
     seed: int = 0

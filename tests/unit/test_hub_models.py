@@ -71,3 +71,12 @@ def test_an_uncached_hub_id_offline_is_one_line_naming_the_id_the_cache_and_the_
             "HF_HUB_OFFLINE is set",
             "`hf download Org/Missing`",
         )
+
+
+def test_the_real_size_cpu_overrides_make_each_qwen3_config_a_two_step_one_rank_cpu_run():
+    from tests.realsize import CPU_OVERRIDES, REPO_ID
+
+    for path in sorted((REPO / "configs").glob("qwen3-*.toml")):
+        cfg = load_config(path, list(CPU_OVERRIDES))
+        assert cfg.model == REPO_ID and cfg.max_steps == 2, path
+        assert cfg.trainer.nproc == 1 and not cfg.trainer.devices and not cfg.inference.devices, path

@@ -42,12 +42,12 @@ def run_up(cfg: TriadConfig, args: argparse.Namespace) -> None:
 
 
 def run_inference(cfg: TriadConfig, args: argparse.Namespace) -> None:
-    from services.models import resolve_model
+    from services.models import resolve_model, served_as_hub_id
 
     model = resolve_model(cfg.model, cfg.model_revision)
     from inference.server import run_inference as serve
 
-    serve(cfg, model, join=args.join)
+    serve(served_as_hub_id(cfg), model, join=args.join)
 
 
 def run_orchestrator(cfg: TriadConfig, _: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.config import BUILTIN_MODEL_PREFIX
+from shared.config import BUILTIN_MODEL_PREFIX, TriadConfig
 from shared.errors import TriadError
 
 # what vLLM and transformers read from a hub repository: config, tokenizer, template, weights
@@ -67,3 +67,16 @@ def resolve_model(spec: str, revision: str | None = None) -> str:
             raise TriadError(f"model path {path} does not exist or has no config.json")
         return str(path.resolve())
     return hub_snapshot(spec, revision)
+
+
+def is_hub_id(spec: str) -> bool:
+    return not spec.startswith(BUILTIN_MODEL_PREFIX) and not looks_like_path(spec)
+
+
+def served_as_hub_id(cfg: TriadConfig) -> TriadConfig:
+    """`cfg` whose vLLM serves a hub id's snapshot under the hub id (`--served-model-name`), the
+    name vLLM gives it when handed the id itself (a later flag in `inference.vllm_args` wins)."""
+    if not is_hub_id(cfg.model):
+        return cfg
+    vllm_args = ["--served-model-name", cfg.model, *cfg.inference.vllm_args]
+    return cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"vllm_args": vllm_args})})

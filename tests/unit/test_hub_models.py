@@ -51,6 +51,20 @@ def test_a_hub_ids_template_dtype_and_parsers_come_from_its_cached_snapshot(tmp_
     assert args[args.index("--reasoning-parser") + 1] == "qwen3"
 
 
+def test_a_hub_id_is_served_under_its_own_name_not_the_snapshots_path(tmp_path, monkeypatch):
+    """As vLLM names a model it is handed by id: `orchestrator.model_name = "Org/Name"` finds it."""
+    from inference.server import parse_vllm_args, vllm_cli_args
+    from services.models import resolve_model, served_as_hub_id
+
+    cached_model(tmp_path, "Org/Name", "bfloat16")
+    offline_cache(monkeypatch, tmp_path)
+    cfg = served_as_hub_id(load_config(None, ["model=Org/Name"]))
+    parsed = parse_vllm_args(vllm_cli_args(cfg, resolve_model("Org/Name"), cpu_build=lambda: True))
+    assert parsed.served_model_name == ["Org/Name"]
+    builtin = load_config(None, [])
+    assert served_as_hub_id(builtin) is builtin
+
+
 def test_a_revision_picks_its_own_snapshot(tmp_path, monkeypatch):
     from services.models import resolve_model
 

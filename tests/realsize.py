@@ -17,6 +17,8 @@ import os
 import shutil
 from pathlib import Path
 
+from transformers.utils import SAFE_WEIGHTS_NAME  # the Hugging Face layout's weights file
+
 from services.tiny_model import cache_root
 
 REPO_ID = "Qwen/Qwen3-0.6B"
@@ -78,7 +80,7 @@ def write_weights(dest: Path) -> int:
             state[name] = torch.ones(shape, dtype=torch.bfloat16)
         else:
             state[name] = (torch.randn(shape, generator=generator) * INIT_STD).to(torch.bfloat16)
-    save_file(state, dest / "model.safetensors", metadata={"format": "pt"})
+    save_file(state, dest / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
     return sum(t.numel() for t in state.values())
 
 
@@ -91,7 +93,7 @@ def ensure_realsize_model() -> Path:
     snapshot = storage / "snapshots" / commit
     with open(storage / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (snapshot / "model.safetensors").is_file():
+        if not (snapshot / SAFE_WEIGHTS_NAME).is_file():
             tmp = storage / f".tmp-{commit}"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
@@ -115,7 +117,7 @@ def realsize_env() -> dict[str, str]:
 def parameter_count(snapshot: Path) -> int:
     from safetensors import safe_open
 
-    with safe_open(snapshot / "model.safetensors", "pt") as f:
+    with safe_open(snapshot / SAFE_WEIGHTS_NAME, "pt") as f:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118
 
 

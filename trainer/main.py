@@ -41,7 +41,7 @@ from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
 from trainer.phases import CHECKPOINT, RESUME, STEP_STATS, TRAIN, collective_phase
-from trainer.publish import Publisher, published_dtype, served_dtype
+from trainer.publish import Publisher, published_dtype
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
@@ -164,9 +164,7 @@ class Trainer:
         self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
         self.optimizer_s = 0.0  # of the current update: clipping and optimizer steps
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        model_dtype = config_dtype(hf_config)
-        served = served_dtype(cfg.inference.dtype, model_dtype)
-        dtype = published_dtype(cfg.weights.dtype, served, model_dtype)
+        dtype = published_dtype(cfg.weights.dtype, cfg.inference.dtype, config_dtype(hf_config))
         self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, dtype)
 
     def compute_dtype(self) -> torch.dtype:

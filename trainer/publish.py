@@ -50,11 +50,11 @@ def served_dtype(inference_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def published_dtype(choice: str, served: torch.dtype, model_dtype: torch.dtype) -> torch.dtype:
+def published_dtype(choice: str, inference_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """`[weights] dtype`: "auto" is the dtype inference serves (`served_dtype`), so no version
     is rounded on loading; "model" the model config's."""
     if choice == "auto":
-        return served
+        return served_dtype(inference_dtype, model_dtype)
     return model_dtype if choice == "model" else getattr(torch, choice)
 
 

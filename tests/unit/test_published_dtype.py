@@ -21,13 +21,12 @@ from trainer.publish import published_dtype, served_dtype
     ],
 )
 def test_auto_is_the_dtype_inference_serves(inference, model, published):
-    assert published_dtype("auto", served_dtype(inference, model), model) == published
+    assert published_dtype("auto", inference, model) == published
 
 
 def test_explicit_choices_stay_as_given():
-    served = served_dtype("bfloat16", torch.float32)
-    assert published_dtype("model", served, torch.float32) == torch.float32
-    assert published_dtype("float16", served, torch.float32) == torch.float16
+    assert published_dtype("model", "bfloat16", torch.float32) == torch.float32
+    assert published_dtype("float16", "bfloat16", torch.float32) == torch.float16
 
 
 def test_an_inference_dtype_vllm_does_not_serve_is_one_line():

@@ -42,12 +42,12 @@ def run_up(cfg: TriadConfig, args: argparse.Namespace) -> None:
 
 
 def run_inference(cfg: TriadConfig, args: argparse.Namespace) -> None:
-    from services.models import resolve_model
+    from services.models import resolve_model, served_as_hub_id
 
-    model = resolve_model(cfg.model)
+    model = resolve_model(cfg.model, cfg.model_revision)
     from inference.server import run_inference as serve
 
-    serve(cfg, model, join=args.join)
+    serve(served_as_hub_id(cfg), model, join=args.join)
 
 
 def run_orchestrator(cfg: TriadConfig, _: argparse.Namespace) -> None:
@@ -62,7 +62,7 @@ def run_trainer(cfg: TriadConfig, _: argparse.Namespace) -> None:
 
     die_with_launcher(PARENT_PID)
 
-    model = resolve_model(cfg.model)
+    model = resolve_model(cfg.model, cfg.model_revision)
     from trainer.main import run_trainer as train
 
     train(cfg, model)
@@ -94,11 +94,12 @@ def base_model(rundir: RunDir, given: str | None) -> str:
     """The model the run trained (its run record's `model`), or `given`, resolved to a loadable one."""
     from services.models import resolve_model
 
-    spec = given or rundir.read_run().config.get("model")
+    recorded = {} if given else rundir.read_run().config
+    spec = given or recorded.get("model")
     if spec is None:
         raise TriadError(f"the run record of {rundir.name} names no model: pass --base MODEL")
     try:
-        return resolve_model(spec)
+        return resolve_model(spec, recorded.get("model_revision"))
     except TriadError as e:
         raise TriadError(f"base model of {rundir.name}: {e} (pass --base MODEL)") from None
 

@@ -186,7 +186,7 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     rundir.check_writable()
     for role in (TRAINER, ORCHESTRATOR):  # before anything of the run is discarded
         check_free(rundir.live, role)
-    model = resolve_model(cfg.model)
+    model = resolve_model(cfg.model, cfg.model_revision)
     run = rundir.ensure_run(cfg.public_dict())
     print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.logs_dir}")
     resume_from = newest_checkpoint(rundir, run.run_id)

@@ -290,7 +290,7 @@ class WeightsConfig(Table):
     keep: int = Field(3, ge=1, description="weight step directories kept on disk")
     sharded: bool = Field(False, description="each trainer rank writes its own shard (large models)")
     dtype: Literal["auto", "model", "bfloat16", "float16", "float32"] = Field(
-        "auto", description="published dtype; auto: bfloat16 on GPU, the model's own dtype on CPU"
+        "auto", description="published dtype; auto: the dtype inference serves (inference.dtype)"
     )
     snapshot_every: int = Field(
         1, ge=1, description="a full snapshot every K versions and at checkpoints, deltas between (1: none)"
@@ -322,6 +322,9 @@ class TriadConfig(BaseSettings):
 
     run_dir: str = Field("runs/default", description="a local path, or s3://bucket/prefix")
     model: str = BUILTIN_MODEL_PREFIX + "tiny-addition"
+    model_revision: str | None = Field(
+        None, description="a hub id's branch, tag or commit in the Hugging Face cache; None: main"
+    )
     max_steps: int = Field(20, ge=1)
     max_async_level: int = Field(1, ge=0)
     seed: int = 0

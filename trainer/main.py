@@ -190,7 +190,7 @@ class Trainer:
         self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
         self.optimizer_s = 0.0  # of the current update: clipping and optimizer steps
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        dtype = published_dtype(cfg.weights.dtype, device, config_dtype(hf_config))
+        dtype = published_dtype(cfg.weights.dtype, cfg.inference.dtype, config_dtype(hf_config))
         self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, dtype)
 
     @property

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from shared.config import TriadConfig
 from shared.delta import DeltaMismatch, pack, to_words
 from shared.digest import tensor_digest, version_digest
+from shared.errors import TriadError
 from shared.faults import TRAINER_BEFORE_DELTA_MARKER, failpoint
 from shared.resume import checkpointed_steps
 from shared.rundir import DeltaFiles, RunDir
@@ -31,10 +32,29 @@ from trainer.phases import BROADCAST, GATHER_FOR_PUBLISH, PUBLISH_BARRIER, colle
 log = logging.getLogger("triad.trainer")
 
 
-def published_dtype(choice: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
-    """`[weights] dtype`: "auto" is bfloat16 on a GPU, the model's own dtype elsewhere."""
+VLLM_DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's `--dtype` names
+
+
+def served_dtype(inference_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype inference serves: `inference.dtype`, whose `auto` is the model config's dtype
+    (`inference/server.py` model_dtype); TriadError for a name vLLM would not take."""
+    if inference_dtype == "auto":
+        return model_dtype
+    name = VLLM_DTYPE_ALIASES.get(inference_dtype, inference_dtype)
+    dtype = getattr(torch, name, None)
+    if name not in ("bfloat16", "float16", "float32") or not isinstance(dtype, torch.dtype):
+        raise TriadError(
+            f"inference.dtype = {inference_dtype!r} is not a dtype vLLM serves: "
+            "use auto, bfloat16, float16 (half) or float32 (float)"
+        )
+    return dtype
+
+
+def published_dtype(choice: str, inference_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """`[weights] dtype`: "auto" is the dtype inference serves (`served_dtype`), so no version
+    is rounded on loading; "model" the model config's."""
     if choice == "auto":
-        return torch.bfloat16 if device.type == "cuda" else model_dtype
+        return served_dtype(inference_dtype, model_dtype)
     return model_dtype if choice == "model" else getattr(torch, choice)
 
 
@@ -199,7 +219,7 @@ class VersionWriter:
                 written, digest_s, digests = write_delta(
                     self.rundir, run_id, version, exported, base, self.metadata, self.keep, protect
                 )
-                self.base = Published.of(version, exported, digests)
+                self.base = self.next_base(version, exported, digests)
                 return written, digest_s
             except DeltaMismatch as e:
                 log.warning("version %d: publishing a full snapshot, not a delta: %s", version, e)
@@ -207,8 +227,17 @@ class VersionWriter:
         written, digest_s, digests = write_weights(
             self.rundir, run_id, version, exported, self.metadata, self.keep, protect
         )
-        self.snapshot, self.base = version, Published.of(version, exported, digests)
+        self.snapshot, self.base = version, self.next_base(version, exported, digests)
         return written, digest_s
+
+    def next_base(
+        self, version: int, exported: dict[str, torch.Tensor], digests: dict[str, str]
+    ) -> Published | None:
+        """A copy of version V, the base of V+1's delta; none (no second model in memory) when
+        V+1 is a full snapshot anyway: deltas off (K = 1), or V+1 a multiple of K."""
+        if self.every == 1 or (version + 1) % self.every == 0:
+            return None
+        return Published.of(version, exported, digests)
 
 
 class Publisher:

@@ -216,3 +216,22 @@ def test_a_chain_makes_its_work_directory_only_when_it_rebuilds(tmp_path: Path, 
     chain.served(3, None, None)
     assert list(tmp_path.glob("triad-deltas-*")) == []
     assert chain.work.parent == tmp_path and chain.work.name.startswith(f"triad-deltas-{os.getpid()}-")
+
+
+@pytest.mark.parametrize(("every", "kept"), [(1, set()), (4, {1, 2, 4, 5, 6})])
+def test_rank_0_keeps_a_copy_of_a_version_only_when_the_next_can_be_a_delta(tmp_path, every, kept):
+    """Deltas off, no version is held a second time in host memory; with K = 4 neither 3 nor 7's
+    predecessor is (their successors are snapshots), and the deltas still rebuild."""
+    rundir = RunDir(tmp_path / "run")
+    trainer = Trainer()
+    writer = VersionWriter(rundir, Metadata(rundir, lambda d: None), every, keep=3)
+    held, deltas = set(), set()
+    for version in range(1, 7):
+        writer.write(version, RUN_ID, trainer.step(), snapshot=False)
+        if writer.base is not None:
+            assert writer.base.version == version
+            held.add(version)
+        if getattr(rundir.weights.marker(version, RUN_ID), "delta_base", None) is not None:
+            deltas.add(version)
+    assert held == kept
+    assert deltas == ({2, 3, 5, 6} if every == 4 else set())

@@ -18,8 +18,8 @@ from shared.waiting import wait_for
 from tests.helpers import free_port, run_triad, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-STEPS = 12
-KILL_AFTER = 5  # trainer updates (the checkpoint of update 4 exists by then)
+STEPS = 8
+KILL_AFTER = 3  # trainer updates (the checkpoint of update 2 exists by then)
 
 
 def descendants(root: int) -> set[int]:
@@ -51,7 +51,7 @@ def test_kill_9_of_triad_up_leaves_nothing_a_second_start_is_refused_and_the_res
     sets = [
         f"--set={s}" for s in (f"run_dir={run_dir}", f"max_steps={STEPS}", f"inference.port={free_port()}")
     ]
-    sets.append("--set=trainer.checkpoint.every=4")
+    sets.append("--set=trainer.checkpoint.every=2")
     started = time.monotonic()
     up = subprocess.Popen(triad_cmd("up", *sets), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rundir = RunDir(run_dir)
@@ -83,7 +83,7 @@ def test_kill_9_of_triad_up_leaves_nothing_a_second_start_is_refused_and_the_res
     print(f"{len(run)} processes gone {time.monotonic() - killed:.1f} s after the kill", flush=True)
 
     checkpoint = newest_checkpoint(rundir, rundir.read_run().run_id)
-    assert checkpoint >= 4
+    assert checkpoint >= 2
     kept = [r for r in rundir.metrics.rows(TRAINER) if r["step"] <= checkpoint]
     resumed = run_triad("up", *sets, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]

@@ -383,6 +383,7 @@ def run_trainer(cfg: TriadConfig, model_path: str) -> None:
         run_id = rundir.read_run().run_id
         warm_up()
         batches = rundir.rollouts.watch()
+        progress.set(phase="loading the model")
         orchestrator = PeerWatch(
             rundir.live, ORCHESTRATOR, cfg.trainer.batch_stall_s, "trainer.batch_stall_s"
         )

@@ -23,6 +23,7 @@ THIS = "tests/unit/test_code_rules.py"  # names the names it looks for
 # run-directory names: file names matched anywhere in a string, directory names as whole strings
 NAMES_IN = ("DONE", "batch.parquet", "model.safetensors", "run.json", "plot.png", "SEND_READY")
 WHOLE_NAMES = ("rollouts", "weights", "checkpoints", "logs", "tensorboard", "RECEIVING", "FALLBACK", "fleet")
+WHOLE_NAMES += ("live",)
 ALLOWED = {
     ("services/exporters.py", "tensorboard"),  # the package's name, not a directory
     ("tests/containers.py", "logs"),  # docker-compose's subcommand

@@ -71,6 +71,7 @@ class ThreadLoop:
         if not inspect.isawaitable(result):
             return result
         loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)  # for code that asks asyncio.get_event_loop()
         try:
             with self._lock:
                 self._loop, self._task = loop, loop.create_task(_awaited(result))
@@ -81,6 +82,8 @@ class ThreadLoop:
             with self._lock:
                 self._loop = None
             loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            asyncio.set_event_loop(None)
             loop.close()
 
     def cancel(self) -> None:

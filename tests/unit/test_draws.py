@@ -157,16 +157,16 @@ def test_a_run_killed_three_times_trains_on_the_prompts_of_the_run_unbroken(tmp_
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     with FakeServer() as fake:
-        fake.state.delay = 0.02
+        fake.state.delay = 0.1  # a step takes 0.1-0.3 s: a kill lands inside the run
         finish(start(tmp_path / "unbroken", fake.url, inflight))
         killed_at = []
-        for target in sorted(rng.sample(range(1, STEPS - 1), 3)):
+        for target in sorted(rng.sample(range(1, STEPS - 2), 3)):
             process = start(tmp_path / "killed", fake.url, inflight)
             deadline = time.monotonic() + 60
             while newest(tmp_path / "killed") < target and process.poll() is None:
                 assert time.monotonic() < deadline, f"batch {target} not published in 60 s"
                 time.sleep(0.005)
-            time.sleep(rng.uniform(0, 0.06))  # anywhere in the next batch: generating, writing, marking
+            time.sleep(rng.uniform(0, 0.1))  # anywhere in the next batch: generating, writing, marking
             process.send_signal(signal.SIGKILL)
             process.wait()
             killed_at.append(newest(tmp_path / "killed"))
@@ -182,6 +182,5 @@ def test_a_run_killed_three_times_trains_on_the_prompts_of_the_run_unbroken(tmp_
     indices = [draws.at(n).index for n in sorted(killed)]
     for epoch in range(STEPS * BATCH // SIZE):
         assert sorted(indices[epoch * SIZE : (epoch + 1) * SIZE]) == list(range(SIZE)), why
-    rows = RunDir(tmp_path / "killed").metrics.rows("orchestrator")
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    assert rows[-1]["epoch"] == round(STEPS * BATCH / SIZE, 4)
+    last = RunDir(tmp_path / "killed").metrics.rows("orchestrator")[-1]
+    assert last["step"] == STEPS and last["epoch"] == round(STEPS * BATCH / SIZE, 4)

@@ -191,3 +191,28 @@ def test_a_stuck_worker_does_not_keep_the_process_from_exiting():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout == "gave up\n", done.stderr
+
+
+def test_an_episode_runs_on_a_loop_of_its_own_and_is_cancelled_when_its_caller_gives_up():
+    seen: list[str] = []
+
+    async def agent(name: str) -> None:
+        seen.append(f"{name} on {threading.current_thread().name}")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    async def main() -> None:
+        workers = EnvThreads(size=2, max_stuck=2, name="agent")
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await workers.run(env_calls.ThreadLoop(agent, "episode"))
+        await async_wait_for(
+            lambda: asyncio.sleep(0, workers.stuck == 0 or None), "the episode's thread to be free", 5, 0.01
+        )
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 1}
+
+    asyncio.run(main())
+    assert seen == ["episode on triad-agent-1", "cancelled"]

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.backends import detect
+from orchestrator.backends.detection import detect
 from orchestrator.client import InferenceClient
 
 REPO = Path(__file__).resolve().parent.parent

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from orchestrator import untrusted
 from orchestrator.advantages import has_signal
-from orchestrator.backends import backend_for
+from orchestrator.backends.detection import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Environment, Prompt, eval_prompts, load_environment, max_turns

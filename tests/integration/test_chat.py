@@ -332,7 +332,7 @@ def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
 
 
 def _server(client):
-    from orchestrator.backends import Frozen
+    from orchestrator.backends.frozen import Frozen
     from orchestrator.pool import Server as PoolServer
 
     return PoolServer(client, Frozen())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import load_environment
 from orchestrator.episodes import episodes_for

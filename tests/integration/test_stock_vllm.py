@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file, save_file
 
-from orchestrator.backends import VLLMRoutes, detect
+from orchestrator.backends.detection import detect
+from orchestrator.backends.stock_vllm import VLLMRoutes
 from orchestrator.client import InferenceClient
 from orchestrator.integrity import DigestMismatch
 from shared.rundir import RunDir

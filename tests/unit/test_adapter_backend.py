@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import AdapterLoads, backend_for, run_dir_prefix
+from orchestrator.backends.detection import backend_for
+from orchestrator.backends.lora import AdapterLoads, run_dir_prefix
 from shared.admin_api import AdapterInfo, AdaptersInfo
 from shared.config import load_config
 from shared.errors import TriadError

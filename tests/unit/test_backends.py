@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import SGLangUpdate, VLLMRoutes, detect, skipped_parameters
+from orchestrator.backends.detection import detect
+from orchestrator.backends.sglang import SGLangUpdate
+from orchestrator.backends.stock_vllm import VLLMRoutes, skipped_parameters
 from orchestrator.client import InferenceClient
 from orchestrator.integrity import DigestMismatch
 from shared.errors import TriadError

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from orchestrator.agents import AgentRollouts, EpisodeRecorder
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt
 from orchestrator.pool import RolloutFailed, Server, ServerPool

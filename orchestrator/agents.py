@@ -121,8 +121,8 @@ class EpisodeRecorder:
     """One episode's side of the proxy: turns each chat-completions call into token ids,
     samples it from the pool and records it."""
 
-    def __init__(self, pool: ServerPool, oc: OrchestratorConfig) -> None:
-        self.pool, self.oc = pool, oc
+    def __init__(self, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> None:
+        self.pool, self.oc, self.tool_parser = pool, oc, tool_parser
         self.episode = AgentEpisode()
         self.closed = asyncio.Event()
         self.lock = asyncio.Lock()  # one call at a time: a chain is a sequence
@@ -157,7 +157,7 @@ class EpisodeRecorder:
 
     def new_chain(self, tools: list[dict] | None) -> Chain:
         options = self.oc.chat_template_kwargs
-        parser = TurnParser(self.pool, tools, options, self.oc.tool_parser)
+        parser = TurnParser(self.pool, tools, options, self.tool_parser)
         return Chain(tools, pool_renderer(self.pool, tools, options), parser)
 
     async def complete(self, messages: list[dict], tools: list[dict] | None, max_tokens: int) -> dict:
@@ -211,8 +211,8 @@ class AgentRollouts:
     """Agent episodes of one environment: each runs the environment's agent program against its
     own proxy URL; the calls it makes become the samples."""
 
-    def __init__(self, env, pool: ServerPool, oc: OrchestratorConfig) -> None:
-        self.env, self.pool, self.oc = env, pool, oc
+    def __init__(self, env, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> None:
+        self.env, self.pool, self.oc, self.tool_parser = env, pool, oc, tool_parser
         self.proxy = AgentProxy(oc)
 
     async def start(self, prompt) -> None:
@@ -223,7 +223,7 @@ class AgentRollouts:
         await self.proxy.stop()
 
     async def episode(self, prompt) -> AgentEpisode:
-        recorder = EpisodeRecorder(self.pool, self.oc)
+        recorder = EpisodeRecorder(self.pool, self.oc, self.tool_parser)
         episode = self.proxy.open(recorder)
         try:
             result = await run_agent(

@@ -116,7 +116,7 @@ class Orchestrator:
         retention = BatchRetention(self.rundir, run_id, self.oc.keep_rollouts)  # prunes at each new version
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify, retention.prune_consumed)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
-        self.episodes = episodes_for(env, pool, self.oc)
+        self.episodes = episodes_for(env, pool, self.oc, cfg.inference.tool_parser)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.rng = random.Random(f"{cfg.seed}-{self.first_step}")
@@ -316,7 +316,7 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient], run_
         servers.append(Server(client, backend))
     if len({s.backend.updates for s in servers}) > 1:
         kinds = {s.url: s.backend.kind for s in servers}
-        raise TriadError(f"inference servers disagree on loading weights ({kinds}); set orchestrator.backend")
+        raise TriadError(f"inference servers disagree on loading weights ({kinds}); set inference.backend")
     return servers
 
 

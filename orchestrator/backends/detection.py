@@ -15,18 +15,22 @@ from orchestrator.backends.sglang import SGLangUpdate
 from orchestrator.backends.stock_vllm import VLLMRoutes
 from orchestrator.backends.triad import TriadAdmin
 from orchestrator.client import InferenceClient
-from shared.config import TriadConfig
+from shared.config import TriadConfig, refuse_deltas
 from shared.errors import TriadError
 
 log = logging.getLogger("triad.orchestrator")
 
 
 async def backend_for(client: InferenceClient, cfg: TriadConfig, run_id: str) -> WeightBackend:
-    """How this run's versions reach the server: its adapter for a LoRA run, else `detect`."""
-    oc = cfg.orchestrator
+    """How this run's versions reach the server: its adapter for a LoRA run, else `detect`;
+    TriadError if the server cannot apply the run's delta versions (`inference.backend = "auto"`
+    finding a stock server: config refuses the kinds it names)."""
     if cfg.trainer.lora.rank:
         return await adapter_backend(client, cfg, run_id)
-    return await detect(client, oc.backend, cfg.run_dir, oc.weights_timeout_s)
+    backend = await detect(client, cfg.inference.backend, cfg.run_dir, cfg.orchestrator.weights_timeout_s)
+    if backend.kind in ("vllm", "sglang") and cfg.weights.snapshot_every > 1:
+        raise TriadError(f"{client.base_url}: {refuse_deltas(backend.kind, cfg.weights.snapshot_every)}")
+    return backend
 
 
 async def _answers(client: InferenceClient, route: str) -> bool:
@@ -56,4 +60,4 @@ async def detect(client: InferenceClient, kind: str, run_dir: Path | str, timeou
         return SGLangUpdate(client, run_dir, timeout)
     if kind == "none":
         return Frozen()
-    raise TriadError(f"unknown orchestrator.backend {kind!r}")
+    raise TriadError(f"unknown inference.backend {kind!r}")

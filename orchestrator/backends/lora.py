@@ -87,9 +87,9 @@ async def adapter_backend(client: InferenceClient, cfg: TriadConfig, run_id: str
     """The `triad-lora` backend for this run, once the server can serve its adapter: TriadError
     naming the server if it has no adapter routes or no LoRA support, cannot see the run
     directory, or serves the adapter name for another run."""
-    url, oc = client.base_url, cfg.orchestrator
-    if oc.backend not in ("auto", "triad"):
-        raise TriadError(f"orchestrator.backend = {oc.backend!r} cannot load LoRA adapters: use 'triad'")
+    url, oc, kind = client.base_url, cfg.orchestrator, cfg.inference.backend
+    if kind not in ("auto", "triad"):
+        raise TriadError(f"inference.backend = {kind!r} cannot load LoRA adapters: use 'triad'")
     listed = await client.admin_adapters()
     if listed is None:
         raise TriadError(

@@ -1,4 +1,4 @@
-"""A stock vLLM server (`orchestrator.backend = "vllm"`): vLLM's own RL routes load triad's
+"""A stock vLLM server (`inference.backend = "vllm"`): vLLM's own RL routes load triad's
 versions through the `triad_disk` engine its plugin entry point registers."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file, save_file
 
-from orchestrator.backends.detection import detect
-from orchestrator.backends.stock_vllm import VLLMRoutes
+from inference.backends.detection import detect
+from inference.backends.stock_vllm import VLLMRoutes
 from orchestrator.client import InferenceClient
 from orchestrator.integrity import DigestMismatch
 from shared.rundir import RunDir
@@ -31,7 +31,7 @@ def write_version(base: Path, target: Path, shift: float, odd: tuple[str, float]
 
 
 def test_the_weight_checker_catches_a_parameter_left_as_it_was(tmp_path: Path, tiny_model: str) -> None:
-    server = Server(tmp_path, tiny_model, tmp_path / "vllm.log", "orchestrator.backend=vllm")
+    server = Server(tmp_path, tiny_model, tmp_path / "vllm.log", "inference.backend=vllm")
     try:
         server.wait_healthy()
         base = Path(tiny_model)
@@ -66,13 +66,13 @@ def test_the_weight_checker_catches_a_parameter_left_as_it_was(tmp_path: Path, t
 
 @pytest.mark.slow
 def test_triad_up_on_stock_vllm_learns_within_eta(tmp_path: Path, tiny_model: str) -> None:
-    """The embedded default for 50 steps with `orchestrator.backend = "vllm"`."""
+    """The embedded default for 50 steps with `inference.backend = "vllm"`."""
     run_dir = tmp_path / "run"
     sets = [
         f"run_dir={run_dir}",
         f"max_steps={STEPS}",
         f"inference.port={free_port()}",
-        "orchestrator.backend=vllm",
+        "inference.backend=vllm",
         f"orchestrator.keep_rollouts={2 * STEPS}",
     ]
     result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900)

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.detection import detect
+from orchestrator.backends.detection import backend_for, detect
 from orchestrator.backends.sglang import SGLangUpdate
 from orchestrator.backends.stock_vllm import VLLMRoutes, skipped_parameters
 from orchestrator.client import InferenceClient
 from orchestrator.integrity import DigestMismatch
+from shared.config import load_config
 from shared.errors import TriadError
 from tests.fake_openai import FakeServer
 
@@ -133,3 +134,25 @@ def test_a_stock_vllm_server_beyond_loopback_is_refused_in_one_line(tmp_path: Pa
     with pytest.raises(TriadError, match=r"not loopback, and vLLM's RL routes have no authentication") as e:
         asyncio.run(run())
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("routes", ["vllm", "sglang"])
+def test_auto_finding_a_server_that_cannot_apply_deltas_is_refused_in_one_line(tmp_path: Path, routes: str):
+    cfg = load_config(None, [f"run_dir={tmp_path}", "weights.snapshot_every=5"])  # inference.backend = auto
+    with FakeServer() as fake:
+        fake.state.vllm_routes = routes == "vllm"
+        fake.state.sglang_model = "/models/base" if routes == "sglang" else None
+
+        async def run() -> None:
+            client = InferenceClient(fake.url, None, 30)
+            try:
+                await backend_for(client, cfg, "r1")
+            finally:
+                await client.close()
+
+        with pytest.raises(
+            TriadError, match=rf"^{fake.url}: weights.snapshot_every = 5 publishes delta"
+        ) as e:
+            asyncio.run(run())
+    assert f"inference.backend is '{routes}'" in str(e.value) and "\n" not in str(e.value)
+    assert fake.state.vllm_calls in ([], ["/weight_info"]) and fake.state.sglang_loaded == []  # only asked

@@ -66,7 +66,7 @@ class VLLMRoutes:
             self.held = ((await self.current()).version, None)
             self.engine_ready = True
         target = None if version == 0 else str(self.run_dir / path)
-        await self.post("/pause", params={"mode": "keep"})  # requests in flight wait, then go on
+        await self.first_post("/pause", params={"mode": "keep"})  # requests in flight wait, then go on
         try:
             checksums = await self.reload(version, target)
             self.check_moved(version, checksums)
@@ -82,7 +82,7 @@ class VLLMRoutes:
     async def reload(self, version: int, target: str | None) -> dict[str, str]:
         """Weights from `target` (None: the base model) as `version`; the checksums they give."""
         self.unfinished = True
-        await self.post("/start_weight_update")
+        await self.first_post("/start_weight_update")
         await self.post("/update_weights", json={"update_info": {"path": target}})
         await self.post("/finish_weight_update", json={"weight_version": str(version)})
         self.unfinished = False
@@ -110,10 +110,7 @@ class VLLMRoutes:
         held, path = self.held if self.held[1] is not None else (0, None)
         target = None if path is None else str(self.run_dir / path)
         try:
-            try:
-                self.checksums = await self.reload(held, target)
-            except ServerUnreachable:  # vLLM closes the connection that carried its error's 500
-                self.checksums = await self.reload(held, target)
+            self.checksums = await self.reload(held, target)
         except TriadError as e:
             unreachable = isinstance(e, ServerUnreachable)  # the weight follower's connect tells it apart
             raise (ServerUnreachable if unreachable else TriadError)(
@@ -129,6 +126,14 @@ class VLLMRoutes:
 
     async def checksum(self) -> dict[str, str]:
         return (await self.post("/weight_checker", json={"action": "checksum"})).json()["checksums"]
+
+    async def first_post(self, route: str, **kwargs) -> httpx.Response:
+        """`post`, once more if the server did not answer: the first request after a failed one may
+        find the connection that vLLM closed after its 500 (an exception out of a route)."""
+        try:
+            return await self.post(route, **kwargs)
+        except ServerUnreachable:
+            return await self.post(route, **kwargs)
 
     async def post(self, route: str, **kwargs) -> httpx.Response:
         return await call(self.client.http, "POST", route, timeout=self.timeout, **kwargs)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import load_environment
 from orchestrator.loop import Orchestrator

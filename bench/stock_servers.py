@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.backends import detect
+from orchestrator.backends.detection import detect
 from orchestrator.client import InferenceClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def measure(kind: str, workdir: Path, model: str, sglang_python: str | None) -> 
         wait_for(up, f"SGLang at {url}", 600, poll=1)
         stop = lambda: os.killpg(proc.pid, 15)  # noqa: E731
     else:
-        extra = ["orchestrator.backend=vllm"] if kind == "vllm" else []
+        extra = ["inference.backend=vllm"] if kind == "vllm" else []
         server = Server(run_dir, model, run_dir / "server.log", *extra)
         server.wait_healthy(600)
         url, stop = server.url, server.stop

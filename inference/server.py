@@ -3,7 +3,7 @@
     triad inference -c config.toml
     triad inference -c config.toml --join     also join the run's fleet (see `shared/fleet.py`)
 
-With `orchestrator.backend = "vllm"` it starts a stock `vllm serve` instead (`stock_vllm_cmd`):
+With `inference.backend = "vllm"` it starts a stock `vllm serve` instead (`stock_vllm_cmd`):
 vLLM's RL routes (`VLLM_SERVER_DEV_MODE=1`) with triad's `triad_disk` weight-transfer engine,
 which vLLM finds through its plugin entry point. Those routes have no authentication: the server
 must listen on loopback.
@@ -73,10 +73,10 @@ def eager(requested: bool | str, cpu_build: Callable[[], bool]) -> bool:
 
 
 def parser_args(cfg: TriadConfig, model_path: str) -> list[str]:
-    """vLLM's tool-call and reasoning parsers for the model (`orchestrator.tool_parser` and
+    """vLLM's tool-call and reasoning parsers for the model (`inference.tool_parser` and
     `reasoning_parser`, `auto` by its chat template), which `/v1/chat/completions/derender` applies."""
-    oc = cfg.orchestrator
-    tool, reasoning = parsers_for(chat_template_of(Path(model_path)), oc.tool_parser, oc.reasoning_parser)
+    ic = cfg.inference
+    tool, reasoning = parsers_for(chat_template_of(Path(model_path)), ic.tool_parser, ic.reasoning_parser)
     args = ["--enable-auto-tool-choice", "--tool-call-parser", tool] if tool else []
     return args + (["--reasoning-parser", reasoning] if reasoning else [])
 
@@ -93,7 +93,7 @@ def check_parsers(args: Namespace) -> None:
         names = sorted(manager.list_registered())
         if name and name not in names:
             raise TriadError(
-                f"orchestrator.{option} = {name!r} is not one of this vLLM's {known}: {', '.join(names)}"
+                f"inference.{option} = {name!r} is not one of this vLLM's {known}: {', '.join(names)}"
             )
 
 
@@ -139,7 +139,7 @@ def stock_vllm_cmd(
     host = parsed.host or "0.0.0.0"
     if host not in LOOPBACK_HOSTS:
         raise TriadError(
-            f"orchestrator.backend = 'vllm' would serve vLLM's unauthenticated RL routes on {host!r}: "
+            f"inference.backend = 'vllm' would serve vLLM's unauthenticated RL routes on {host!r}: "
             "set inference.host = '127.0.0.1', or use backend 'triad' with inference.admin_token"
         )
     serve = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]  # the `vllm serve` server
@@ -155,7 +155,7 @@ def check_plugin_installed() -> None:
 
     if ENGINE_NAME not in entry_points(group="vllm.general_plugins").names:
         raise TriadError(
-            f"orchestrator.backend = 'vllm' needs triad's vLLM plugin {ENGINE_NAME!r}, which is not "
+            f"inference.backend = 'vllm' needs triad's vLLM plugin {ENGINE_NAME!r}, which is not "
             "installed: run `pip install -e .` in triad's checkout again (pyproject's vllm.general_plugins)"
         )
 
@@ -256,7 +256,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
 
 
 def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None:
-    if cfg.orchestrator.backend == "vllm":
+    if cfg.inference.backend == "vllm":
         run_stock_vllm(cfg, model_path, join)
     from inference.vllm_api import check_launcher
 

@@ -55,7 +55,15 @@ class DiskWeightTransferEngine(WeightTransferEngine[DiskInitInfo, DiskUpdateInfo
         self.model.load_weights(iter_safetensors(update_info.path or self.model_config.model))
 
     def update_weights(self, update_info: dict) -> None:
-        self.receive_weights(self.parse_update_info(update_info))  # synchronous: nothing to wait for
+        """Synchronous: nothing to wait for. If it fails, vLLM's worker ends the session and no
+        finish follows: the reload is finalized here, so that no layer stays on the meta device and
+        the next session starts afresh (a layer not loaded gets its tensors back; one half-loaded
+        holds a mix until the orchestrator's backend reloads a whole version, as it does next)."""
+        try:
+            self.receive_weights(self.parse_update_info(update_info))
+        except BaseException:
+            finalize_layerwise_reload(self.model, self.model_config)
+            raise
 
     def finish_weight_update(self) -> None:
         finalize_layerwise_reload(self.model, self.model_config)

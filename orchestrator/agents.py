@@ -128,8 +128,8 @@ class EpisodeRecorder:
     """One episode's side of the proxy: turns each chat-completions call into token ids,
     samples it from the pool and records it."""
 
-    def __init__(self, pool: ServerPool, oc: OrchestratorConfig) -> None:
-        self.pool, self.oc = pool, oc
+    def __init__(self, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> None:
+        self.pool, self.oc, self.tool_parser = pool, oc, tool_parser
         self.episode = AgentEpisode()
         self.server: Server | None = None  # the server that answered the last call: the next one prefers it
         self.closed = asyncio.Event()
@@ -165,7 +165,7 @@ class EpisodeRecorder:
 
     def new_chain(self, tools: list[dict] | None) -> Chain:
         options = self.oc.chat_template_kwargs
-        parser = TurnParser(self.pool, tools, options, self.oc.tool_parser)
+        parser = TurnParser(self.pool, tools, options, self.tool_parser)
         return Chain(tools, pool_renderer(self.pool, tools, options), parser)
 
     async def complete(self, messages: list[dict], tools: list[dict] | None, max_tokens: int) -> dict:
@@ -242,9 +242,9 @@ class AgentRollouts:
     """Agent episodes of one environment: each runs the environment's agent program against its
     own proxy URL; the calls it makes become the samples."""
 
-    def __init__(self, env, pool: ServerPool, oc: OrchestratorConfig) -> None:
+    def __init__(self, env, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> None:
         check_agent(env, oc)
-        self.env, self.pool, self.oc = env, pool, oc
+        self.env, self.pool, self.oc, self.tool_parser = env, pool, oc, tool_parser
         self.proxy = AgentProxy(oc)
         self.api_key = oc.proxy_token.get_secret_value() if oc.proxy_token else NO_TOKEN
 
@@ -256,7 +256,7 @@ class AgentRollouts:
         await self.proxy.stop()
 
     async def episode(self, prompt) -> AgentEpisode:
-        recorder = EpisodeRecorder(self.pool, self.oc)
+        recorder = EpisodeRecorder(self.pool, self.oc, self.tool_parser)
         episode = self.proxy.open(recorder)
         try:
             url, model = self.proxy.base_url(episode), self.proxy.model

@@ -50,12 +50,12 @@ def probe_tool_turn(tool: str) -> tuple[dict, list[dict]]:
 class ChatRollouts:
     """Chat episodes of one environment (its tools and template options fixed)."""
 
-    def __init__(self, env: Environment, pool: ServerPool, oc: OrchestratorConfig) -> None:
+    def __init__(self, env: Environment, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> None:
         self.env, self.pool, self.oc = env, pool, oc
         self.runner = ToolRunner(env_tools(env), oc.env_timeout_s, oc.max_tool_result_chars)
         tools = self.runner.schemas or None
         self.renderer = pool_renderer(pool, tools, oc.chat_template_kwargs)
-        self.parser = TurnParser(pool, tools, oc.chat_template_kwargs, oc.tool_parser)
+        self.parser = TurnParser(pool, tools, oc.chat_template_kwargs, tool_parser)
         self.where = f"environment {env.name!r}"
 
     def messages(self, prompt: Prompt) -> list[dict]:

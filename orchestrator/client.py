@@ -10,6 +10,7 @@ import httpx
 import openai
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.server_calls import RequestRejected, ServerUnreachable
 from shared.admin_api import (
     ADAPTERS_ROUTE,
     ADMIN_PREFIX,
@@ -35,16 +36,8 @@ RENDER_ROUTE = "/v1/chat/completions/render"  # vLLM's scale-out API (`vllm serv
 DERENDER_ROUTE = "/v1/chat/completions/derender"
 
 
-class RequestRejected(TriadError):
-    """The server refused the request itself (4xx): retrying elsewhere will not help."""
-
-
 class ContextFull(RequestRejected):
     """The ids so far leave no room in the model's context for another token."""
-
-
-class ServerUnreachable(TriadError):
-    """No answer at all (refused, name not resolved, timed out): the server may come back."""
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,12 @@ class Episodes(Protocol):
     async def stop(self) -> None: ...
 
 
-def episodes_for(env: Environment, pool: ServerPool, oc: OrchestratorConfig) -> Episodes:
+def episodes_for(env: Environment, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> Episodes:
     """Agent episodes for an environment with `run_agent`; chat episodes by config, for an
-    environment with tools or one whose prompts are chat; text episodes otherwise."""
+    environment with tools or one whose prompts are chat; text episodes otherwise. `tool_parser`:
+    the servers' (`inference.tool_parser`)."""
     if hasattr(env, "run_agent"):
-        return AgentRollouts(env, pool, oc)
+        return AgentRollouts(env, pool, oc, tool_parser)
     if oc.chat or env_tools(env) or env.sample(random.Random(0)).is_chat:
-        return ChatRollouts(env, pool, oc)
+        return ChatRollouts(env, pool, oc, tool_parser)
     return TextRollouts(env, pool, oc)

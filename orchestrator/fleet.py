@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 
-from orchestrator.backends import backend_for
+from orchestrator.backends.detection import backend_for
 from orchestrator.client import InferenceClient
 from orchestrator.pool import Server, ServerPool
 from orchestrator.weights import WeightFollower

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from orchestrator import env_calls
 from orchestrator.advantages import has_signal
-from orchestrator.backends import backend_for
+from orchestrator.backends.detection import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.client import InferenceClient
 from orchestrator.draws import Draw, Draws, resume_position
@@ -127,7 +127,7 @@ class Orchestrator:
         retention = BatchRetention(self.rundir, run_id, self.oc.keep_rollouts)  # prunes at each new version
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify, retention.prune_consumed)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
-        self.episodes = episodes_for(env, pool, self.oc)
+        self.episodes = episodes_for(env, pool, self.oc, cfg.inference.tool_parser)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.draws = Draws(env, cfg.seed, resume_position(self.rundir, run_id, self.first_step - 1))
@@ -327,7 +327,7 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient], run_
         servers.append(Server(client, backend, answered_at=time.time()))
     if len({s.backend.updates for s in servers}) > 1:
         kinds = {s.url: s.backend.kind for s in servers}
-        raise TriadError(f"inference servers disagree on loading weights ({kinds}); set orchestrator.backend")
+        raise TriadError(f"inference servers disagree on loading weights ({kinds}); set inference.backend")
     return servers
 
 

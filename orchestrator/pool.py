@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from orchestrator.backends import WeightBackend
+from orchestrator.backends.base import WeightBackend
 from orchestrator.client import Completion, InferenceClient, RequestRejected
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError

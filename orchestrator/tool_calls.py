@@ -1,7 +1,7 @@
 """Tool calls as data: their types, the checks a call's arguments get, and the Hermes text parser.
 
 A model's turn is split into its text, its reasoning and its tool calls by the
-server's own parsers (vLLM's `/v1/chat/completions/derender`, `orchestrator.tool_parser`);
+server's own parsers (vLLM's `/v1/chat/completions/derender`, `inference.tool_parser`);
 `turn_from_message` checks what a parser found. `parse_tool_calls` is triad's
 own parser of the Hermes / Qwen format, for servers without derender (SGLang):
 

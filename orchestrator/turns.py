@@ -2,8 +2,8 @@
 
 The chat template is the served model's own (`/v1/chat/completions/render`).
 A sampled turn is split into content, reasoning and tool calls by the server's
-own parsers (`/v1/chat/completions/derender`, set by `orchestrator.tool_parser`
-and `orchestrator.reasoning_parser`), so every format vLLM parses works. A
+own parsers (`/v1/chat/completions/derender`, set by `inference.tool_parser`
+and `inference.reasoning_parser`), so every format vLLM parses works. A
 server without derender (SGLang) gets triad's own Hermes parser of the text,
 and only `tool_parser = "hermes"` is served that way.
 """
@@ -67,12 +67,12 @@ class TurnParser:
         if PROBE_REASONING in content:
             raise TriadError(
                 "the server's reasoning parser does not split this model's reasoning from its answer: set "
-                "orchestrator.reasoning_parser (vLLM's --reasoning-parser) to one that fits the model"
+                "inference.reasoning_parser (vLLM's --reasoning-parser) to one that fits the model"
             )
         if tool is not None and not message.get("tool_calls") and tool in content:
             raise TriadError(
                 f"the server's tool parser does not read this model's tool calls back (it left a call of "
-                f"{tool!r} in the text): set orchestrator.tool_parser (vLLM's --tool-call-parser) to one "
+                f"{tool!r} in the text): set inference.tool_parser (vLLM's --tool-call-parser) to one "
                 "that fits the model's chat template"
             )
 
@@ -91,7 +91,7 @@ class TurnParser:
         if self.tool_parser not in (HERMES, "auto"):
             raise TriadError(
                 "the inference server has no /v1/chat/completions/derender, so only Hermes tool calls "
-                f"can be parsed, but orchestrator.tool_parser is {self.tool_parser!r}: serve the model with "
+                f"can be parsed, but inference.tool_parser is {self.tool_parser!r}: serve the model with "
                 "vLLM (`--enable-scale-out`)"
             )
         return parse_tool_calls(c.text)

@@ -57,6 +57,22 @@ class InferenceConfig(Table):
         "logprob helper runs as plain torch too, see `inference/server.py` eager_env), compiled on GPUs",
     )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
+    backend: Literal["auto", "triad", "vllm", "sglang", "none"] = Field(
+        "auto",
+        description="how servers load new weights: triad (triad's launcher, /admin with its token), "
+        "vllm (a stock `vllm serve` with its unauthenticated RL routes, loopback only; `triad "
+        "inference` then starts one), sglang, none (the policy stays frozen); auto: ask the server",
+    )
+    tool_parser: str = Field(
+        "auto",
+        pattern=r"^[a-z0-9_]+$",
+        description="vLLM's tool-call parser (`--tool-call-parser`); auto: by the chat template; none: none",
+    )
+    reasoning_parser: str = Field(
+        "auto",
+        pattern=r"^[a-z0-9_]+$",
+        description="vLLM's reasoning parser (`--reasoning-parser`); auto: by the chat template; none: none",
+    )
     advertise_url: str | None = Field(
         None, description="the URL `--join` registers for the orchestrator; None: http://host:port"
     )
@@ -110,16 +126,6 @@ class OrchestratorConfig(Table):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="options of the chat template, e.g. {enable_thinking = false}"
     )
-    tool_parser: str = Field(
-        "auto",
-        pattern=r"^[a-z0-9_]+$",
-        description="vLLM's tool-call parser (`--tool-call-parser`); auto: by the chat template; none: none",
-    )
-    reasoning_parser: str = Field(
-        "auto",
-        pattern=r"^[a-z0-9_]+$",
-        description="vLLM's reasoning parser (`--reasoning-parser`); auto: by the chat template; none: none",
-    )
     agent_timeout_s: float = Field(600, gt=0, description="bound on one agent episode (agent environments)")
     proxy_host: str = Field(
         "127.0.0.1", description="where agent environments reach the orchestrator's proxy"
@@ -127,12 +133,6 @@ class OrchestratorConfig(Table):
     proxy_port: int = Field(0, ge=0, le=65535, description="the agent proxy's port; 0: any free port")
     proxy_token: SecretStr | None = Field(
         None, description="bearer token the agent proxy requires; needed on an address other than loopback"
-    )
-    backend: Literal["auto", "triad", "vllm", "sglang", "none"] = Field(
-        "auto",
-        description="how servers load new weights: triad (triad's launcher, /admin with its token), "
-        "vllm (a stock `vllm serve` with its unauthenticated RL routes, loopback only; `triad "
-        "inference` then starts one), sglang, none (the policy stays frozen); auto: ask the server",
     )
     batch_size: int = Field(8, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=1, description="completions per prompt")
@@ -357,16 +357,18 @@ class TriadConfig(BaseSettings):
             raise ValueError(
                 f"inference.advertise_url: {self.inference.advertise_url!r} is not an http(s) URL"
             )
-        if self.orchestrator.backend in ("vllm", "sglang") and self.weights.transport == "broadcast":
+        if self.inference.backend in ("vllm", "sglang") and self.weights.transport == "broadcast":
             raise ValueError(
-                f"weights.transport = 'broadcast' needs triad's launcher, not orchestrator.backend = "
-                f"{self.orchestrator.backend!r}: use transport 'filesystem'"
+                f"weights.transport = 'broadcast' needs triad's launcher, not inference.backend = "
+                f"{self.inference.backend!r}: use transport 'filesystem'"
             )
         if self.orchestrator.max_stuck_calls > self.orchestrator.env_threads:
             raise ValueError(
                 f"orchestrator.max_stuck_calls ({self.orchestrator.max_stuck_calls}) must be at most "
                 f"orchestrator.env_threads ({self.orchestrator.env_threads}), the threads they would hold"
             )
+        if self.inference.backend in ("vllm", "sglang") and self.weights.snapshot_every > 1:
+            raise ValueError(refuse_deltas(self.inference.backend, self.weights.snapshot_every))
         timeout, interval = self.orchestrator.heartbeat_timeout_s, self.inference.heartbeat_interval_s
         if timeout <= 2 * interval:
             raise ValueError(
@@ -408,6 +410,15 @@ class TriadConfig(BaseSettings):
     def public_dict(self) -> dict[str, Any]:
         """The resolved config without secrets, for run.json."""
         return self.model_dump(mode="json")
+
+
+def refuse_deltas(backend: str, snapshot_every: int) -> str:
+    """Why a server loading weights with `backend` cannot follow a run that publishes deltas."""
+    return (
+        f"weights.snapshot_every = {snapshot_every} publishes delta versions, which only triad's launcher "
+        f"applies, and inference.backend is {backend!r}: set weights.snapshot_every = 1, or use "
+        "inference.backend = 'triad'"
+    )
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -458,6 +469,7 @@ def _moved_keys() -> dict[str, str]:
         "trainer.batch_timeout_s": "trainer.batch_stall_s",
         "orchestrator.weights_timeout_s": "orchestrator.weights_stall_s",
     }
+    moved |= {f"orchestrator.{k}": f"inference.{k}" for k in ("backend", "tool_parser", "reasoning_parser")}
     moved |= {f"trainer.broadcast_{k}": f"weights.broadcast.{k}" for k in BroadcastConfig.model_fields}
     return moved
 

@@ -1,6 +1,6 @@
 """Which of vLLM's tool-call and reasoning parsers fit a model, from its chat template.
 
-`orchestrator.tool_parser = "auto"` (and `reasoning_parser`) pick by the marks a
+`inference.tool_parser = "auto"` (and `reasoning_parser`) pick by the marks a
 family's template writes; the vendored templates of `tests/data/templates/`
 check each rule. A template that matches none gets no parser: its turns are
 plain content, and tool environments fail at start (`orchestrator/chat_rollout.py`).

@@ -42,7 +42,16 @@ class FakeState:
     # vLLM's RL routes (`VLLM_SERVER_DEV_MODE=1`, vllm/entrypoints/rl/online/api_router.py): pause,
     # resume, init/start/update/finish weight update, /weight_info, /weight_checker. Each load
     # changes every parameter's checksum except those in `vllm_skip` (a reload that skipped them).
+    # As vLLM's worker (v1/worker/gpu_worker.py): start moves the model to the meta device
+    # (`vllm_broken`) until a finish; an update that fails (a path in `vllm_refuse`: 500) ends
+    # the session, so a finish after it answers 500, and the model stays broken until a whole
+    # start/update/finish succeeds.
     vllm_routes: bool = False
+    vllm_refuse: set[str] = field(default_factory=set)
+    vllm_session: bool = False
+    vllm_broken: bool = False
+    vllm_paused: bool = False
+    vllm_resumed_broken: int = 0  # /resume while the model was broken: it would serve it
     vllm_version: str = "default"
     vllm_checksums: dict[str, str] = field(default_factory=lambda: {"a": "a0", "b": "b0", "c": "c0"})
     vllm_skip: set[str] = field(default_factory=set)
@@ -152,19 +161,37 @@ def make_app(state: FakeState) -> Starlette:
             {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
         )
 
+    def worker_error(message: str) -> JSONResponse:
+        raise WorkerFailed(message)  # as vLLM's collective_rpc: out of the route, unhandled
+
     async def vllm_rl(request: Request) -> JSONResponse:
         if not state.vllm_routes:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
         route = request.url.path
         body = await request.json() if request.method == "POST" and await request.body() else {}
         state.vllm_calls.append(f"{route} {body or dict(request.query_params) or ''}".strip())
+        if route == "/start_weight_update":
+            if state.vllm_session:
+                return worker_error("start_weight_update called while a weight update is already active")
+            state.vllm_session = state.vllm_broken = True
         if route == "/update_weights":
             path = body["update_info"]["path"]
+            if not state.vllm_session:
+                return worker_error("start_weight_update must be called before update_weights.")
+            if path in state.vllm_refuse:
+                state.vllm_session = False
+                return worker_error(f"FileNotFoundError: no .safetensors files in {path}")
             for name in state.vllm_checksums:
                 if name not in state.vllm_skip:
                     state.vllm_checksums[name] = f"{name}:{path}"
         if route == "/finish_weight_update":
+            if not state.vllm_session:
+                return worker_error("finish_weight_update called without a matching start_weight_update.")
+            state.vllm_session = state.vllm_broken = False
             state.vllm_version = body.get("weight_version") or state.vllm_version
+        if route in ("/pause", "/resume"):
+            state.vllm_paused = route == "/pause"
+            state.vllm_resumed_broken += route == "/resume" and state.vllm_broken
         if route == "/weight_info":
             return JSONResponse({"weight_version": state.vllm_version})
         if route == "/weight_checker":
@@ -184,8 +211,19 @@ def make_app(state: FakeState) -> Starlette:
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/chat/completions/render", render, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
-        ]
+        ],
+        exception_handlers={Exception: unhandled},
     )
+
+
+class WorkerFailed(Exception):
+    pass
+
+
+async def unhandled(request: Request, error: Exception) -> JSONResponse:
+    """vLLM's answer to an exception out of a route: a 500 with a JSON body; then the exception goes
+    on to uvicorn, which closes the connection that carried it (the next request needs another)."""
+    return JSONResponse({"error": {"message": str(error), "type": "InternalServerError"}}, status_code=500)
 
 
 class FakeServer:

@@ -306,12 +306,12 @@ def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
         proxy = AgentProxy(cfg.orchestrator)
         await proxy.start()
         try:
-            over = proxy.open(EpisodeRecorder(pool, cfg.orchestrator))
+            over = proxy.open(EpisodeRecorder(pool, cfg.orchestrator, cfg.inference.tool_parser))
             proxy.close(over)
             agent = openai.AsyncOpenAI(base_url=proxy.base_url(over), api_key="x", max_retries=0, timeout=10)
             with pytest.raises(openai.NotFoundError, match="is over"):
                 await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1"}])
-            live = proxy.open(EpisodeRecorder(pool, cfg.orchestrator))
+            live = proxy.open(EpisodeRecorder(pool, cfg.orchestrator, cfg.inference.tool_parser))
             async with httpx.AsyncClient(base_url=proxy.base_url(live), timeout=10) as http:
                 bad = await http.post("/chat/completions", json={"messages": [{"role": "robot"}]})
                 assert bad.status_code == 400 and "message 0 is malformed" in bad.json()["error"]["message"]
@@ -332,7 +332,7 @@ def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
 
 
 def _server(client):
-    from orchestrator.backends import Frozen
+    from orchestrator.backends.frozen import Frozen
     from orchestrator.pool import Server as PoolServer
 
     return PoolServer(client, Frozen())

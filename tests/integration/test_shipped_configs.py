@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import load_environment
 from orchestrator.episodes import episodes_for
@@ -42,7 +42,7 @@ def test_each_qwen3_configs_environment_starts_and_rolls_out_a_group(
         try:
             await client.wait_ready(60, None)
             pool = ServerPool([Server(client, Frozen())], oc)
-            episodes = episodes_for(env, pool, oc)
+            episodes = episodes_for(env, pool, oc, cfg.inference.tool_parser)
             prompt = env.sample(random.Random(0))
             await episodes.start(prompt)
             return await episodes.group(prompt, 2)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import AdapterLoads, backend_for, run_dir_prefix
+from orchestrator.backends.detection import backend_for
+from orchestrator.backends.lora import AdapterLoads, run_dir_prefix
 from shared.admin_api import AdapterInfo, AdaptersInfo
 from shared.config import load_config
 from shared.errors import TriadError
@@ -92,7 +93,7 @@ def test_a_run_dir_outside_the_servers_is_refused_naming_both(tmp_path):
     with pytest.raises(TriadError, match="must keep its run_dir inside that one"):
         run_dir_prefix(tmp_path / "elsewhere", str(tmp_path / "s"), URL)
     with pytest.raises(TriadError, match=r"cannot load LoRA adapters: use 'triad'"):
-        backend(tmp_path, listing(tmp_path), "orchestrator.backend=sglang")
+        backend(tmp_path, listing(tmp_path), "inference.backend=sglang")
 
 
 def test_rollouts_go_to_the_adapter_of_the_version_the_server_serves_and_the_base_model_at_0(tmp_path):

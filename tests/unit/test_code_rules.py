@@ -5,6 +5,10 @@
 - No function longer than 60 lines and no class longer than 200, outside tests and `bench/`.
 - No import circles among the project's modules (imports at module level or inside functions,
   `TYPE_CHECKING` aside; importing `a.b.c` imports the packages `a` and `a.b` too).
+- Each service reads its own table: no module under `inference/` or `trainer/` reads
+  `.orchestrator`, and none under `orchestrator/` or `trainer/` reads a launcher option of
+  `[inference]` (every key but the server's address, its token and what describes the server the
+  orchestrator talks to: `SERVER_KEYS`), directly or through a name bound to `.inference`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.config import InferenceConfig
 from tests.helpers import REPO
 
 OWNER = "shared/rundir/"  # the package (its names.py spells them; the rest builds paths)
@@ -280,3 +285,80 @@ def test_the_circle_rule_finds_a_circle_in_a_small_package():
     assert import_graph(sources)["pkg.sub.c"] == {"pkg.sub.e"} and circles(import_graph(sources)) == []
     sources["pkg/sub/e.py"] = "def late():\n    from pkg.b import thing\n"  # deferred: still a circle
     assert circles(import_graph(sources)) == [{"pkg.b", "pkg.sub", "pkg.sub.c", "pkg.sub.e"}]
+
+
+SERVER_KEYS = {
+    "host",
+    "port",
+    "admin_token",
+    "admin_token_file",
+    "token",
+    "backend",
+    "tool_parser",
+    "reasoning_parser",
+}
+LAUNCHER_KEYS = set(InferenceConfig.model_fields) - SERVER_KEYS  # how `triad inference` starts vLLM
+
+
+def foreign_reads(tree: ast.AST, rel: str) -> list[str]:
+    """Where a module reads a table that is not its service's: `.orchestrator` under inference/ and
+    trainer/, a launcher option of `[inference]` under orchestrator/ and trainer/."""
+    service = rel.split("/")[0]
+    found = []
+    if service in ("inference", "trainer"):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "orchestrator":
+                found.append(f"{rel}:{node.lineno}: reads .orchestrator")
+    if service in ("orchestrator", "trainer"):
+        aliases = {  # `ic = cfg.inference`
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "inference"
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr in LAUNCHER_KEYS):
+                continue
+            table = node.value
+            if (isinstance(table, ast.Attribute) and table.attr == "inference") or (
+                isinstance(table, ast.Name) and table.id in aliases
+            ):
+                found.append(f"{rel}:{node.lineno}: reads inference.{node.attr}")
+    return found
+
+
+def test_each_service_reads_its_own_table():
+    offences = []
+    for path in python_files():
+        rel = path.relative_to(REPO).as_posix()
+        if rel.split("/")[0] in ("inference", "orchestrator", "trainer"):
+            offences += foreign_reads(ast.parse(path.read_text(), rel), rel)
+    assert not offences, "a service reads another's config:\n" + "\n".join(offences)
+
+
+def test_the_table_rule_finds_planted_reads():
+    assert {
+        "kv_cache_gib",
+        "gpu_memory_utilization",
+        "devices",
+        "cpus",
+        "enforce_eager",
+        "vllm_args",
+    } < LAUNCHER_KEYS
+    assert {"max_model_len", "dtype", "adapter_idle_s", "advertise_url"} < LAUNCHER_KEYS
+    planted = {
+        "inference/a.py": "def f(cfg):\n    return cfg.orchestrator.env, cfg.inference.vllm_args\n",
+        "trainer/b.py": "def g(self):\n    ic = self.cfg.inference\n    return ic.kv_cache_gib, ic.port\n",
+        "orchestrator/c.py": "def h(cfg, c):\n    x = cfg.inference.devices\n"
+        "    return cfg.inference.token(), cfg.inference.backend, c.max_model_len, cfg.trainer.cpus\n",
+        "services/d.py": "def k(cfg):\n    return cfg.orchestrator, cfg.inference.cpus\n",  # the top floor
+    }
+    found = [line for rel, source in planted.items() for line in foreign_reads(ast.parse(source), rel)]
+    assert found == [
+        "inference/a.py:2: reads .orchestrator",
+        "trainer/b.py:3: reads inference.kv_cache_gib",
+        "orchestrator/c.py:2: reads inference.devices",
+    ]

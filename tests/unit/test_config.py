@@ -87,9 +87,27 @@ def test_override_values_are_toml_typed():
         ),
         (
             "",
-            ["orchestrator.backend=vllm", "weights.transport=broadcast"],
-            "weights.transport = 'broadcast' needs triad's launcher, not orchestrator.backend = 'vllm'",
+            ["inference.backend=vllm", "weights.transport=broadcast"],
+            "weights.transport = 'broadcast' needs triad's launcher, not inference.backend = 'vllm'",
         ),
+        ("", ["orchestrator.backend=vllm"], "config key 'orchestrator.backend' is now 'inference.backend'"),
+        (
+            '[orchestrator]\ntool_parser = "hermes"\n',
+            [],
+            "config key 'orchestrator.tool_parser' is now 'inference.tool_parser'",
+        ),
+        (
+            "",
+            ["orchestrator.reasoning_parser=qwen3"],
+            "config key 'orchestrator.reasoning_parser' is now 'inference.reasoning_parser'",
+        ),
+        (
+            "",
+            ["inference.backend=vllm", "weights.snapshot_every=5"],
+            r"^bad config: weights.snapshot_every = 5 publishes delta versions, which only triad's launcher "
+            r"applies, and inference.backend is 'vllm': set weights.snapshot_every = 1, or use",
+        ),
+        ("", ["inference.backend=sglang", "weights.snapshot_every=2"], "inference.backend is 'sglang'"),
         (
             "",
             ['trainer.loss="cispo"'],

@@ -12,7 +12,7 @@ from fractions import Fraction
 import pytest
 
 from orchestrator.advantages import has_signal, overlong_penalty
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import env_metrics, eval_prompts, load_environment, respond, score
 from orchestrator.envs.basic import ReverseText, positional_match

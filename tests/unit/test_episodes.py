@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from orchestrator.agents import AgentRollouts, EpisodeRecorder
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt
 from orchestrator.pool import RolloutFailed, Server, ServerPool
@@ -126,7 +126,7 @@ def agent_group(fake: FakeServer, agent: Agent, *sets: str):
     async def run():
         pool, client = pool_of(fake, *sets)
         await client.wait_ready(10, None)
-        rollouts = AgentRollouts(agent, pool, pool.oc)
+        rollouts = AgentRollouts(agent, pool, pool.oc, "auto")
         await rollouts.start(agent.sample(None))
         try:
             return await rollouts.group(agent.sample(None), 1)
@@ -159,7 +159,7 @@ def test_a_request_the_server_refuses_reaches_the_agent_as_a_400_and_the_episode
 def test_episode_ids_are_unguessable():
     cfg = load_config(None, [])
     proxy = AgentProxy(cfg.orchestrator)
-    ids = {proxy.open(EpisodeRecorder(None, cfg.orchestrator)) for _ in range(50)}
+    ids = {proxy.open(EpisodeRecorder(None, cfg.orchestrator, "auto")) for _ in range(50)}
     assert len(ids) == 50 and all(len(i) >= 20 for i in ids)
 
 
@@ -172,7 +172,7 @@ def test_a_proxy_off_loopback_needs_a_token_and_then_asks_for_it():
     async def run():
         await proxy.start()
         try:
-            episode = proxy.open(EpisodeRecorder(None, cfg.orchestrator))
+            episode = proxy.open(EpisodeRecorder(None, cfg.orchestrator, "auto"))
             url = proxy.base_url(episode)
             wrong = openai.AsyncOpenAI(base_url=url, api_key="nope", max_retries=0, timeout=10)
             with pytest.raises(openai.AuthenticationError):

@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt

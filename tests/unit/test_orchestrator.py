@@ -13,7 +13,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.backends import TriadAdmin
+from orchestrator.backends.triad import TriadAdmin
 from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient, ServerUnreachable
 from orchestrator.environments import Prompt, load_environment
@@ -605,7 +605,7 @@ def test_a_slow_trainer_that_makes_progress_is_waited_for_a_killed_one_is_named(
 
 
 def test_frozen_backend_paces_rollouts_by_the_trainer_and_skips_the_staleness_drop(tmp_path):
-    from orchestrator.backends import Frozen
+    from orchestrator.backends.frozen import Frozen
 
     orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=0", "max_steps=10")
     orch.pool.servers[0].backend = Frozen()

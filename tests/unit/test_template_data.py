@@ -55,7 +55,7 @@ def test_family_tokenizer_keeps_each_special_token_whole(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_auto_parsers_are_the_ones_that_fit_each_family(name):
-    """`orchestrator.tool_parser = "auto"` (and reasoning_parser) pick, from the template alone, the parsers
+    """`inference.tool_parser = "auto"` (and reasoning_parser) pick, from the template alone, the parsers
     families.toml records as fitting (none where vLLM has none)."""
     spec = FAMILIES[name]
     expected = (spec["tool_parser"] or None, spec["reasoning_parser"] or None)

@@ -263,7 +263,7 @@ def test_the_trainer_gets_the_ids_sampled_plus_the_ids_the_template_appends(cell
     routes = Routes(template, [])
     pool = Pool(Server(Client(routes)), [])
     oc = load_config(None, []).orchestrator.model_copy(update={"chat_template_kwargs": cell.kwargs})
-    rollouts = ChatRollouts(env, pool, oc)
+    rollouts = ChatRollouts(env, pool, oc, "auto")
     template.tools = rollouts.runner.schemas or None
     prompt = env.sample(random.Random(0))
     why = refused(cell)

@@ -132,17 +132,17 @@ def test_the_stock_vllm_command_swaps_triads_extension_for_its_engine_and_stays_
     from shared.config import load_config
 
     (tmp_path / "config.json").write_text(json.dumps({"dtype": "float32"}))
-    cmd = stock_vllm_cmd(load_config(None, ["orchestrator.backend=vllm"]), str(tmp_path), lambda: True)
+    cmd = stock_vllm_cmd(load_config(None, ["inference.backend=vllm"]), str(tmp_path), lambda: True)
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert (
         "--worker-extension-cls" not in cmd and "inference.worker_extension.TriadWorkerExtension" not in cmd
     )
     assert cmd[-2:] == ["--weight-transfer-config", '{"backend": "triad_disk"}']
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--dtype") + 1] == "float32"
-    exposed = load_config(None, ["orchestrator.backend=vllm", "inference.host=0.0.0.0"])
+    exposed = load_config(None, ["inference.backend=vllm", "inference.host=0.0.0.0"])
     with pytest.raises(TriadError, match=r"unauthenticated RL routes on '0.0.0.0': set inference.host"):
         stock_vllm_cmd(exposed, str(tmp_path), lambda: True)
-    smuggled = load_config(None, ["orchestrator.backend=vllm", 'inference.vllm_args=["--host", "10.1.2.3"]'])
+    smuggled = load_config(None, ["inference.backend=vllm", 'inference.vllm_args=["--host", "10.1.2.3"]'])
     with pytest.raises(TriadError, match="'10.1.2.3'"):
         stock_vllm_cmd(smuggled, str(tmp_path), lambda: True)
 
@@ -166,12 +166,12 @@ def test_unknown_parser_names_fail_in_one_line_naming_the_option():
     check_parsers(Namespace(tool_call_parser=None, reasoning_parser=None))
     with pytest.raises(
         TriadError,
-        match=r"^orchestrator.tool_parser = 'hermse' is not one of this vLLM's tool_parsers: .*hermes",
+        match=r"^inference.tool_parser = 'hermse' is not one of this vLLM's tool_parsers: .*hermes",
     ):
         check_parsers(Namespace(tool_call_parser="hermse", reasoning_parser=None))
     with pytest.raises(
         TriadError,
-        match=r"^orchestrator.reasoning_parser = 'qwen4' is not one of this vLLM's reasoning_parsers",
+        match=r"^inference.reasoning_parser = 'qwen4' is not one of this vLLM's reasoning_parsers",
     ):
         check_parsers(Namespace(tool_call_parser=None, reasoning_parser="qwen4"))
 

@@ -1,0 +1,21 @@
+"""What the orchestrator asks of a weight backend."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from shared.admin_api import WeightsInfo
+
+
+class WeightBackend(Protocol):
+    kind: str
+    updates: bool  # False: the server cannot load new weights
+
+    async def current(self) -> WeightsInfo: ...
+
+    async def load(self, version: int, path: str) -> WeightsInfo:
+        """Serve the weights in `path` (relative to the run directory) as `version`; what the
+        server then reports serving."""
+
+    def model(self, version: int) -> str | None:
+        """The model name requests for `version` go to; None: the server's served model."""

@@ -1,0 +1,31 @@
+"""`triad`: triad's own server, through its `/admin/weights` routes."""
+
+from __future__ import annotations
+
+from orchestrator.client import InferenceClient
+from shared.admin_api import WeightsInfo
+from shared.errors import TriadError
+
+
+class TriadAdmin:
+    kind, updates = "triad", True
+
+    def __init__(self, client: InferenceClient, timeout: float) -> None:
+        self.client, self.timeout = client, timeout
+
+    async def current(self) -> WeightsInfo:
+        info = await self.client.admin_weights()
+        if info is None:
+            raise TriadError(f"{self.client.base_url} has no /admin/weights route: it cannot load weights")
+        return info
+
+    async def load(self, version: int, path: str) -> WeightsInfo:
+        await self.client.load_weights(version, path, self.timeout)
+        info = await self.current()
+        if info.version != version:
+            served = f"version {info.version} from {info.path!r}"
+            raise TriadError(f"{self.client.base_url} was told to load version {version} but serves {served}")
+        return info
+
+    def model(self, version: int) -> str | None:
+        return None

@@ -287,7 +287,7 @@ def test_the_circle_rule_finds_a_circle_in_a_small_package():
     assert circles(import_graph(sources)) == [{"pkg.b", "pkg.sub", "pkg.sub.c", "pkg.sub.e"}]
 
 
-SERVER_KEYS = {
+SERVER_KEYS = {  # what describes the server others talk to: its address, token, weights and parsers
     "host",
     "port",
     "admin_token",
@@ -296,6 +296,7 @@ SERVER_KEYS = {
     "backend",
     "tool_parser",
     "reasoning_parser",
+    "dtype",  # the dtype it serves: the trainer publishes in it (`weights.dtype = "auto"`)
 }
 LAUNCHER_KEYS = set(InferenceConfig.model_fields) - SERVER_KEYS  # how `triad inference` starts vLLM
 
@@ -348,7 +349,7 @@ def test_the_table_rule_finds_planted_reads():
         "enforce_eager",
         "vllm_args",
     } < LAUNCHER_KEYS
-    assert {"max_model_len", "dtype", "adapter_idle_s", "advertise_url"} < LAUNCHER_KEYS
+    assert {"max_model_len", "kv_cache_gib", "adapter_idle_s", "advertise_url"} < LAUNCHER_KEYS
     planted = {
         "inference/a.py": "def f(cfg):\n    return cfg.orchestrator.env, cfg.inference.vllm_args\n",
         "trainer/b.py": "def g(self):\n    ic = self.cfg.inference\n    return ic.kv_cache_gib, ic.port\n",

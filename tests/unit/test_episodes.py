@@ -198,7 +198,7 @@ def run_group(agent, size: int, *fakes: FakeServer, sets: tuple[str, ...] = ()):
         pool, clients = pools_of(*fakes, sets=sets)
         for client in clients:
             await client.wait_ready(10, None)
-        rollouts = AgentRollouts(agent, pool, pool.oc)
+        rollouts = AgentRollouts(agent, pool, pool.oc, "auto")
         await rollouts.start(agent.sample(None))
         try:
             return await rollouts.group(agent.sample(None), size)
@@ -237,8 +237,8 @@ def test_an_agent_that_cannot_take_the_token_is_refused_at_start():
     with pytest.raises(
         TriadError, match="proxy_token is set but run_agent takes no api_key: make it run_agent"
     ):
-        AgentRollouts(Agent(), None, cfg.orchestrator)
-    AgentRollouts(Agent(), None, load_config(None, []).orchestrator)  # no token: the old signature runs
+        AgentRollouts(Agent(), None, cfg.orchestrator, "auto")
+    AgentRollouts(Agent(), None, load_config(None, []).orchestrator, "auto")  # no token: old signature
 
 
 def test_options_the_proxy_does_not_honour_get_a_400_that_names_them():
@@ -356,7 +356,7 @@ def test_the_calls_of_an_episode_prefer_the_server_that_answered_the_last():
             for client in clients:
                 await client.wait_ready(10, None)
             agent = LoadedAgent(clients)
-            rollouts = AgentRollouts(agent, pool, pool.oc)
+            rollouts = AgentRollouts(agent, pool, pool.oc, "auto")
             await rollouts.start(agent.sample(None))
             try:
                 return await rollouts.group(agent.sample(None), 1)

@@ -32,13 +32,13 @@ class Gpu:
     memory_bytes: float = 80e9
     # fitted to NeMo-RL v0.3's stated generation time (bench.simulate_rates.fit_v03; a unit test
     # holds these to the fit), with compute_efficiency and launch_s kept as guessed
-    hbm_efficiency: float = 0.83
+    hbm_efficiency: float = 0.861
     compute_efficiency: float = 0.5
     launch_s: float = 0.004
     max_seqs: int = 256  # vLLM's max_num_seqs
     # the trainer's (6 N FLOPs per prompt or completion token, 2 N more per log-prob pass), fitted to
     # NeMo-RL v0.3's stated policy training + get logprobs time (fit_v03)
-    mfu: float = 0.293
+    mfu: float = 0.3405
     handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 

@@ -373,3 +373,28 @@ def test_an_end_shorter_than_the_clock_resolution_still_moves_the_clock():
                   logprob_passes=1, gpu=Gpu(hbm_efficiency=0.83, mfu=0.293))  # fmt: skip
     r = simulate(sc.colocated_sync())
     assert r.trained == 60 and 3000 < r.step_s() < 3500
+
+
+def test_advice_gives_the_gain_over_the_users_setting_and_the_range_the_held_out_rows_allow():
+    import argparse
+    import json
+    from pathlib import Path
+
+    from simulate import advise
+
+    published = json.loads(Path("bench/results/simulate_published.json").read_text())
+    held_out = [r["ratio"] for r in published["rows"] if r["split"] == "held out" and r["kind"] == "ratio"]
+    assert (round(min(held_out), 3), round(max(held_out), 3)) == advise.HELD_OUT_RATIO_ERROR
+    assert advise.gain_range(2.0, (0.5, 1.25)) == (1.6, 4.0)
+    args = argparse.Namespace(gpus=8, model_size="1.5B", active_size=None, max_tokens="2k",
+                              prompt_tokens="128", batch_size=8, group_size=4, steps=5, mode="keep",
+                              plot=None, current_eta=0, current_inference=4)  # fmt: skip
+    lines = advise.advise(args)
+    sc = advise.scenario(args)
+    mine = simulate(dataclasses.replace(sc.split(4, 0, "keep"), max_steps=5)).samples_per_s()
+    gain = advise.search(sc, "keep")[0][0][0] / mine
+    low, high = advise.gain_range(gain)
+    assert f"against your setting (max_async_level = 0, 4:4, {mine:.2f} samples/s): {gain:.2f}x predicted, " \
+        f"{low:.2f}x to {high:.2f}x" in "\n".join(lines)  # fmt: skip
+    with pytest.raises(TriadError, match="leaves no trainer"):
+        advise.advise(argparse.Namespace(**{**vars(args), "current_inference": 8}))

@@ -25,7 +25,6 @@ from dataclasses import replace
 from bench import simulate_published as published
 from simulate.hardware import H20, Gpu, mfu_for
 from simulate.pipeline import simulate
-from simulate.scenario import Scenario
 from simulate.setup import Setup
 
 # NeMo-RL performance summary v0.5 (docs/about/performance-summary.md at tag v0.5.0), Llama-3.1-8B,
@@ -48,8 +47,7 @@ ASYNC_GPUS = 8
 # per sample. Its setup, `examples/configs/grpo_math_8B_megatron.yaml` at tag v0.3.0: 64 prompts x
 # 32 generations, max_total_sequence_length 4096, 1 node of 8, generation and training colocated.
 V03_GENERATION_S, V03_TRAINING_S, V03_LOGPROBS_S = 58.0, 28.0, 18.0
-V03 = Scenario(gpus=8, params=8e9, max_tokens=4096 - 512, batch_prompts=64, group_size=32, mean_tokens=795.0,
-               steps=published.STEPS, logprob_passes=1)  # fmt: skip
+V03 = replace(published.NEMO, gpus=8, mean_tokens=795.0)  # NeMo-RL's rules (its prompt), 8 GPUs
 OLD = Gpu(hbm_efficiency=0.6, mfu=0.35)  # the guesses before the fit, for the side-by-side table
 
 
@@ -75,11 +73,11 @@ def v03_generation_s(gpu: Gpu, steps: int = published.STEPS) -> float:
 def fit_v03(base: Gpu, steps: int = published.STEPS) -> Gpu:
     """`base` with the two rates NeMo-RL's v0.3 run states: `hbm_efficiency` at which the model
     generates its batch in the stated 58 s (the other decode costs kept), and the MFU at which the
-    model's trainer (completion tokens, one log-prob pass) takes the stated policy training + get
-    logprobs, 28 + 18 s, on its 8 GPUs."""
+    model's trainer (prompt and completion tokens, one log-prob pass) takes the stated policy
+    training + get logprobs, 28 + 18 s, on its 8 GPUs."""
     hbm = hbm_efficiency_at(base, lambda gpu: v03_generation_s(gpu, steps), V03_GENERATION_S, rounds=30)
     trainer = V03.colocated_sync().trainer
-    tokens = V03.batch_prompts * V03.group_size * V03.mean_tokens
+    tokens = V03.batch_prompts * V03.group_size * (V03.prompt_tokens + V03.mean_tokens)
     seconds = V03_TRAINING_S + V03_LOGPROBS_S - trainer.overhead_s
     mfu = mfu_for(tokens / (V03.gpus * seconds), V03.params, base, V03.logprob_passes)
     return replace(base, hbm_efficiency=hbm, mfu=mfu)
@@ -102,7 +100,7 @@ def generation_step_s(gpu: Gpu) -> float:
 
 def trainer_cycle_s(setup: Setup) -> float:
     """The model's trainer on one batch of the setup's mean length: train, then publish."""
-    tokens = setup.batch_size * setup.group_size * setup.lengths.mean()
+    tokens = setup.batch_size * setup.group_size * (setup.prompt_tokens + setup.lengths.mean())
     return setup.trainer.train_s(round(tokens), setup.train_gpus) + setup.trainer.publish_s()
 
 
@@ -118,22 +116,21 @@ def step_bound_rates(base: Gpu, step_s: float = ASYNC_STEP_S) -> tuple[float, fl
     return hbm, base.mfu * (trainer_cycle_s(setup) - fixed) / (step_s - fixed)
 
 
-def checks(gpu: Gpu, h20: Gpu) -> dict[str, float]:
+def checks(rates: published.Rates) -> dict[str, float]:
     """Phase times the sources state that the fit did not use: verl's colocated generation (177.85 s
     on 128 H20, lengths from its stated update_actor time) and NeMo-RL's synchronous step."""
-    published.use_gpus(gpu, h20)
-    mean = published.verl_mean_from_trainer()
-    sc = replace(published.VERL, mean_tokens=mean, logprob_passes=1)
+    mean = published.verl_mean_from_trainer(rates)
+    sc = rates.on(replace(published.VERL, mean_tokens=mean, logprob_passes=1))
     setup = sc.colocated_sync()
     step = simulate(setup).step_s()
     generation = step - trainer_cycle_s(setup) - setup.batch_overhead_s
-    nemo = replace(published.NEMO, mean_tokens=published.NEMO_MEAN[True]).split(ASYNC_GPUS, 1, "keep")
+    nemo = rates.on(replace(published.NEMO, mean_tokens=published.NEMO_MEAN[True]))
     return {
         "verl_mean_tokens": mean,
         "verl_generation_s": generation,
-        "nemo_sync_step_s": published.nemo_step_s(False),
-        "nemo_generation_s": generation_step_s(gpu),
-        "nemo_trainer_s": trainer_cycle_s(nemo),
+        "nemo_sync_step_s": published.nemo_step_s(rates, False),
+        "nemo_generation_s": generation_step_s(rates.h100),
+        "nemo_trainer_s": trainer_cycle_s(nemo.split(ASYNC_GPUS, 1, "keep")),
     }
 
 
@@ -164,10 +161,11 @@ def markdown(out: dict) -> list[str]:
                   f"{b['predicted']:.2f} | {b['ratio']:.2f} |")  # fmt: skip
     for name, run in (("guessed", old), ("fitted", new)):
         within = sum(r["within_15pct"] for r in run["rows"])
-        others = sum(r["within_15pct"] for r in run["rows"] if not r["target"].startswith("NeMo"))
+        others = [r["within_15pct"] for r in run["rows"] if not r["target"].startswith("NeMo")]
         checks = ", ".join(f"{k} {v:.1f}" for k, v in run["checks"].items())
         md.append(
-            f"\n{name} rates: {within} of 10 within 15%, {others} of 8 without NeMo-RL's rows; {checks}"
+            f"\n{name} rates: {within} of {len(run['rows'])} fitted-on rows within 15%, {sum(others)} of "
+            f"{len(others)} without NeMo-RL's rows; {checks}"
         )
     return md
 
@@ -186,12 +184,12 @@ def main() -> None:
     old_h20 = replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu)
     fitted_h20 = replace(H20, hbm_efficiency=fitted.hbm_efficiency, mfu=fitted.mfu)
     for name, gpu, h20 in (("guessed", OLD, old_h20), ("fitted", fitted, fitted_h20)):
-        published.use_gpus(gpu, h20)
+        rates = published.Rates(gpu, h20)
         out[name] = {
             "gpu": gpu.__dict__,
             "h20": h20.__dict__,
-            "rows": published.table(),
-            "checks": checks(gpu, h20),
+            "rows": published.table(rates, published.FITTED_ON),
+            "checks": checks(rates),
         }
     out["seconds"] = time.perf_counter() - started
     (published.RESULTS / "simulate_rates.json").write_text(json.dumps(out, indent=1) + "\n")

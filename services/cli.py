@@ -9,9 +9,11 @@
                                                       a timeline of steps A..B -> RUN_DIR/timeline.png
     triad merge-lora RUN_DIR [--version V] OUT_DIR    the run's LoRA adapter merged into its base model,
                                                       as a Hugging Face directory
-    triad simulate --gpus N --model-size 7B --max-tokens 16k [--plot out.png]
+    triad simulate [--advise] --gpus N --model-size 7B --max-tokens 16k [--plot out.png]
+                   [--current-eta E --current-inference G]
                                                       the best max_async_level and inference:training
-                                                      split, from a model of the pipeline (docs/simulate.md)
+                                                      split, from a model of the pipeline, and its gain
+                                                      over your setting with its range (docs/simulate.md)
     triad simulate --from RUN_DIR                     that model calibrated on a run: samples/s at η 0, 1, 2
 
 Config is parsed before anything heavy is imported, so a bad key fails in
@@ -117,13 +119,28 @@ def run_simulate(args: argparse.Namespace) -> None:
 
     if args.from_run is None and args.gpus is None:
         raise TriadError("give --gpus N (with --model-size and --max-tokens) or --from RUN_DIR")
+    if args.advise and args.from_run is not None:
+        raise TriadError("--advise plans a cluster (--gpus N); --from RUN_DIR predicts a run: give one")
     print("\n".join(from_run(args) if args.from_run else advise(args)))
 
 
 def simulate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_run", metavar="RUN_DIR", help="calibrate on this run and predict it")
     p.add_argument("--gpus", type=int, help="GPUs in all (inference and training)")
-    p.add_argument("--model-size", default="7B", help="parameters (e.g. 1.5B, 7B, 32B)")
+    p.add_argument(
+        "--advise",
+        action="store_true",
+        help="the η and split to use for --gpus, against --current-eta / --current-inference",
+    )
+    p.add_argument("--model-size", default="7B", help="parameters (e.g. 1.5B, 7B, 32B; all of a MoE's)")
+    p.add_argument("--active-size", help="a mixture of experts' active parameters (e.g. 3B)")
+    p.add_argument("--prompt-tokens", default="512", help="prompt length (e.g. 512, 2k)")
+    p.add_argument("--current-eta", type=int, default=0, help="your max_async_level now")
+    p.add_argument(
+        "--current-inference",
+        type=int,
+        help="your inference GPUs now (the rest train); default: one synchronous pool of all",
+    )
     p.add_argument("--max-tokens", default="16k", help="completion length cap (e.g. 8k, 16k)")
     p.add_argument("--batch-size", type=int, default=512, help="prompt groups per step")
     p.add_argument("--group-size", type=int, default=16, help="samples per prompt")

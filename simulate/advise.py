@@ -15,6 +15,10 @@ from simulate.setup import Setup, parse_count
 
 ETAS = (0, 1, 2, 4)  # past 4, AReaL's scores drop (η = 8: 41.0, 16: 38.7 against 42.2 at 4)
 FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
+# The model's speedups over published ones on the held-out ratio rows (predicted / published, lowest
+# and highest; bench/results/simulate_published.json, a unit test holds the two equal): a predicted
+# gain g is then sure to lie between g / high and g / low as far as those rows tell
+HELD_OUT_RATIO_ERROR = (0.358, 1.519)
 
 
 def summary(result: Result) -> list[str]:
@@ -44,11 +48,36 @@ def search(sc: Scenario, mode: str) -> tuple[list[tuple[float, int, int]], dict[
     return ranked, results
 
 
-def advise(args: argparse.Namespace) -> list[str]:
-    sc = Scenario(
+def scenario(args: argparse.Namespace) -> Scenario:
+    return Scenario(
         gpus=args.gpus, params=parse_count(args.model_size), max_tokens=int(parse_count(args.max_tokens)),
         batch_prompts=args.batch_size, group_size=args.group_size, steps=args.steps,
+        prompt_tokens=int(parse_count(args.prompt_tokens)),
+        active_params=parse_count(args.active_size) if args.active_size else 0.0,
     )  # fmt: skip
+
+
+def current(sc: Scenario, args: argparse.Namespace) -> tuple[str, Result]:
+    """The user's setting: `--current-inference` GPUs serving at `--current-eta`, or (neither given)
+    one synchronous pool of all the GPUs (verl's and NeMo-RL's colocated layout)."""
+    if args.current_inference is None:
+        return f"one synchronous pool of all {sc.gpus} GPUs", simulate(sc.colocated_sync())
+    setup = sc.split(args.current_inference, args.current_eta, args.mode)
+    steps = max(sc.steps, 4 * (args.current_eta + 1))
+    serving = args.current_inference
+    name = f"max_async_level = {args.current_eta}, {serving}:{sc.gpus - serving}"
+    return name, simulate(replace(setup, max_steps=steps))
+
+
+def gain_range(gain: float, error: tuple[float, float] = HELD_OUT_RATIO_ERROR) -> tuple[float, float]:
+    """The gain a prediction of `gain` is sure of: the model's speedups ran `error` (lowest, highest)
+    times the published ones on the held-out rows."""
+    low, high = error
+    return gain / high, gain / low
+
+
+def advise(args: argparse.Namespace) -> list[str]:
+    sc = scenario(args)
     ranked, results = search(sc, args.mode)
     if not ranked:
         raise TriadError(
@@ -56,15 +85,19 @@ def advise(args: argparse.Namespace) -> list[str]:
         )
     rate, eta, inference = ranked[0]
     best = results[(eta, inference)]
-    sync = simulate(sc.colocated_sync())
+    setting, now = current(sc, args)
+    gain = rate / max(now.samples_per_s(), 1e-12)
+    low, high = gain_range(gain)
     lines = [
         f"{args.gpus} GPUs, {args.model_size} model, up to {args.max_tokens} tokens, "
-        f"{args.batch_size}x{args.group_size} samples per step ({args.mode} in-flight updates):",
+        f"{args.batch_size}x{args.group_size} samples per step, {args.prompt_tokens}-token prompts "
+        f"({args.mode} in-flight updates):",
         f"best: max_async_level = {eta}, {inference} GPUs inference : {args.gpus - inference} training "
         f"(tp {best.setup.inference.tp}, {best.setup.servers} servers)",
         *summary(best),
-        f"against one synchronous pool of all {args.gpus} GPUs: "
-        f"{rate / max(sync.samples_per_s(), 1e-12):.2f}x",
+        f"against your setting ({setting}, {now.samples_per_s():.2f} samples/s): {gain:.2f}x predicted, "
+        f"{low:.2f}x to {high:.2f}x as sure as the held-out checks (the model's speedups were "
+        f"{HELD_OUT_RATIO_ERROR[0]:.2f} to {HELD_OUT_RATIO_ERROR[1]:.2f} of the published ones)",
         "next best: " + "; ".join(f"η={e}, {i}:{args.gpus - i} {r:.2f}/s" for r, e, i in ranked[1:5]),
     ]
     if args.plot:

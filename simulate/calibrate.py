@@ -123,7 +123,8 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
                             max_seqs=1 << 20, prefill_tokens_per_s=1e12, load_s=load_s),
         trainer=Trainer(params=TINY_PARAMS, peak_flops=CPU_PEAK_FLOPS, mfu=mfu, overhead_s=overhead,
                         handoff_bytes_per_s=1e18, publish_overhead_s=publish),
-        lengths=lengths, prompt_tokens=8, batch_size=oc["batch_size"], group_size=oc["group_size"],
+        # the lengths are the rows' tokens per sample, prompt included, which the trainer trains
+        lengths=lengths, prompt_tokens=0, batch_size=oc["batch_size"], group_size=oc["group_size"],
         max_inflight=oc["max_inflight"], max_async_level=cfg["max_async_level"], max_steps=len(orch) + 10,
         batch_overhead_s=mean(r["assemble_s"] + r["write_batch_s"] for r in orch),
         trainer_factors=trainer_spread(trainer, overhead, per_token, publish),

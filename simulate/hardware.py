@@ -1,8 +1,12 @@
 """From a GPU and a model size to the per-server decode, prefill and trainer rates.
 
 A decode iteration reads the weights once and each running sequence's KV cache (memory bound,
-at `hbm_efficiency` of the HBM bandwidth), and spends `2 * params` FLOPs per sequence (at
+at `hbm_efficiency` of the HBM bandwidth), and spends `2 * active` FLOPs per sequence (at
 `compute_efficiency` of peak), plus `launch_s` of fixed cost (kernel launches, scheduling, sampling).
+A mixture of experts passes each token through its `active` parameters (FLOPs: decode, prefill,
+training) but holds, reads and ships all of them: a batch of dozens of sequences routes to nearly
+every expert, so an iteration reads the whole weights, and memory, tensor parallelism and the
+weight hand-off are by the total `params`.
 These are the assumptions docs/simulate.md tables; each is a field, none is hidden in code. The
 HBM efficiency and the trainer's MFU are fitted to a stated run (`bench.simulate_rates`)."""
 
@@ -28,13 +32,13 @@ class Gpu:
     memory_bytes: float = 80e9
     # fitted to NeMo-RL v0.3's stated generation time (bench.simulate_rates.fit_v03; a unit test
     # holds these to the fit), with compute_efficiency and launch_s kept as guessed
-    hbm_efficiency: float = 0.83
+    hbm_efficiency: float = 0.861
     compute_efficiency: float = 0.5
     launch_s: float = 0.004
     max_seqs: int = 256  # vLLM's max_num_seqs
-    # the trainer's (6 N FLOPs per completion token, 2 N more per log-prob pass), fitted to NeMo-RL
-    # v0.3's stated policy training + get logprobs time (fit_v03)
-    mfu: float = 0.293
+    # the trainer's (6 N FLOPs per prompt or completion token, 2 N more per log-prob pass), fitted to
+    # NeMo-RL v0.3's stated policy training + get logprobs time (fit_v03)
+    mfu: float = 0.3405
     handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 
@@ -42,8 +46,9 @@ class Gpu:
 H20 = Gpu(name="H20", peak_flops=148e12, hbm_bytes_per_s=4.0e12, memory_bytes=96e9)  # NVIDIA's data sheet
 
 
-def kv_bytes_per_token(params: float) -> float:
-    _, layers, heads, dim = min(SHAPES, key=lambda s: abs(s[0] - params) / s[0])
+def kv_bytes_per_token(params: float, shape: tuple[int, int, int] | None = None) -> float:
+    """`shape` (layers, KV heads, head dim) where the model's is known; else the nearest dense one's."""
+    layers, heads, dim = shape or min(SHAPES, key=lambda s: abs(s[0] - params) / s[0])[1:]
     return layers * 2 * heads * dim * 2  # K and V, bf16
 
 
@@ -55,34 +60,46 @@ def tp_for(params: float, gpu: Gpu) -> int:
     return 8
 
 
-def kv_capacity_tokens(params: float, gpu: Gpu, tp: int) -> float:
+def kv_capacity_tokens(params: float, gpu: Gpu, tp: int, shape: tuple[int, int, int] | None = None) -> float:
     """Tokens the KV cache holds on a server: 90% of its memory less the weights (vLLM's default)."""
-    return max(0.9 * gpu.memory_bytes * tp - 2 * params, 0.0) / kv_bytes_per_token(params)
+    return max(0.9 * gpu.memory_bytes * tp - 2 * params, 0.0) / kv_bytes_per_token(params, shape)
 
 
-def inference_for(params: float, gpu: Gpu, tp: int | None = None, mean_context: float = 0.0) -> Inference:
+def inference_for(
+    params: float,
+    gpu: Gpu,
+    tp: int | None = None,
+    mean_context: float = 0.0,
+    active: float = 0.0,
+    shape: tuple[int, int, int] | None = None,
+) -> Inference:
     """`mean_context` (prompt and mean completion): running sequences are held to what the KV cache
-    holds at that context (vLLM admits no more than fit; the model has no preemption)."""
+    holds at that context (vLLM admits no more than fit; the model has no preemption). `active`:
+    a mixture of experts' active parameters (0: dense), which set the FLOPs; `params` (all of
+    them) set the weights held and read."""
     tp = tp or tp_for(params, gpu)
-    fit = int(kv_capacity_tokens(params, gpu, tp) / mean_context) if mean_context else gpu.max_seqs
+    flops_params = active or params
+    fit = int(kv_capacity_tokens(params, gpu, tp, shape) / mean_context) if mean_context else gpu.max_seqs
     bw = gpu.hbm_bytes_per_s * gpu.hbm_efficiency * tp
     return Inference(
         iter_base_s=gpu.launch_s + 2 * params / bw,
-        iter_per_seq_s=2 * params / (gpu.peak_flops * gpu.compute_efficiency * tp),
-        iter_per_kv_token_s=kv_bytes_per_token(params) / bw,
+        iter_per_seq_s=2 * flops_params / (gpu.peak_flops * gpu.compute_efficiency * tp),
+        iter_per_kv_token_s=kv_bytes_per_token(params, shape) / bw,
         max_seqs=max(1, min(gpu.max_seqs, fit)),
-        prefill_tokens_per_s=gpu.peak_flops * gpu.compute_efficiency * tp / (2 * params),
+        prefill_tokens_per_s=gpu.peak_flops * gpu.compute_efficiency * tp / (2 * flops_params),
         load_s=gpu.load_s,
         tp=tp,
     )
 
 
-def trainer_for(params: float, gpu: Gpu, colocated: bool = False, logprob_passes: int = 0) -> Trainer:
+def trainer_for(
+    params: float, gpu: Gpu, colocated: bool = False, logprob_passes: int = 0, active: float = 0.0
+) -> Trainer:
     """Colocated (one pool of GPUs takes turns) reshards in memory: no transfer to pay."""
     return Trainer(
         params=params, peak_flops=gpu.peak_flops, mfu=gpu.mfu, overhead_s=1.0,
         handoff_bytes_per_s=1e15 if colocated else gpu.handoff_bytes_per_s, publish_overhead_s=0.5,
-        logprob_passes=logprob_passes,
+        logprob_passes=logprob_passes, active_params=active,
     )  # fmt: skip
 
 

@@ -138,9 +138,12 @@ class Pipeline:
         self.try_start(now)
 
     def on_written(self, now: float, _: None = None) -> None:
-        tokens = sum(g.tokens for g in self.batch)
+        """The batch's tokens, as the orchestrator's `tokens` counts them and the trainer trains on
+        them: each sample's prompt and completion."""
+        samples = self.s.batch_size * self.s.group_size
+        tokens = sum(g.tokens for g in self.batch) + self.s.prompt_tokens * samples
         busy = sum(server.busy_s for server in self.servers)
-        self.r.written(self.step, now, tokens, self.s.batch_size * self.s.group_size, busy)
+        self.r.written(self.step, now, tokens, samples, busy)
         self.ready.append((self.step, tokens))
         self.step, self.accepted, self.batch, self.writing = self.step + 1, 0, [], False
         self.train(now)

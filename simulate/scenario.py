@@ -2,7 +2,9 @@
 the published checks give them. Length distributions are a shared assumption where a source
 states none: a capped lognormal with mean `mean_fraction` of `max_tokens` (or `mean_tokens` where
 the source states the mean) and `truncated` of the samples at the cap. `logprob_passes` is the
-modelled system's: forward passes its trainer makes to recompute log-probabilities."""
+modelled system's: forward passes its trainer makes to recompute log-probabilities. A mixture of
+experts gives `active_params` (0: dense) and its KV `shape` (layers, KV heads, head dim); `tp`, a
+server's GPUs where a source states them (0: the smallest that leaves half a GPU for the KV cache)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,12 @@ class Scenario:
     gpu: Gpu = Gpu()
     mean_tokens: float | None = None
     logprob_passes: int = 0
+    active_params: float = 0.0
+    shape: tuple[int, int, int] | None = None
+    tp: int = 0
+
+    def server_gpus(self) -> int:
+        return self.tp or tp_for(self.params, self.gpu)
 
     def lengths(self) -> Lengths:
         mean = self.mean_tokens or self.mean_fraction * self.max_tokens
@@ -35,14 +43,14 @@ class Scenario:
 
     def colocated_sync(self, lengths: Lengths | None = None) -> Setup:
         """A synchronous system on one pool (verl's default): all GPUs generate, then all train."""
-        tp = tp_for(self.params, self.gpu)
+        tp = self.server_gpus()
         return self.setup(self.gpus // tp, self.gpus, 0, "keep", self.batch_prompts, lengths, colocated=True)
 
     def split(self, inference_gpus: int, eta: int, mode: str = "keep", lengths: Lengths | None = None,
               inflight: int | None = None) -> Setup:  # fmt: skip
         """triad's layout: `inference_gpus` serve, the rest train; `inflight` groups (default: a batch
         for each version the guard lets run ahead)."""
-        tp = tp_for(self.params, self.gpu)
+        tp = self.server_gpus()
         if not tp <= inference_gpus < self.gpus:
             raise TriadError(
                 f"simulate: {inference_gpus} inference GPUs of {self.gpus} leaves no trainer or server"
@@ -56,8 +64,10 @@ class Scenario:
         context = self.prompt_tokens + lengths.mean(4000)
         return Setup(
             servers=servers, train_gpus=train_gpus,
-            inference=inference_for(self.params, self.gpu, mean_context=context),
-            trainer=trainer_for(self.params, self.gpu, colocated, self.logprob_passes), lengths=lengths,
+            inference=inference_for(self.params, self.gpu, self.server_gpus(), context, self.active_params,
+                                    self.shape),
+            trainer=trainer_for(self.params, self.gpu, colocated, self.logprob_passes, self.active_params),
+            lengths=lengths,
             prompt_tokens=self.prompt_tokens, batch_size=self.batch_prompts, group_size=self.group_size,
             max_inflight=inflight, max_async_level=eta, max_steps=self.steps, mode=mode, batch_overhead_s=0.5,
         )  # fmt: skip

@@ -75,9 +75,11 @@ class Inference:
 
 @dataclass(frozen=True)
 class Trainer:
-    """A step takes `overhead_s + (6 + 2 * logprob_passes) * params * tokens / (gpus * peak_flops * mfu)`:
-    forward and backward, plus a forward pass per recomputation of log-probabilities before the update
-    (verl's `old_log_prob`, NeMo-RL's policy logprobs, AReaL's proximal policy); publishing moves
+    """A step takes `overhead_s + (6 + 2 * logprob_passes) * active * tokens / (gpus * peak_flops * mfu)`,
+    `tokens` the batch's prompt and completion tokens and `active` the parameters a token passes
+    through (`active_params`, a mixture of experts' active ones; 0: all of `params`): forward and
+    backward, plus a forward pass per recomputation of log-probabilities before the update (verl's
+    `old_log_prob`, NeMo-RL's policy logprobs, AReaL's proximal policy); publishing moves all
     `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
 
     params: float
@@ -87,9 +89,10 @@ class Trainer:
     handoff_bytes_per_s: float
     publish_overhead_s: float
     logprob_passes: int = 0
+    active_params: float = 0.0
 
     def train_s(self, tokens: int, gpus: int) -> float:
-        flops = (6 + 2 * self.logprob_passes) * self.params * tokens
+        flops = (6 + 2 * self.logprob_passes) * (self.active_params or self.params) * tokens
         return self.overhead_s + flops / (max(gpus, 1) * self.peak_flops * self.mfu)
 
     def publish_s(self) -> float:

@@ -39,11 +39,23 @@ def setup(**changes) -> Setup:
 
 
 def test_one_server_with_fixed_lengths():
-    # a batch is 4 groups of 2 running together: 8 samples a second
+    # a batch is 4 groups of 2 running together: 8 samples a second, each 10 prompt + 100 tokens
     r = simulate(setup())
     assert r.samples_per_s() == pytest.approx(8.0, rel=1e-6)
-    assert r.tokens_per_s() == pytest.approx(800.0, rel=1e-6)
+    assert r.tokens_per_s() == pytest.approx(880.0, rel=1e-6)
     assert r.step_s() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_the_trainer_trains_the_prompt_tokens_as_well_as_the_completion():
+    # η = 0: generate 1 s, then train 8 samples x (10 prompt + 100 completion) = 880 tokens at 6 FLOPs a
+    # token on a GPU of 6 x 880 FLOP/s: 1 s (completion tokens alone would take 800 / 880 s)
+    trainer = Trainer(params=1.0, peak_flops=6.0 * 880, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
+                      publish_overhead_s=0.0)  # fmt: skip
+    r = simulate(setup(max_async_level=0, trainer=trainer))
+    assert r.step_s() == pytest.approx(2.0, rel=1e-6)
+    assert r.tokens[5] == 880
+    longer = simulate(setup(max_async_level=0, trainer=trainer, prompt_tokens=110))
+    assert longer.step_s() == pytest.approx(1.0 + 1680 / 880, rel=1e-6)
 
 
 def test_the_iteration_grows_with_the_batch_and_kv():
@@ -135,11 +147,11 @@ def test_the_spreads_read_from_a_run():
 
 
 def test_recomputing_log_probs_adds_a_forward_pass_to_the_step():
-    # a batch is 8 samples of 100 tokens (800 tokens); 6 FLOPs per token train, 2 more per pass
-    slow = dict(params=1.0, peak_flops=800.0, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
+    # a batch is 8 samples of 10 + 100 tokens (880 tokens); 6 FLOPs per token train, 2 more per pass
+    slow = dict(params=1.0, peak_flops=880.0, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
                 publish_overhead_s=0.0)  # fmt: skip
-    assert Trainer(**slow).train_s(800, 1) == pytest.approx(6.0)
-    assert Trainer(**slow, logprob_passes=1).train_s(800, 2) == pytest.approx(4.0)
+    assert Trainer(**slow).train_s(880, 1) == pytest.approx(6.0)
+    assert Trainer(**slow, logprob_passes=1).train_s(880, 2) == pytest.approx(4.0)
     # the trainer is the bound (6 s, then 8 s a step against 1 s of generation), at η = 2
     for passes, step in ((0, 6.0), (1, 8.0)):
         trainer = Trainer(**slow, logprob_passes=passes)
@@ -170,6 +182,41 @@ def test_a_sequence_aborted_twice_keeps_all_its_tokens():
         handler(now, arg)
     assert (group.tokens, group.version) == (1000, 0)
     assert server.t == pytest.approx(10.006, abs=1e-3)  # 0.6 of a token was rounded up at 200.6
+
+
+def test_a_mixture_of_experts_costs_flops_by_its_active_parameters_and_memory_by_all():
+    """Decode per sequence, prefill and training by the active parameters; the weights each decode
+    iteration reads, the KV cache left beside them and the weight hand-off by all of them."""
+    from simulate.hardware import Gpu, inference_for, kv_capacity_tokens, trainer_for
+
+    gpu, total, active, shape = Gpu(), 30e9, 3e9, (48, 4, 128)
+    moe = inference_for(total, gpu, 2, 5000.0, active, shape)
+    dense_total = inference_for(total, gpu, 2, 5000.0, shape=shape)
+    dense_active = inference_for(active, gpu, 2, 5000.0, shape=shape)
+    assert moe.iter_base_s == dense_total.iter_base_s  # reads all the weights
+    assert (
+        moe.iter_per_kv_token_s
+        == dense_total.iter_per_kv_token_s
+        == 48 * 2 * 4 * 128 * 2 / (2 * gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+    )
+    assert moe.max_seqs == dense_total.max_seqs == int(kv_capacity_tokens(total, gpu, 2, shape) / 5000) < 256
+    assert moe.iter_per_seq_s == dense_active.iter_per_seq_s == pytest.approx(dense_total.iter_per_seq_s / 10)
+    assert moe.prefill_tokens_per_s == dense_active.prefill_tokens_per_s
+    trainer = trainer_for(total, gpu, logprob_passes=1, active=active)
+    assert trainer.train_s(10**6, 8) - trainer.overhead_s == pytest.approx(
+        8 * active * 10**6 / (8 * gpu.peak_flops * gpu.mfu)
+    )
+    assert (
+        trainer.publish_s()
+        == trainer_for(total, gpu).publish_s()
+        == 0.5 + 2 * total / gpu.handoff_bytes_per_s
+    )
+    from simulate.scenario import Scenario
+
+    sc = Scenario(gpus=32, params=total, active_params=active, shape=shape, tp=2, max_tokens=4000)
+    assert sc.colocated_sync().servers == 16 and sc.split(16, 1).inference == inference_for(
+        total, gpu, 2, 512 + sc.lengths().mean(4000), active, shape
+    )
 
 
 def test_the_staleness_bound_is_the_orchestrators():
@@ -290,7 +337,8 @@ def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlin
     rewritten for speed with the same arithmetic in the same order: these are the figures of the
     code before, to the last bit. A change to the model itself changes them, and is then a change
     to say: a sequence aborted twice kept only the tokens since its last abort (the abort cases
-    changed then, to the figures here)."""
+    changed then); the trainer trains each sample's prompt tokens as well (every case changed then,
+    to the figures here; a batch's `tokens` now counts the 128 x 512 prompt tokens)."""
     from simulate.hardware import Gpu
     from simulate.scenario import Scenario
 
@@ -299,18 +347,18 @@ def test_a_small_case_gives_exactly_what_it_gave_before_the_hot_paths_were_inlin
         gpus=16, params=7e9, max_tokens=8192, batch_prompts=16, group_size=8, steps=8, gpu=old_rates
     )
     r = simulate(sc.split(12, 2, "abort"))
-    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (2.1815831703687776, 397.8608550168539, 120)
-    assert (sum(r.latencies), r.tokens[8]) == (11344.704916673816, 446102)
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (2.142023810454547, 402.8201773073484, 120)
+    assert (sum(r.latencies), r.tokens[8]) == (11338.534527220405, 511632)
     r = simulate(sc.split(12, 1, "keep"))
-    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.636169539614753, 570.2592725888384, 112)
-    assert (sum(r.latencies), r.tokens[8]) == (10777.773788089098, 434730)
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.6326335205344806, 571.0843139401227, 120)
+    assert (sum(r.latencies), r.tokens[8]) == (10842.492009465941, 492162)
     r = simulate(sc.colocated_sync())
-    assert (r.samples_per_s(), r.written_at[8]) == (1.299830839313965, 783.8373431780371)
+    assert (r.samples_per_s(), r.written_at[8]) == (1.2933037088647583, 787.3162511659039)
     # 5 sequences at most on a server: most samples wait for a place (`refill`)
     s = sc.split(12, 2, "abort")
     r = simulate(s.with_(inference=dataclasses.replace(s.inference, max_seqs=5), group_overhead_s=0.01))
-    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.4341488016462471, 713.5640488244561, 80)
-    assert (sum(r.latencies), r.tokens[8]) == (22300.03466484507, 446868)
+    assert (r.samples_per_s(), r.written_at[8], r.dropped) == (1.4487095903057259, 712.8204554422492, 104)
+    assert (sum(r.latencies), r.tokens[8]) == (22707.47427585461, 498326)
 
 
 def test_an_end_shorter_than_the_clock_resolution_still_moves_the_clock():
@@ -325,3 +373,28 @@ def test_an_end_shorter_than_the_clock_resolution_still_moves_the_clock():
                   logprob_passes=1, gpu=Gpu(hbm_efficiency=0.83, mfu=0.293))  # fmt: skip
     r = simulate(sc.colocated_sync())
     assert r.trained == 60 and 3000 < r.step_s() < 3500
+
+
+def test_advice_gives_the_gain_over_the_users_setting_and_the_range_the_held_out_rows_allow():
+    import argparse
+    import json
+    from pathlib import Path
+
+    from simulate import advise
+
+    published = json.loads(Path("bench/results/simulate_published.json").read_text())
+    held_out = [r["ratio"] for r in published["rows"] if r["split"] == "held out" and r["kind"] == "ratio"]
+    assert (round(min(held_out), 3), round(max(held_out), 3)) == advise.HELD_OUT_RATIO_ERROR
+    assert advise.gain_range(2.0, (0.5, 1.25)) == (1.6, 4.0)
+    args = argparse.Namespace(gpus=8, model_size="1.5B", active_size=None, max_tokens="2k",
+                              prompt_tokens="128", batch_size=8, group_size=4, steps=5, mode="keep",
+                              plot=None, current_eta=0, current_inference=4)  # fmt: skip
+    lines = advise.advise(args)
+    sc = advise.scenario(args)
+    mine = simulate(dataclasses.replace(sc.split(4, 0, "keep"), max_steps=5)).samples_per_s()
+    gain = advise.search(sc, "keep")[0][0][0] / mine
+    low, high = advise.gain_range(gain)
+    assert f"against your setting (max_async_level = 0, 4:4, {mine:.2f} samples/s): {gain:.2f}x predicted, " \
+        f"{low:.2f}x to {high:.2f}x" in "\n".join(lines)  # fmt: skip
+    with pytest.raises(TriadError, match="leaves no trainer"):
+        advise.advise(argparse.Namespace(**{**vars(args), "current_inference": 8}))

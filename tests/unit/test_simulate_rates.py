@@ -76,6 +76,32 @@ def test_the_shared_rates_are_the_fit_to_nemo_rl_v03() -> None:
     fitted = fit_v03(OLD)
     assert fitted.hbm_efficiency == pytest.approx(Gpu().hbm_efficiency, abs=0.005)
     assert fitted.mfu == pytest.approx(Gpu().mfu, abs=0.0005)
-    assert fitted.mfu == pytest.approx(8 * 8e9 * 2048 * 795 / (8 * 45 * 989e12))
+    # each sample's 130 prompt tokens trained as well as its 795 completion tokens (NeMo-RL's prompt)
+    assert fitted.mfu == pytest.approx(8 * 8e9 * 2048 * (130 + 795) / (8 * 45 * 989e12))
     assert v03_generation_s(fitted) == pytest.approx(V03_GENERATION_S, rel=1e-6)
     assert fit_v03(replace(OLD, hbm_efficiency=0.3, mfu=0.9)) == fitted
+
+
+def test_the_published_table_is_the_same_whichever_targets_and_rates_ran_before() -> None:
+    """The rates are an argument: a table at the fitted rates after one at the guessed rates, and
+    with its targets in the other order, gives the same rows (the bench used to rebind its
+    scenarios' GPU as module state, so a table depended on what ran before it)."""
+    from bench import simulate_published as published
+
+    small = replace(published.NEMO, gpus=8, batch_prompts=4, group_size=8, steps=6)
+    targets = [
+        published.Target("small sync step", "", 10.0, lambda r: published.nemo_result(
+            r, small, False, published.NEMO_MEAN).step_s(), absolute=True),  # fmt: skip
+        published.Target("prime-rl 4B", "", published.PRIME_4B[2],
+                         lambda r: published.trainer_tokens_per_s(r, *published.PRIME_4B[:2]), True, True),
+        published.Target("weight sync", "", 1.0, lambda r: published.verl_sync_s(r, 7e9), True, True),
+    ]  # fmt: skip
+    fitted = published.Rates()
+    guessed = published.Rates(OLD, replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu))
+    alone = published.table(fitted, targets)
+    old = published.table(guessed, targets)
+    after = published.table(fitted, targets[::-1])[::-1]
+    assert after == alone
+    assert [r["predicted"] for r in old][:2] != [r["predicted"] for r in alone][:2]
+    assert alone[1]["predicted"] == pytest.approx(8 * 989e12 * Gpu().mfu / (6 * 4e9))
+    assert published.counts(alone)["held out, absolute"] == (sum(r["within_15pct"] for r in alone[1:]), 2)

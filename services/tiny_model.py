@@ -22,6 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.progress import StepProgress
 from services.tiny_chat import ChatRecipe, build_chat_model
 
 log = logging.getLogger("triad.model")
@@ -111,14 +112,19 @@ RECIPES = {
 }
 
 
-def supervised(model, make_batch, steps: int, lr: float, pad: int) -> float:
-    """`steps` AdamW steps on batches of (token rows, loss masks); returns the last loss."""
+def supervised(
+    model, make_batch, steps: int, lr: float, pad: int, progress: StepProgress | None = None
+) -> float:
+    """`steps` AdamW steps on batches of (token rows, loss masks), each reported to `progress`;
+    returns the last loss."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     loss = torch.tensor(0.0)
-    for _ in range(steps):
+    for i in range(steps):
+        if progress is not None:
+            progress.step(i, steps, "warm-up")
         rows, masks = make_batch()
         width = max(map(len, rows))
         ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
@@ -132,7 +138,10 @@ def supervised(model, make_batch, steps: int, lr: float, pad: int) -> float:
     return loss.item()
 
 
-def warm_up(model, tokenizer, task_name: str, steps: int, lr: float, seed: int, batch: int = 64) -> float:
+def warm_up(
+    model, tokenizer, task_name: str, steps: int, lr: float, seed: int, batch: int = 64,
+    progress: StepProgress | None = None,
+) -> float:  # fmt: skip
     """Teach the answer format by supervised steps on the task; returns the last loss."""
     from orchestrator.envs import BUILTIN
 
@@ -148,7 +157,7 @@ def warm_up(model, tokenizer, task_name: str, steps: int, lr: float, seed: int, 
             masks.append([0] * len(prompt) + [1] * len(answer))
         return rows, masks
 
-    return supervised(model, make_batch, steps, lr, tokenizer.eos_token_id)
+    return supervised(model, make_batch, steps, lr, tokenizer.eos_token_id, progress)
 
 
 def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: int = 0) -> None:
@@ -165,7 +174,11 @@ def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: i
     tokenizer = make_tokenizer()
     model = make_model(tokenizer, seed, recipe.untied)
     if recipe.warmup_steps:
-        loss = warm_up(model, tokenizer, recipe.task, recipe.warmup_steps, recipe.warmup_lr, seed)
+        progress = StepProgress(f"building builtin:{name} (once; a few seconds)")
+        loss = warm_up(
+            model, tokenizer, recipe.task, recipe.warmup_steps, recipe.warmup_lr, seed, progress=progress
+        )
+        progress.done()
         log.info("warm-up on %s: %d steps, final loss %.3f", recipe.task, recipe.warmup_steps, loss)
     model.save_pretrained(dest, safe_serialization=True)
     tokenizer.save_pretrained(dest)

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from services.exporters import make_exporters
 from services.models import resolve_model
-from services.progress import ProgressPrinter
+from services.progress import ProgressPrinter, StartTimes
 from services.report import plot_run
+from services.tiny_model import cache_root
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.resume import discard_after_checkpoint, newest_checkpoint
@@ -31,6 +32,7 @@ from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 STOP_GRACE_S = 8.0
 TAIL_LINES = 25
+START_TIMES = "start_times.json"  # in the model cache: the last start's times on this machine
 # what a service's CLI prints for a TriadError (services/cli.py), maybe behind a launcher's prefix
 SERVICE_ERROR = re.compile(r"triad (?:inference|orchestrator|trainer): error: (.+)")
 
@@ -231,8 +233,9 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         name: start(name, pinned(cmd, cpus.get(name)), rundir, child_env(cfg, name, cpus))
         for name, cmd in commands.items()
     }
+    start_times = StartTimes(cache_root() / START_TIMES, f"{cfg.model} on {'GPU' if has_gpu() else 'CPU'}")
     progress = ProgressPrinter(
-        rundir, cfg.max_steps, make_exporters(cfg, rundir, run.run_id), live=sys.stdout.isatty()
+        rundir, cfg.max_steps, make_exporters(cfg, rundir, run.run_id), sys.stdout.isatty(), start_times
     )
     try:
         supervise(children, progress)

@@ -11,8 +11,9 @@ import json
 import os
 import re
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from statistics import mean
 
@@ -147,14 +148,40 @@ class StepProgress:
         self.what, self.clock = what, clock
         self.ticker = Ticker(clock=clock) if ticker is None else ticker
         self.start = clock()
+        self.steps_from: tuple[float, int] | None = None  # (time, step) the pace is measured from
 
     def step(self, done: int, total: int, phase: str) -> None:
-        elapsed = self.clock() - self.start
-        left = f", about {format_duration(elapsed / done * (total - done))} left" if done else ""
-        self.ticker.update(f"{self.what}: {phase}, step {done}/{total}, {format_duration(elapsed)}{left}")
+        now = self.clock()
+        if done == 0 or self.steps_from is None:
+            self.steps_from = (now, done)
+        since, first = self.steps_from
+        pace = (now - since) / (done - first) if done > first else None
+        left = f", about {format_duration(pace * (total - done))} left" if pace is not None else ""
+        elapsed = format_duration(now - self.start)
+        self.ticker.update(f"{self.what}: {phase}, step {done}/{total}, {elapsed}{left}")
 
     def phase(self, phase: str) -> None:
         self.ticker.update(f"{self.what}: {phase}, {format_duration(self.clock() - self.start)}")
+
+    @contextlib.contextmanager
+    def during(self, phase: str, every_s: float = 5.0) -> Iterator[None]:
+        """A phase that blocks (an import, a sampling pass): its line again every `every_s` seconds
+        from a thread until it ends."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                self.phase(phase)
+                if stop.wait(every_s):
+                    return
+
+        thread = threading.Thread(target=beat, name="progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def done(self) -> None:
         self.ticker.done()

@@ -395,12 +395,16 @@ def build_chat_model(dest: Path, name: str, recipe: ChatRecipe, seed: int = 0) -
 
     start = time.monotonic()
     progress = StepProgress(f"building builtin:{name} (once; {BUILD_TIME})")
-    tokenizer = load_tokenizer()
+    with progress.during("loading torch, transformers and the tokenizer"):
+        import torch  # noqa: F401  (the slow imports, here where the wait is reported)
+        import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+
+        tokenizer = load_tokenizer()
     with deterministic(seed):
         model = make_chat_model(tokenizer, seed)
         loss = warm_up_chat(model, tokenizer, recipe, seed, progress)
-        progress.phase(f"checking it by sampling {recipe.check_prompts} held-out episodes")
-        reward, tool_rate = sampled_reward(model, tokenizer, recipe, seed)
+        with progress.during(f"checking it by sampling {recipe.check_prompts} held-out episodes"):
+            reward, tool_rate = sampled_reward(model, tokenizer, recipe, seed)
     progress.done()
     build = {
         "model": f"builtin:{name}", "task": recipe.task,

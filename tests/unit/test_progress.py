@@ -39,15 +39,16 @@ def test_a_terminal_gets_one_line_rewritten_in_place():
 def test_a_build_says_its_step_of_steps_and_the_time_left():
     clock, out = Clock(), io.StringIO()
     progress = StepProgress("building builtin:x", Ticker(out, every_s=0, live=False, clock=clock), clock)
+    clock.now += 20  # loading: not part of the steps' pace
     progress.step(0, 100, "warm-up")
     clock.now += 30
     progress.step(25, 100, "warm-up")
     clock.now += 95
     progress.phase("checking it by sampling 64 held-out episodes")
     assert out.getvalue().splitlines() == [
-        "building builtin:x: warm-up, step 0/100, 0m00s",
-        "building builtin:x: warm-up, step 25/100, 0m30s, about 1m30s left",
-        "building builtin:x: checking it by sampling 64 held-out episodes, 2m05s",
+        "building builtin:x: warm-up, step 0/100, 0m20s",
+        "building builtin:x: warm-up, step 25/100, 0m50s, about 1m30s left",
+        "building builtin:x: checking it by sampling 64 held-out episodes, 2m25s",
     ]
 
 
@@ -93,3 +94,26 @@ def test_a_piped_up_prints_the_start_until_the_first_step(tmp_path, capsys):
     printer = ProgressPrinter(rundir, max_steps=3)
     printer.poll()
     assert capsys.readouterr().out == "starting: inference (vLLM) 0m00s: init engine\n"
+
+
+def test_a_blocking_phase_repeats_its_line_until_it_ends():
+    import time
+
+    out = io.StringIO()
+    progress = StepProgress("building builtin:x", Ticker(out, every_s=0, live=False))
+    with progress.during("loading torch", every_s=0.05):
+        time.sleep(0.3)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 3 and set(lines) == {"building builtin:x: loading torch, 0m00s"}
+    time.sleep(0.15)
+    assert out.getvalue().splitlines() == lines  # the thread stopped with the phase
+
+
+def test_a_build_that_fails_apart_is_one_line(tmp_path):
+    import pytest
+
+    from services.tiny_model import build_apart
+    from shared.errors import TriadError
+
+    with pytest.raises(TriadError, match=r"^building builtin:no-such stopped with exit code 1 \(its output"):
+        build_apart(tmp_path / "dest", "no-such")

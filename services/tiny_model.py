@@ -34,8 +34,8 @@ EOS = "<|endoftext|>"
 BUILD_VERSION = 2
 # libgomp's threads spin at the end of every parallel region before they sleep; with the warm-up's
 # two threads on a busy 2-core machine each tiny op's barrier then waits for a thread that is not
-# running while the other burns its time: there PASSIVE made the same steps (same bytes) 5x faster
-# in wall time and in CPU time (bench/results/first_ten_minutes.md)
+# running while the other burns its time: there PASSIVE took 3-6x less wall time and about 4x less
+# CPU time for the same steps and bytes (bench/results/first_ten_minutes.md)
 BUILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 CHAT_VERSION = 4  # the chat recipes' own build version: 4 is the Qwen3 model (hidden 128) and template
 SHAPE = dict(

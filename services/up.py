@@ -3,7 +3,8 @@
 Each child runs the same entry point as its stand-alone command, in its own
 process group, with its output in `run_dir/logs/<service>.log`. The run ends
 when the orchestrator and the trainer have both finished; if any child fails
-the others are stopped and the failing child's last log lines are shown.
+the others are stopped and the failing child's own one-line error is shown (or,
+without one, its last log lines).
 Ctrl-C stops all three.
 """
 

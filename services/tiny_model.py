@@ -187,6 +187,7 @@ def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: i
         loss = warm_up(
             model, tokenizer, recipe.task, recipe.warmup_steps, recipe.warmup_lr, seed, progress=progress
         )
+        progress.done()  # a terminal's live line ends before the log's
         log.info("warm-up on %s: %d steps, final loss %.3f", recipe.task, recipe.warmup_steps, loss)
     progress.done()
     model.save_pretrained(dest, safe_serialization=True)

@@ -192,6 +192,7 @@ def format_duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) [\d-]+ [\d:.]+ (\[[^]]*\] )?")
 # the orchestrator's line once inference serves (orchestrator/loop.py)
 CONNECTED = "connected to inference at"
@@ -205,7 +206,8 @@ def last_log_line(path: Path, width: int = 100) -> str:
             lines = [x for x in f.read().decode(errors="replace").splitlines() if x.strip()]
     except FileNotFoundError:
         return "(no output yet)"
-    line = LOG_PREFIX.sub("", lines[-1].strip()) if lines else "(no output yet)"
+    line = LOG_PREFIX.sub("", ANSI_ESCAPE.sub("", lines[-1]).strip()) if lines else "(no output yet)"
+    line = "".join(ch if ch.isprintable() else " " for ch in line)  # a pipe's line stays one plain line
     return line if len(line) <= width else line[: width - 3] + "..."
 
 

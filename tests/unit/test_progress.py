@@ -70,7 +70,8 @@ def test_the_start_says_what_inference_does_then_waits_for_the_first_batch(tmp_p
     assert start.line() == "starting: inference (vLLM) 0m00s: (no output yet)"
     rundir.log_file(INFERENCE).write_text(
         "INFO 11-26 14:00:00 [api_server.py:1] vLLM API server version 0.32.0\n"
-        "(EngineCore pid=12) INFO 11-26 14:00:09 [cpu_worker.py:88] Loading weights took 0.05 seconds\n\n"
+        "(EngineCore pid=12) \x1b[32mINFO\x1b[0m 11-26 14:00:09 [cpu_worker.py:88] Loading weights\ttook "
+        "0.05 seconds\n\n"
     )
     clock.now += 40
     assert start.line() == "starting: inference (vLLM) 0m40s: Loading weights took 0.05 seconds"

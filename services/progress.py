@@ -6,9 +6,15 @@ line per step, with no control characters.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from statistics import mean
 
 from services.exporters import Exporter
@@ -101,17 +107,193 @@ def parse_row(line: bytes) -> dict | None:
     return row if isinstance(row, dict) else None
 
 
+class Ticker:
+    """One long wait's progress: a terminal gets one live line, rewritten in place; a pipe or a
+    file gets a plain line every `every_s` seconds (the first at once), without control characters."""
+
+    def __init__(
+        self,
+        stream=None,
+        every_s: float = 5.0,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.live = self.stream.isatty() if live is None else live
+        self.every_s, self.clock = every_s, clock
+        self.printed_at = float("-inf")
+        self.width = 0
+
+    def update(self, text: str) -> None:
+        if self.live:
+            self.stream.write("\r" + text.ljust(self.width))
+            self.stream.flush()
+            self.width = len(text)
+        elif self.clock() - self.printed_at >= self.every_s:
+            print(text, file=self.stream, flush=True)
+            self.printed_at = self.clock()
+
+    def done(self) -> None:
+        """Leave the live line as it stands and go on below it."""
+        if self.live and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.width = 0
+
+
+class StepProgress:
+    """`what`: step i of n, elapsed and the time left at the pace so far, on a `Ticker`."""
+
+    def __init__(self, what: str, ticker: Ticker | None = None, clock: Callable[[], float] = time.monotonic):
+        self.what, self.clock = what, clock
+        self.ticker = Ticker(clock=clock) if ticker is None else ticker
+        self.start = clock()
+        self.steps_from: tuple[float, int] | None = None  # (time, step) the pace is measured from
+
+    def step(self, done: int, total: int, phase: str) -> None:
+        now = self.clock()
+        if done == 0 or self.steps_from is None:
+            self.steps_from = (now, done)
+        since, first = self.steps_from
+        pace = (now - since) / (done - first) if done > first else None
+        left = f", about {format_duration(pace * (total - done))} left" if pace is not None else ""
+        elapsed = format_duration(now - self.start)
+        self.ticker.update(f"{self.what}: {phase}, step {done}/{total}, {elapsed}{left}")
+
+    def phase(self, phase: str) -> None:
+        self.ticker.update(f"{self.what}: {phase}, {format_duration(self.clock() - self.start)}")
+
+    @contextlib.contextmanager
+    def during(self, phase: str, every_s: float = 5.0) -> Iterator[None]:
+        """A phase that blocks (an import, a sampling pass): its line again every `every_s` seconds
+        from a thread until it ends."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                self.phase(phase)
+                if stop.wait(every_s):
+                    return
+
+        thread = threading.Thread(target=beat, name="progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def done(self) -> None:
+        self.ticker.done()
+
+
 def format_duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes}m{secs:02d}s"
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) [\d-]+ [\d:.]+ (\[[^]]*\] )?")
+# the orchestrator's line once inference serves (orchestrator/loop.py)
+CONNECTED = "connected to inference at"
+
+
+def last_log_line(path: Path, width: int = 100) -> str:
+    """The last non-empty line of a log, without vLLM's level-and-time prefix, cut to `width`."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [x for x in f.read().decode(errors="replace").splitlines() if x.strip()]
+    except FileNotFoundError:
+        return "(no output yet)"
+    line = LOG_PREFIX.sub("", ANSI_ESCAPE.sub("", lines[-1]).strip()) if lines else "(no output yet)"
+    line = "".join(ch if ch.isprintable() else " " for ch in line)  # a pipe's line stays one plain line
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def log_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+class StartTimes:
+    """How long the last start on this machine took to inference serving and to the first batch
+    (a small JSON file in the model cache), to say how far a start is against the usual."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path, self.key = path, key
+
+    def usual(self) -> dict[str, float]:
+        try:
+            return json.loads(self.path.read_text()).get(self.key, {})
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def record(self, times: dict[str, float]) -> None:
+        try:
+            known = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            known = {}
+        known = known if isinstance(known, dict) else {}
+        known[self.key] = {k: round(v, 1) for k, v in times.items()}
+        with contextlib.suppress(OSError):  # a read-only cache only loses the comparison
+            self.path.write_text(json.dumps(known, indent=1) + "\n")
+
+
+class StartProgress:
+    """What `triad up` waits for before its first batch: inference starting (its log's last line),
+    then the first batch (the orchestrator's), elapsed against the last start on this machine."""
+
+    def __init__(self, rundir: RunDir, times: StartTimes | None, clock: Callable[[], float] = time.monotonic):
+        self.rundir, self.times, self.clock = rundir, times, clock
+        self.start = clock()
+        self.usual = times.usual() if times is not None else {}
+        self.served_at: float | None = None
+
+    def elapsed(self, phase: str, since: float) -> str:
+        usual = self.usual.get(phase)
+        return format_duration(self.clock() - since) + (
+            f" (last time {format_duration(usual)})" if usual else ""
+        )
+
+    def served(self) -> bool:
+        if self.served_at is None and CONNECTED in log_text(self.rundir.log_file(ORCHESTRATOR)):
+            self.served_at = self.clock()
+        return self.served_at is not None
+
+    def line(self) -> str:
+        if not self.served():
+            what = last_log_line(self.rundir.log_file(INFERENCE))
+            return f"starting: inference (vLLM) {self.elapsed('inference_s', self.start)}: {what}"
+        what, waited = (
+            last_log_line(self.rundir.log_file(ORCHESTRATOR)),
+            self.elapsed("first_batch_s", self.served_at),
+        )
+        return f"starting: inference serves; waiting for the first batch {waited}: {what}"
+
+    def first_batch(self) -> None:
+        if self.times is not None and self.served():
+            now = self.clock()
+            self.times.record(
+                {"inference_s": self.served_at - self.start, "first_batch_s": now - self.served_at}
+            )
+
+
 class ProgressPrinter:
     def __init__(
-        self, rundir: RunDir, max_steps: int, exporters: Sequence[Exporter] = (), live: bool = False
+        self,
+        rundir: RunDir,
+        max_steps: int,
+        exporters: Sequence[Exporter] = (),
+        live: bool = False,
+        start_times: StartTimes | None = None,
     ) -> None:
         self.max_steps = max_steps
         self.tails = {s: tail_of(rundir, s) for s in SERVICES}
+        self.starting: StartProgress | None = StartProgress(rundir, start_times)
+        self.ticker = Ticker(sys.stdout, live=False)
         self.exporters = exporters
         self.rewards: list[float] = []
         self.step_times: list[float] = []
@@ -131,6 +313,11 @@ class ProgressPrinter:
                 self.last[service] = row
                 if service == ORCHESTRATOR:
                     self.on_step(row)
+        if self.starting is not None and ORCHESTRATOR in self.last:
+            self.starting.first_batch()
+            self.starting = None
+        elif self.starting is not None and self.live is None:
+            self.ticker.update(self.starting.line())
         if self.live is not None:
             self.live.update(self.table())
 
@@ -163,7 +350,9 @@ class ProgressPrinter:
         table = Table(title="triad", show_header=False)
         row = self.last.get(ORCHESTRATOR)
         if row is None:
-            table.add_row("waiting for the first batch", "")
+            table.add_row(
+                self.starting.line() if self.starting is not None else "waiting for the first batch", ""
+            )
             return table
         trainer = self.last.get(TRAINER, {})
         table.add_row("step", f"{row['step']} / {self.max_steps}  (eta {self.eta(row['step'])})")

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.progress import StepProgress
 from shared.errors import TriadError
 
 TOKENIZER_DIR = Path(__file__).parents[1] / "shared" / "data" / "qwen3_tokenizer"
@@ -56,6 +57,7 @@ SHAPE = dict(
     head_dim=32,
     max_position_embeddings=1024,
 )
+BUILD_TIME = "about 2 minutes on 2 idle cores"  # tiny-tools, measured (services/tiny_model.py)
 BUILD_FILE = "triad_build.json"  # beside config.json: the recipe, the reached reward, the weights digest
 
 
@@ -278,9 +280,11 @@ class TaskModel:
                     tensor[self.keep] = trained
 
 
-def warm_up_chat(model, tokenizer, recipe: ChatRecipe, seed: int) -> float:
+def warm_up_chat(
+    model, tokenizer, recipe: ChatRecipe, seed: int, progress: StepProgress | None = None
+) -> float:
     """`recipe.copy_steps` then `recipe.warmup_steps` AdamW steps (one optimizer) on the task's
-    episodes; returns the last loss."""
+    episodes, each reported to `progress`; returns the last loss."""
     import torch
 
     from orchestrator.envs import BUILTIN
@@ -291,7 +295,12 @@ def warm_up_chat(model, tokenizer, recipe: ChatRecipe, seed: int) -> float:
     small.model.train()
     loss = torch.tensor(0.0)
     served = Phase(task_tools(task), recipe.tool_share, recipe.thinking_share)
-    for phase in [Phase([], 1.0)] * recipe.copy_steps + [served] * recipe.warmup_steps:
+    phases = [Phase([], 1.0)] * recipe.copy_steps + [served] * recipe.warmup_steps
+    for i, phase in enumerate(phases):
+        if progress is not None:
+            progress.step(
+                i, len(phases), "warm-up, short tool episodes" if i < recipe.copy_steps else "warm-up"
+            )
         loss = small.loss(*warm_up_batch(tokenizer, task, recipe.batch, phase, rng))
         opt.zero_grad()
         loss.backward()
@@ -385,11 +394,18 @@ def build_chat_model(dest: Path, name: str, recipe: ChatRecipe, seed: int = 0) -
     import time
 
     start = time.monotonic()
-    tokenizer = load_tokenizer()
+    progress = StepProgress(f"building builtin:{name} (once; {BUILD_TIME})")
+    with progress.during("loading torch, transformers and the tokenizer"):
+        import torch  # noqa: F401  (the slow imports, here where the wait is reported)
+        import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+
+        tokenizer = load_tokenizer()
     with deterministic(seed):
         model = make_chat_model(tokenizer, seed)
-        loss = warm_up_chat(model, tokenizer, recipe, seed)
-        reward, tool_rate = sampled_reward(model, tokenizer, recipe, seed)
+        loss = warm_up_chat(model, tokenizer, recipe, seed, progress)
+        with progress.during(f"checking it by sampling {recipe.check_prompts} held-out episodes"):
+            reward, tool_rate = sampled_reward(model, tokenizer, recipe, seed)
+    progress.done()
     build = {
         "model": f"builtin:{name}", "task": recipe.task,
         "copy_steps": recipe.copy_steps, "warmup_steps": recipe.warmup_steps,

@@ -19,15 +19,24 @@ import logging
 import os
 import random
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.progress import StepProgress
 from services.tiny_chat import ChatRecipe, build_chat_model
+from shared.errors import TriadError
 
 log = logging.getLogger("triad.model")
 
 EOS = "<|endoftext|>"
 BUILD_VERSION = 2
+# libgomp's threads spin at the end of every parallel region before they sleep; with the warm-up's
+# two threads on a busy 2-core machine each tiny op's barrier then waits for a thread that is not
+# running while the other burns its time: there PASSIVE took 3-6x less wall time and about 4x less
+# CPU time for the same steps and bytes (bench/results/first_ten_minutes.md)
+BUILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 CHAT_VERSION = 4  # the chat recipes' own build version: 4 is the Qwen3 model (hidden 128) and template
 SHAPE = dict(
     hidden_size=128,
@@ -111,14 +120,19 @@ RECIPES = {
 }
 
 
-def supervised(model, make_batch, steps: int, lr: float, pad: int) -> float:
-    """`steps` AdamW steps on batches of (token rows, loss masks); returns the last loss."""
+def supervised(
+    model, make_batch, steps: int, lr: float, pad: int, progress: StepProgress | None = None
+) -> float:
+    """`steps` AdamW steps on batches of (token rows, loss masks), each reported to `progress`;
+    returns the last loss."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     loss = torch.tensor(0.0)
-    for _ in range(steps):
+    for i in range(steps):
+        if progress is not None:
+            progress.step(i, steps, "warm-up")
         rows, masks = make_batch()
         width = max(map(len, rows))
         ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
@@ -132,7 +146,10 @@ def supervised(model, make_batch, steps: int, lr: float, pad: int) -> float:
     return loss.item()
 
 
-def warm_up(model, tokenizer, task_name: str, steps: int, lr: float, seed: int, batch: int = 64) -> float:
+def warm_up(
+    model, tokenizer, task_name: str, steps: int, lr: float, seed: int, batch: int = 64,
+    progress: StepProgress | None = None,
+) -> float:  # fmt: skip
     """Teach the answer format by supervised steps on the task; returns the last loss."""
     from orchestrator.envs import BUILTIN
 
@@ -148,7 +165,7 @@ def warm_up(model, tokenizer, task_name: str, steps: int, lr: float, seed: int, 
             masks.append([0] * len(prompt) + [1] * len(answer))
         return rows, masks
 
-    return supervised(model, make_batch, steps, lr, tokenizer.eos_token_id)
+    return supervised(model, make_batch, steps, lr, tokenizer.eos_token_id, progress)
 
 
 def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: int = 0) -> None:
@@ -162,11 +179,17 @@ def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: i
             recipe.copy_steps, recipe.warmup_steps, build["build_s"], build["sampled_reward"], recipe.target,
         )  # fmt: skip
         return
-    tokenizer = make_tokenizer()
-    model = make_model(tokenizer, seed, recipe.untied)
+    progress = StepProgress(f"building builtin:{name} (once; a few seconds)")
+    with progress.during("loading torch and transformers"):
+        tokenizer = make_tokenizer()
+        model = make_model(tokenizer, seed, recipe.untied)
     if recipe.warmup_steps:
-        loss = warm_up(model, tokenizer, recipe.task, recipe.warmup_steps, recipe.warmup_lr, seed)
+        loss = warm_up(
+            model, tokenizer, recipe.task, recipe.warmup_steps, recipe.warmup_lr, seed, progress=progress
+        )
+        progress.done()  # a terminal's live line ends before the log's
         log.info("warm-up on %s: %d steps, final loss %.3f", recipe.task, recipe.warmup_steps, loss)
+    progress.done()
     model.save_pretrained(dest, safe_serialization=True)
     tokenizer.save_pretrained(dest)
 
@@ -190,6 +213,38 @@ def ensure_tiny_model(name: str) -> Path:
         log.info("building the embedded tiny model in %s (once)", dest)
         tmp = root / f".tmp-{dest.name}"
         shutil.rmtree(tmp, ignore_errors=True)
-        build_tiny_model(tmp, name, recipe)
+        build_apart(tmp, name)
         os.replace(tmp, dest)
     return dest
+
+
+def build_apart(dest: Path, name: str) -> None:
+    """`build_tiny_model` in a process of its own whose OpenMP threads sleep as soon as they
+    wait (BUILD_ENV, read when torch loads); its one-line error raised here as a TriadError."""
+    error = dest.parent / f".error-{dest.name}"
+    error.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "services.tiny_model", name, str(dest), str(error)]
+    code = subprocess.run(command, env={**os.environ, **BUILD_ENV}, stdin=subprocess.DEVNULL).returncode
+    if error.exists():
+        message = error.read_text()
+        error.unlink()
+        raise TriadError(message)
+    if code != 0:
+        raise TriadError(f"building builtin:{name} stopped with exit code {code} (its output is above)")
+
+
+def main(argv: list[str]) -> None:
+    """`python -m services.tiny_model NAME DEST ERROR_FILE`: what `build_apart` runs."""
+    from shared.logs import setup_logging
+
+    name, dest, error = argv
+    setup_logging()
+    try:
+        build_tiny_model(Path(dest), name, RECIPES[name])
+    except TriadError as e:
+        Path(error).write_text(str(e))
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

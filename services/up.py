@@ -5,14 +5,17 @@ process group that ends when `triad up` dies (even by `kill -9`), with its outpu
 `run_dir/logs/<service>.log`. A run directory that a live trainer or orchestrator holds
 (`shared/liveness.py`) is refused before anything in it changes. The run ends
 when the orchestrator and the trainer have both finished; if any child fails
-the others are stopped and the failing child's last log lines are shown.
+the others are stopped and the failing child's own one-line error is shown (or,
+without one, its last log lines).
 Ctrl-C stops all three.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +25,9 @@ from pathlib import Path
 
 from services.exporters import make_exporters
 from services.models import resolve_model
-from services.progress import ProgressPrinter
+from services.progress import ProgressPrinter, StartTimes
 from services.report import plot_run
+from services.tiny_model import cache_root
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.liveness import check_free
@@ -32,6 +36,9 @@ from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 STOP_GRACE_S = 8.0
 TAIL_LINES = 25
+START_TIMES = "start_times.json"  # in the model cache: the last start's times on this machine
+# what a service's CLI prints for a TriadError (services/cli.py), maybe behind a launcher's prefix
+SERVICE_ERROR = re.compile(r"triad (?:inference|orchestrator|trainer): error: (.+)")
 
 
 @dataclass
@@ -40,11 +47,45 @@ class Child:
     proc: subprocess.Popen
     log_path: Path
 
-    def tail(self, n: int = TAIL_LINES) -> str:
+    def lines(self) -> list[str]:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            return self.log_path.read_text(errors="replace").splitlines()
         except FileNotFoundError:
-            return "(no log)"
+            return []
+
+    def failure(self, code: int) -> str:
+        """Why the child stopped, for the user: its own one-line error if it printed one (the
+        first: under torchrun every rank prints it), else the last lines of its log."""
+        lines = self.lines()
+        line = error_line(lines)
+        if line is not None:
+            return f"{self.name}: {line} (exit code {code}; log: {self.log_path})"
+        tail = "\n".join(lines[-TAIL_LINES:]) or "(no log)"
+        return f"{self.name} exited with code {code}; last lines of {self.log_path}:\n{tail}"
+
+
+def error_line(lines: list[str]) -> str | None:
+    """The first one-line error a triad service printed in these log lines, without its prefix."""
+    for line in lines:
+        match = SERVICE_ERROR.search(line)
+        if match:
+            return match.group(1).strip()
+    return None
+
+
+def check_before_launch(cfg: TriadConfig, model: str) -> None:
+    """What the config and a local model's config.json settle before any service starts (a child
+    would find it too, but after its start-up and among a launcher's lines)."""
+    config_json = Path(model) / "config.json"
+    if not config_json.is_file():
+        return  # a hub id: the services read it themselves
+    try:
+        model_config = json.loads(config_json.read_text())
+    except (OSError, ValueError) as e:
+        raise TriadError(f"cannot read the model's config {config_json}: {e}") from None
+    if not isinstance(model_config, dict):
+        raise TriadError(f"cannot read the model's config {config_json}: not a JSON object")
+    cfg.trainer.lora.check_model_config(model_config)
 
 
 def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[str], model: str) -> dict:
@@ -165,9 +206,7 @@ def supervise(children: dict[str, Child], progress: ProgressPrinter) -> None:
             code = child.proc.poll()
             if code is None or (code == 0 and name in finishers):
                 continue
-            raise TriadError(
-                f"{name} exited with code {code}; last lines of {child.log_path}:\n{child.tail()}"
-            )
+            raise TriadError(child.failure(code))
         if all(children[n].proc.poll() == 0 for n in finishers):
             return
         time.sleep(0.5)
@@ -187,6 +226,7 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     for role in (TRAINER, ORCHESTRATOR):  # before anything of the run is discarded
         check_free(rundir.live, role)
     model = resolve_model(cfg.model, cfg.model_revision)
+    check_before_launch(cfg, model)
     run = rundir.ensure_run(cfg.public_dict())
     print(f"triad up: run {run.run_id} in {cfg.run_dir} (model {model}); logs in {rundir.logs_dir}")
     resume_from = newest_checkpoint(rundir, run.run_id)
@@ -201,8 +241,9 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         name: start(name, pinned(cmd, cpus.get(name)), rundir, child_env(cfg, name, cpus))
         for name, cmd in commands.items()
     }
+    start_times = StartTimes(cache_root() / START_TIMES, f"{cfg.model} on {'GPU' if has_gpu() else 'CPU'}")
     progress = ProgressPrinter(
-        rundir, cfg.max_steps, make_exporters(cfg, rundir, run.run_id), live=sys.stdout.isatty()
+        rundir, cfg.max_steps, make_exporters(cfg, rundir, run.run_id), sys.stdout.isatty(), start_times
     )
     try:
         supervise(children, progress)

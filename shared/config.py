@@ -244,6 +244,19 @@ class LoraConfig(Table):
     def enabled(self) -> bool:
         return self.rank > 0
 
+    def check_model_config(self, model_config: dict) -> None:
+        """What the model's config.json settles before anything starts: an adapter on a tied
+        `lm_head` (the trainer checks the loaded model itself, `trainer/lora.py`)."""
+        if self.enabled and "lm_head" in self.target_modules and model_config.get("tie_word_embeddings"):
+            raise TriadError(TIED_LM_HEAD)
+
+
+TIED_LM_HEAD = (
+    "trainer.lora.target_modules: lm_head shares its weight with the input embeddings in "
+    "this model (tie_word_embeddings), so an adapter on it cannot be merged into what was "
+    "trained; drop lm_head from the targets or use a model with its own lm_head"
+)
+
 
 class TrainerConfig(Table):
     nproc: int = Field(2, ge=1, description="ranks `triad up` starts under torchrun")

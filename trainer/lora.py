@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from shared.config import LoraConfig
+from shared.config import TIED_LM_HEAD, LoraConfig
 from shared.errors import TriadError
 
 ADAPTER = "default"  # peft's name for the one adapter a trainer holds
@@ -37,11 +37,7 @@ def check_lora_fits(model: torch.nn.Module, lora: LoraConfig) -> None:
     is below each one's smaller dimension, and `lm_head` is a target only if it has a weight of
     its own (merging W+BA into a tied one would change the input embeddings too)."""
     if "lm_head" in lora.target_modules and ties_output_to_input(model):
-        raise TriadError(
-            "trainer.lora.target_modules: lm_head shares its weight with the input embeddings in "
-            "this model (tie_word_embeddings), so an adapter on it cannot be merged into what was "
-            "trained; drop lm_head from the targets or use a model with its own lm_head"
-        )
+        raise TriadError(TIED_LM_HEAD)
     linears = linear_layers(model)
     missing = [m for m in lora.target_modules if m not in linears]
     if missing:

@@ -65,3 +65,112 @@ def test_the_embedded_default_runs_one_rank_with_cores_placed_automatically():
     cfg = load_config(EMBEDDED_DEFAULT, [])
     assert cfg.trainer.nproc == 1 and cfg.inference.cpus == "auto"
     assert load_config(EMBEDDED_DEFAULT, ["inference.cpus=0"]).inference.cpus == "0"  # a bare number
+
+
+# the end of a trainer's log when its rank failed with a one-line error under torchrun (shape of
+# torch.distributed.elastic's report, abridged)
+TORCHRUN_FAILURE = """\
+triad trainer: error: trainer.lora.target_modules: lm_head shares its weight with the input embeddings \
+in this model (tie_word_embeddings), so an adapter on it cannot be merged into what was trained; drop \
+lm_head from the targets or use a model with its own lm_head
+E1126 12:00:00.000000 1234 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 2) \
+local_rank: 0 (pid: 1235) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+services.cli FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  exitcode  : 2 (pid: 1235)
+============================================================
+"""
+
+
+def child_printing(tmp_path, name: str, text: str, code: int):
+    from services.up import Child
+
+    log = tmp_path / f"{name}.log"
+    script = f"import sys; sys.stdout.write({text!r}); sys.exit({code})"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["python3", "-c", script], stdout=out, stderr=subprocess.STDOUT)
+    proc.wait()
+    return Child(name, proc, log)
+
+
+class NoProgress:
+    def poll(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "name, text, line",
+    [
+        (TRAINER, TORCHRUN_FAILURE, "trainer.lora.target_modules: lm_head shares its weight"),
+        (ORCHESTRATOR, "triad orchestrator: error: unknown environment 'nosuch'; built-ins: [...]\n",
+         "unknown environment 'nosuch'; built-ins: [...]"),
+        (INFERENCE, "INFO loading\n[rank0]: triad inference: error: refusing to expose the admin routes "
+         "without a token\n", "refusing to expose the admin routes without a token"),
+    ],
+)  # fmt: skip
+def test_a_child_s_one_line_error_is_what_up_reports(tmp_path, name, text, line):
+    from services.up import supervise
+
+    others = {n: child_printing(tmp_path, n, "", 0) for n in (ORCHESTRATOR, TRAINER) if n != name}
+    with pytest.raises(TriadError) as e:
+        supervise({name: child_printing(tmp_path, name, text, 2), **others}, NoProgress())
+    message = str(e.value)
+    assert message.startswith(f"{name}: {line}") and "\n" not in message
+    assert f"(exit code 2; log: {tmp_path / name}.log)" in message and "ChildFailedError" not in message
+
+
+def test_a_child_without_an_error_line_shows_its_last_lines(tmp_path):
+    from services.up import supervise
+
+    text = "".join(f"line {i}\n" for i in range(40)) + "Segmentation fault\n"
+    with pytest.raises(TriadError) as e:
+        supervise({TRAINER: child_printing(tmp_path, TRAINER, text, 139)}, NoProgress())
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"trainer exited with code 139; last lines of {tmp_path / TRAINER}.log:"
+    assert lines[1] == "line 16" and lines[-1] == "Segmentation fault" and len(lines) == 26
+
+
+LM_HEAD_LORA = ["trainer.lora.rank=8", 'trainer.lora.target_modules=["lm_head"]']
+
+
+@pytest.mark.parametrize(
+    "model_config, overrides, refused",
+    [
+        ({"tie_word_embeddings": True}, LM_HEAD_LORA, True),
+        ({"tie_word_embeddings": False}, LM_HEAD_LORA, False),
+        ({"tie_word_embeddings": True}, ["trainer.lora.rank=8"], False),
+        ({"tie_word_embeddings": True}, LM_HEAD_LORA[1:], False),  # rank 0: no LoRA
+    ],
+)
+def test_an_adapter_on_a_tied_lm_head_is_refused_before_launch(tmp_path, model_config, overrides, refused):
+    import json
+
+    from services.up import check_before_launch
+    from shared.config import TIED_LM_HEAD
+
+    (tmp_path / "config.json").write_text(json.dumps(model_config))
+    cfg = load_config(None, overrides)
+    if refused:
+        with pytest.raises(TriadError, match="lm_head shares its weight") as e:
+            check_before_launch(cfg, str(tmp_path))
+        assert str(e.value) == TIED_LM_HEAD
+    else:
+        check_before_launch(cfg, str(tmp_path))
+    check_before_launch(cfg, "Qwen/Qwen3-0.6B")  # a hub id: left to the services
+
+
+def test_an_unreadable_model_config_is_one_line(tmp_path):
+    from services.up import check_before_launch
+
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(TriadError, match=f"cannot read the model's config {tmp_path}/config.json"):
+        check_before_launch(load_config(None, []), str(tmp_path))

@@ -36,11 +36,19 @@ DERENDER_ROUTE = "/v1/chat/completions/derender"
 
 
 class RequestRejected(TriadError):
-    """The server refused the request itself (4xx): retrying elsewhere will not help."""
+    """The server refused the request itself (4xx): retrying elsewhere will not help. `cause` names
+    the request, for the episode it ends (`orchestrator/failures.py`)."""
+
+    def __init__(self, message: str, cause: str = "generate") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class ContextFull(RequestRejected):
     """The ids so far leave no room in the model's context for another token."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "context")
 
 
 class ServerUnreachable(TriadError):
@@ -57,14 +65,33 @@ class Completion:
     finish_reason: str = "stop"  # "stop": it ended on an end-of-turn token; "length": truncated
 
 
-def parse_choice(choice: openai.types.CompletionChoice) -> Completion:
-    """Token ids and sampler logprobs exactly as the server produced them."""
+def refused(status: int) -> bool:
+    """A 4xx answer other than a timeout (408) or a busy server (429): retrying will not help."""
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+FINISHED = ("stop", "length")  # vLLM's other finish reasons (abort, error) end no turn
+
+
+def parse_choice(choice: openai.types.CompletionChoice, sent: str | list[int]) -> Completion:
+    """Token ids and sampler logprobs exactly as the server produced them, for the prompt `sent`.
+    A sample the server did not finish (`abort`, `error`, none) or whose prompt ids are not the ids
+    sent is a failed request (TriadError: retried)."""
     extra = choice.model_extra or {}
     prompt_ids, token_ids = extra.get("prompt_token_ids"), extra.get("token_ids")
     if prompt_ids is None or token_ids is None:
         raise TriadError(
             "the inference server did not return token ids (`return_token_ids`); "
             "triad needs a vLLM-compatible server that does"
+        )
+    if choice.finish_reason not in FINISHED:
+        raise TriadError(f"the inference server ended a sample with finish_reason {choice.finish_reason!r}")
+    if isinstance(sent, list) and list(prompt_ids) != sent:
+        pairs = enumerate(zip(prompt_ids, sent, strict=False))
+        at = next((i for i, (a, b) in pairs if a != b), min(len(sent), len(prompt_ids)))
+        raise TriadError(
+            f"the inference server's prompt_token_ids differ from the {len(sent)} ids sent, at index {at} "
+            f"({len(prompt_ids)} came back)"
         )
     logprobs = choice.logprobs.token_logprobs if choice.logprobs else None
     if logprobs is None or len(logprobs) != len(token_ids):
@@ -75,7 +102,7 @@ def parse_choice(choice: openai.types.CompletionChoice) -> Completion:
         logprobs=[float(x) for x in logprobs],
         text=choice.text,
         truncated=choice.finish_reason == "length",
-        finish_reason=choice.finish_reason or "stop",
+        finish_reason=choice.finish_reason,
     )
 
 
@@ -150,14 +177,14 @@ class InferenceClient:
         except openai.APITimeoutError:
             raise TriadError(f"rollout request to {self.base_url} timed out") from None
         except openai.APIStatusError as e:
-            if 400 <= e.status_code < 500 and e.status_code not in (408, 429):
+            if refused(e.status_code):
                 raise RequestRejected(f"{self.base_url} rejected a rollout request: {e}") from None
             raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
         except openai.APIError as e:
             raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
         finally:
             self.inflight -= 1
-        return [parse_choice(c) for c in response.choices]
+        return [parse_choice(c, prompt) for c in response.choices]
 
     async def healthy(self) -> bool:
         return bool(await self._healthy())
@@ -311,6 +338,8 @@ class ChatRoutes:
     def _rendered(self, r: httpx.Response, route: str) -> dict:
         if r.status_code != 200:
             detail = " ".join(r.text[:300].split())
-            error = RequestRejected if 400 <= r.status_code < 500 else TriadError
-            raise error(f"POST {self.client.base_url}{route} answered {r.status_code}: {detail}")
+            message = f"POST {self.client.base_url}{route} answered {r.status_code}: {detail}"
+            if refused(r.status_code):
+                raise RequestRejected(message, "derender" if route == DERENDER_ROUTE else "render")
+            raise TriadError(message)
         return r.json()

@@ -21,16 +21,13 @@ from typing import TypeVar
 
 from orchestrator.backends import WeightBackend
 from orchestrator.client import Completion, InferenceClient, RequestRejected
+from orchestrator.failures import RolloutFailed
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 
 T = TypeVar("T")
 log = logging.getLogger("triad.orchestrator")
 MAX_BACKOFF_S = 30.0
-
-
-class RolloutFailed(TriadError):
-    """Every attempt at a request failed; the group it belongs to is dropped."""
 
 
 @dataclass

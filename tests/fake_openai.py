@@ -52,6 +52,9 @@ class FakeState:
     max_model_len: int | None = None  # as vLLM: in /v1/models, and a longer request is answered 400
     max_tokens_asked: list[int] = field(default_factory=list)
     fail_after: int | None = None  # completion requests after this many answer 500
+    finish_reasons: list[str | None] = field(default_factory=list)  # the next completions' (vLLM's: abort...)
+    prompt_ids_cut: int = 0  # the next N completions return prompt_token_ids without the last id sent
+    renders: int = 0
 
 
 def encode(text: str) -> list[int]:
@@ -80,12 +83,19 @@ def make_app(state: FakeState) -> Starlette:
         return JSONResponse({"tokens": encode((await request.json())["prompt"])})
 
     async def render(request: Request) -> JSONResponse:
-        """A ChatML-like rendering over bytes: `role: content` lines (not vLLM's template)."""
+        """A ChatML-like rendering over bytes: `role: content` lines (not vLLM's template). As vLLM's
+        render, a rendering that leaves no room in `max_model_len` for a token is answered 400."""
         body = await request.json()
+        state.renders += 1
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in body["messages"])
-        return JSONResponse(
-            {"token_ids": encode(text + ("assistant: " if body["add_generation_prompt"] else ""))}
-        )
+        ids = encode(text + ("assistant: " if body["add_generation_prompt"] else ""))
+        if state.max_model_len is not None and len(ids) >= state.max_model_len:
+            message = (
+                f"This model's maximum context length is {state.max_model_len} tokens. However, your "
+                f"request has {len(ids)} input tokens."
+            )
+            return JSONResponse({"error": {"message": message, "type": "BadRequestError"}}, status_code=400)
+        return JSONResponse({"token_ids": ids})
 
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
@@ -111,12 +121,16 @@ def make_app(state: FakeState) -> Starlette:
             track(-1)
         prompt = body["prompt"]
         prompt_ids = prompt if isinstance(prompt, list) else encode(prompt)
+        if state.prompt_ids_cut > 0:
+            state.prompt_ids_cut -= 1
+            prompt_ids = prompt_ids[:-1]
+        finish = state.finish_reasons.pop(0) if state.finish_reasons else "stop"
         ids = encode(state.answer)
         choices = [
             {
                 "index": i,
                 "text": state.answer,
-                "finish_reason": "stop",
+                "finish_reason": finish,
                 "logprobs": {
                     "tokens": list(state.answer),
                     "token_logprobs": [-0.5] * len(ids),

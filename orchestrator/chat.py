@@ -21,7 +21,9 @@ turn ended on its end-of-turn token (`<|im_end|>`, `<|eot_id|>`, `</s>`...):
 the tail is taken from just after that token's first place in it. A turn that
 ended on a token the tail does not hold (gpt-oss ends a final answer with
 `<|return|>`, which history writes as `<|end|>`) stands for the tail's first
-token. A template that does not render the assistant's text at all, or cannot
+token; in a tool-call turn's tail, whose first ids close the last call's
+arguments, it stands for the template's end of turn (the first id of a content
+turn's tail) instead. A template that does not render the assistant's text at all, or cannot
 render the new messages, is refused with an error naming why.
 """
 
@@ -134,4 +136,11 @@ class ChatRenderer:
     ) -> list[int]:
         """The ids that follow the sampled assistant turn `turn` (`sampled` its ids): the rest of its
         closing, then `new_messages` and the generation prompt for the next turn."""
-        return following(sampled, ended_on_token, await self.tail(turn, new_messages))
+        tail = await self.tail(turn, new_messages)
+        if ended_on_token and sampled and sampled[-1] not in tail and turn.get("tool_calls"):
+            # a tool-call turn ended on another end token (Qwen's <|endoftext|>, Llama's <|eom_id|>):
+            # its calls' closing was sampled, and what follows starts after the template's end of turn
+            end = (await self.tail({"role": "assistant", "content": MARKS[0]}, new_messages))[0]
+            if end in tail:
+                return tail[tail.index(end) + 1 :]
+        return following(sampled, ended_on_token, tail)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import openai
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.tool_calls import one_line
 from shared.admin_api import (
     ADAPTERS_ROUTE,
     ADMIN_PREFIX,
@@ -49,6 +50,31 @@ class ContextFull(RequestRejected):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, "context")
+
+
+class RequestFailed(TriadError):
+    """The server answered with an error that may pass (5xx, 408, 429, a cut or invalid body): the
+    pool retries, after `retry_after` seconds if the server named them (`Retry-After`)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds of a `Retry-After` header; None without one, or for an HTTP date (the pool's backoff)."""
+    try:
+        return max(0.0, float(headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def answer_error(status: int, headers: httpx.Headers, message: str, cause: str) -> TriadError:
+    """The one mapping of a server's error answer: a refusal (RequestRejected, not retried) or a
+    failed request (RequestFailed, retried)."""
+    if refused(status):
+        return RequestRejected(message, cause)
+    return RequestFailed(message, retry_after(headers))
 
 
 class ServerUnreachable(TriadError):
@@ -177,11 +203,15 @@ class InferenceClient:
         except openai.APITimeoutError:
             raise TriadError(f"rollout request to {self.base_url} timed out") from None
         except openai.APIStatusError as e:
+            message = f"rollout request to {self.base_url} failed: {e}"
             if refused(e.status_code):
-                raise RequestRejected(f"{self.base_url} rejected a rollout request: {e}") from None
+                message = f"{self.base_url} rejected a rollout request: {e}"
+            raise answer_error(e.status_code, e.response.headers, message, "generate") from None
+        except (openai.APIError, httpx.HTTPError) as e:
             raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
-        except openai.APIError as e:
-            raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
+        except (ValueError, ValidationError) as e:  # a cut or invalid body (json's JSONDecodeError)
+            why = one_line(f"{type(e).__name__}: {e}", 200)
+            raise RequestFailed(f"rollout request to {self.base_url} answered no completion: {why}") from None
         finally:
             self.inflight -= 1
         return [parse_choice(c, prompt) for c in response.choices]
@@ -287,12 +317,13 @@ class ChatRoutes:
             body["chat_template_kwargs"] = template_kwargs
         if self.has_render is not False:
             r = await self._post(RENDER_ROUTE, body)
-            self.has_render = r.status_code not in (403, 404)
+            if self.has_render is None:  # decided once: a later 403/404 is that request's refusal
+                self.has_render = r.status_code not in (403, 404)
             if self.has_render:
-                return list(self._rendered(r, RENDER_ROUTE)["token_ids"])
+                return list(self._rendered(r, RENDER_ROUTE, "token_ids"))
         if not generation_prompt:
             body["continue_final_message"] = False
-        return list(self._rendered(await self._post("/tokenize", body), "/tokenize")["tokens"])
+        return list(self._rendered(await self._post("/tokenize", body), "/tokenize", "tokens"))
 
     async def derender(
         self,
@@ -322,10 +353,15 @@ class ChatRoutes:
             "prompt_token_ids": prompt_ids,  # a reasoning parser sees whether the prompt opened `<think>`
         }
         r = await self._post(DERENDER_ROUTE, body)
-        self.has_derender = r.status_code not in (403, 404)
+        if self.has_derender is None:  # decided once: a later 403/404 is that request's refusal
+            self.has_derender = r.status_code not in (403, 404)
         if not self.has_derender:
             return None
-        return dict(self._rendered(r, DERENDER_ROUTE)["choices"][0]["message"])
+        choices = self._rendered(r, DERENDER_ROUTE, "choices")
+        try:
+            return dict(choices[0]["message"])
+        except (IndexError, KeyError, TypeError, ValueError):
+            raise RequestFailed(f"POST {self.client.base_url}{DERENDER_ROUTE} answered no message") from None
 
     async def _post(self, route: str, body: dict) -> httpx.Response:
         try:
@@ -335,11 +371,14 @@ class ChatRoutes:
         except httpx.HTTPError as e:
             raise TriadError(f"POST {self.client.base_url}{route} failed: {e!r}") from None
 
-    def _rendered(self, r: httpx.Response, route: str) -> dict:
+    def _rendered(self, r: httpx.Response, route: str, key: str) -> Any:
+        """`key` of the answer's JSON body; an error answer as `answer_error` maps it."""
+        url = f"{self.client.base_url}{route}"
         if r.status_code != 200:
-            detail = " ".join(r.text[:300].split())
-            message = f"POST {self.client.base_url}{route} answered {r.status_code}: {detail}"
-            if refused(r.status_code):
-                raise RequestRejected(message, "derender" if route == DERENDER_ROUTE else "render")
-            raise TriadError(message)
-        return r.json()
+            message = f"POST {url} answered {r.status_code}: {one_line(r.text, 300)}"
+            cause = "derender" if route == DERENDER_ROUTE else "render"
+            raise answer_error(r.status_code, r.headers, message, cause)
+        try:
+            return r.json()[key]
+        except (ValueError, KeyError, TypeError) as e:  # a cut or invalid body
+            raise RequestFailed(f"POST {url} answered no {key!r}: {one_line(repr(e), 200)}") from None

@@ -8,7 +8,10 @@ model turn, and ends truncated after it, its turns so far kept. A group whose
 reward or metrics function raises, or whose request failed on every retry, is
 dropped (`RolloutFailed`). With `orchestrator.partial_groups` a group trains on
 its finished episodes when the others were dropped, if at least
-`MIN_PARTIAL_GROUP` finished. Each case is counted under its cause (`CAUSES`)
+`MIN_PARTIAL_GROUP` finished; its advantages are then relative to the finished
+samples alone (still centred, zero-sum for grpo/dr_grpo, with rloo's n the
+number finished), which leans toward the episodes that finish: hence off by
+default. Each case is counted under its cause (`CAUSES`)
 in the step's metrics; `orchestrator.max_failed_groups` groups failed in a row
 stop the run with one line naming the cause.
 """

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.net import free_port
@@ -55,6 +55,11 @@ class FakeState:
     finish_reasons: list[str | None] = field(default_factory=list)  # the next completions' (vLLM's: abort...)
     prompt_ids_cut: int = 0  # the next N completions return prompt_token_ids without the last id sent
     renders: int = 0
+    # the next requests to `spoiled_route` answer these statuses (with Retry-After seconds, if given),
+    # then the next `cut_bodies` answers are cut short (invalid JSON)
+    spoiled_route: str = "/v1/chat/completions/render"
+    busy: list[tuple[int, float | None]] = field(default_factory=list)
+    cut_bodies: int = 0
 
 
 def encode(text: str) -> list[int]:
@@ -62,6 +67,19 @@ def encode(text: str) -> list[int]:
 
 
 def make_app(state: FakeState) -> Starlette:
+    def spoiled(request: Request) -> Response | None:
+        """A busy server's answer, or a body cut short, as a proxy in front of vLLM may give."""
+        if request.url.path != state.spoiled_route:
+            return None
+        if state.busy:
+            status, after = state.busy.pop(0)
+            headers = {"Retry-After": f"{after:g}"} if after is not None else {}
+            return JSONResponse({"error": {"message": "busy"}}, status_code=status, headers=headers)
+        if state.cut_bodies > 0:
+            state.cut_bodies -= 1
+            return Response('{"id": "x", "choices": [{"ind', media_type="application/json")
+        return None
+
     def track(delta: int) -> None:
         state.inflight += delta
         state.peak = max(state.peak, state.inflight)
@@ -87,6 +105,8 @@ def make_app(state: FakeState) -> Starlette:
         render, a rendering that leaves no room in `max_model_len` for a token is answered 400."""
         body = await request.json()
         state.renders += 1
+        if (answer := spoiled(request)) is not None:
+            return answer
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in body["messages"])
         ids = encode(text + ("assistant: " if body["add_generation_prompt"] else ""))
         if state.max_model_len is not None and len(ids) >= state.max_model_len:
@@ -100,6 +120,8 @@ def make_app(state: FakeState) -> Starlette:
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         state.requests += 1
+        if (answer := spoiled(request)) is not None:
+            return answer
         state.models_asked.append(body.get("model"))
         state.max_tokens_asked.append(body.get("max_tokens"))
         prompt = body["prompt"]

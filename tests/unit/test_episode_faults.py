@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.backends import Frozen
 from orchestrator.chat_rollout import ChatRollouts
-from orchestrator.client import InferenceClient
+from orchestrator.client import InferenceClient, RequestRejected
 from orchestrator.environments import Prompt
 from orchestrator.failures import RolloutFailed
 from orchestrator.pool import Server, ServerPool
@@ -252,3 +252,56 @@ def test_prompt_ids_that_differ_from_those_sent_are_a_named_server_error():
         ):
             rollout(Chat(), fake, 1, "orchestrator.max_retries=1")
     assert fake.state.requests == 2
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions/render", "/v1/completions"])
+def test_busy_answers_and_cut_bodies_are_retried_and_retry_after_is_honoured(route):
+    """Before: a cut body escaped as json's JSONDecodeError (a traceback that ended the run), and a 429
+    from render was a refusal that ended it (`... render answered 429`)."""
+    with FakeServer() as fake:
+        fake.state.spoiled_route, fake.state.busy, fake.state.cut_bodies = route, [(429, 1.0), (503, None)], 2
+        started = time.monotonic()
+        samples, counts = rollout(
+            Chat(lambda p, c: "more"),
+            fake,
+            1,
+            "orchestrator.max_retries=4",
+            "orchestrator.max_server_failures=9",
+        )
+    assert time.monotonic() - started >= 1.0  # the 429's Retry-After, over the 0.01 s backoff
+    assert samples[0].turns == 3 and not samples[0].truncated and counts == {"groups_failed": 0}
+    spoiled = 4  # answers before the first good one: 429, 503, two cut bodies
+    renders = 1 + 2 * 2  # the prompt, then two renderings after each of the first two turns
+    assert (fake.state.requests, fake.state.renders) == (
+        (3, renders + spoiled) if "render" in route else (3 + spoiled, renders)
+    )
+
+
+@pytest.mark.parametrize("status", [400, 422])  # a first 404 says the server has no render route
+def test_a_refused_render_is_not_retried(status):
+    with FakeServer() as fake:
+        fake.state.busy = [(status, None)]
+        with pytest.raises(RolloutFailed, match=f"render answered {status}") as e:
+            rollout(Chat(), fake, 1)
+    assert e.value.cause == "render" and fake.state.renders == 1
+
+
+def test_a_404_from_render_after_it_answered_is_a_refusal_not_a_switch_to_tokenize():
+    """Before: one 404 set has_render False for the rest of the run."""
+    with FakeServer() as fake:
+        pool = pool_of(fake)
+        client = pool.servers[0].client
+
+        async def run():
+            try:
+                await client.chat.render([{"role": "user", "content": "a"}], None, True, {})
+                fake.state.busy = [(404, None)]
+                with pytest.raises(RequestRejected, match="render answered 404"):
+                    await client.chat.render([{"role": "user", "content": "b"}], None, True, {})
+                return await client.chat.render([{"role": "user", "content": "c"}], None, True, {})
+            finally:
+                await client.close()
+
+        ids = asyncio.run(run())
+    assert client.chat.has_render is True and fake.state.renders == 3
+    assert bytes(ids) == b"user: c\nassistant: "

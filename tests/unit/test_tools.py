@@ -17,6 +17,7 @@ from orchestrator.tool_calls import (
     assistant_message,
     call_id,
     parse_tool_calls,
+    turn_from_message,
 )
 from orchestrator.tools import (
     ToolRunner,
@@ -627,3 +628,16 @@ def test_assistant_message_without_calls_has_no_tool_calls():
         "role": "assistant",
         "content": "",
     }
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"content": "4", "reasoning": "add them", "reasoning_content": None},  # vLLM 0.32: both keys
+        {"content": "4", "reasoning": None, "reasoning_content": "add them"},
+        {"content": "4", "reasoning_content": "add them"},
+    ],
+)
+def test_a_null_reasoning_field_does_not_hide_the_other(message):
+    """Before: `reasoning_content: null` beside vLLM's `reasoning` lost the reasoning."""
+    assert turn_from_message(message).reasoning == "add them"

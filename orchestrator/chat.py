@@ -21,7 +21,9 @@ turn ended on its end-of-turn token (`<|im_end|>`, `<|eot_id|>`, `</s>`...):
 the tail is taken from just after that token's first place in it. A turn that
 ended on a token the tail does not hold (gpt-oss ends a final answer with
 `<|return|>`, which history writes as `<|end|>`) stands for the tail's first
-token. A template that does not render the assistant's text at all, or cannot
+token; in a tool-call turn's tail, whose first ids close the last call's
+arguments, it stands for the template's end of turn (the first id of a content
+turn's tail) instead. A template that does not render the assistant's text at all, or cannot
 render the new messages, is refused with an error naming why.
 """
 
@@ -34,11 +36,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.failures import EpisodeEnded
 from shared.errors import TriadError
 
 PROBE_USER = {"role": "user", "content": "."}
 MARKS = ("A", "B")  # two texts that render to tokens differing in one place
 Render = Callable[[list[dict], bool], Awaitable[list[int]]]  # (messages, generation prompt) -> ids
+
+
+class TextNotRendered(TriadError):
+    """The template does not render an assistant message's text: where a sampled turn ends in it
+    cannot be told (at start: the template cannot serve the run; later: that turn's episode ends)."""
 
 
 class ChatMessage(BaseModel):
@@ -123,7 +131,7 @@ class ChatRenderer:
         tail = common_tail(a, b)
         if tail is None:
             where = "its tool calls' arguments" if turn.get("tool_calls") else "its content"
-            raise TriadError(
+            raise TextNotRendered(
                 f"the chat template does not render an assistant message's text ({where}): triad cannot tell "
                 "where a sampled turn ends in it"
             )
@@ -133,5 +141,16 @@ class ChatRenderer:
         self, sampled: list[int], ended_on_token: bool, turn: dict, new_messages: list[dict]
     ) -> list[int]:
         """The ids that follow the sampled assistant turn `turn` (`sampled` its ids): the rest of its
-        closing, then `new_messages` and the generation prompt for the next turn."""
-        return following(sampled, ended_on_token, await self.tail(turn, new_messages))
+        closing, then `new_messages` and the generation prompt for the next turn. A turn the template
+        does not render the text of (gpt-oss's with two calls) ends its episode (EpisodeEnded)."""
+        try:
+            tail = await self.tail(turn, new_messages)
+        except TextNotRendered as e:
+            raise EpisodeEnded(str(e), "render") from None
+        if ended_on_token and sampled and sampled[-1] not in tail and turn.get("tool_calls"):
+            # a tool-call turn ended on another end token (Qwen's <|endoftext|>, Llama's <|eom_id|>):
+            # its calls' closing was sampled, and what follows starts after the template's end of turn
+            end = (await self.tail({"role": "assistant", "content": MARKS[0]}, new_messages))[0]
+            if end in tail:
+                return tail[tail.index(end) + 1 :]
+        return following(sampled, ended_on_token, tail)

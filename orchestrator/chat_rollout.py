@@ -11,10 +11,13 @@ A turn is split into content, reasoning and tool calls by the server's parsers
 (`orchestrator/turns.py`); the environment and its reward see the content (and
 the reasoning, as `reasoning_content`), the trainer every sampled id. Tool calls
 are run by the environment's tools, each bounded by `orchestrator.env_timeout_s`;
-a malformed call, an unknown tool, an error or a timeout goes back to the model
-as a tool message and is in the conversation the reward sees. The episode ends
-when the model makes no tool call and the environment has no reply, on a
-truncated turn, or after `max_turns` model turns.
+an unknown tool, bad arguments, an error or a timeout goes back to the model as
+the call's tool message, a block that parsed as no call as one user message
+after them (`error: <id>: <why>` a line), and is in the conversation the reward
+sees. The episode ends when the model makes no tool call and the environment
+has no reply, on a truncated turn, or after `max_turns` model turns; one that
+cannot go on (a render the server refuses, a failed `respond`, past
+`orchestrator.episode_timeout_s`) is dropped or ends truncated (`failures.py`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from __future__ import annotations
 import asyncio
 
 from orchestrator.chat import check_messages
-from orchestrator.client import RequestRejected
 from orchestrator.environments import Environment, Prompt, env_tools, max_turns, respond, score
-from orchestrator.pool import RolloutFailed, ServerPool
+from orchestrator.failures import EpisodeEnded, Failures, finished_episodes, run_episode
+from orchestrator.pool import ServerPool
 from orchestrator.sample import Sample
 from orchestrator.tool_calls import ParsedTurn, assistant_message, call_id
 from orchestrator.tools import ToolRunner, tool_message
@@ -50,8 +53,16 @@ def probe_tool_turn(tool: str) -> tuple[dict, list[dict]]:
 class ChatRollouts:
     """Chat episodes of one environment (its tools and template options fixed)."""
 
-    def __init__(self, env: Environment, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        pool: ServerPool,
+        oc: OrchestratorConfig,
+        tool_parser: str,
+        failures: Failures | None = None,
+    ) -> None:
         self.env, self.pool, self.oc = env, pool, oc
+        self.failures = failures or Failures(oc.max_failed_groups)
         self.runner = ToolRunner(env_tools(env), oc.env_timeout_s, oc.max_tool_result_chars)
         tools = self.runner.schemas or None
         self.renderer = pool_renderer(pool, tools, oc.chat_template_kwargs)
@@ -82,8 +93,9 @@ class ChatRollouts:
         return None
 
     async def group(self, prompt: Prompt, size: int) -> list[Sample]:
-        """`size` scored episodes of `prompt`."""
-        samples = list(await asyncio.gather(*(self.episode(prompt) for _ in range(size))))
+        """`size` scored episodes of `prompt` (fewer with `orchestrator.partial_groups`)."""
+        episodes = [self.episode(prompt) for _ in range(size)]
+        samples = await finished_episodes(episodes, self.oc.partial_groups, self.failures)
         seen = [s.conversation if prompt.is_chat else s.completion for s in samples]
         rewards = await asyncio.gather(*(score(self.env, prompt, x, self.oc.env_timeout_s) for x in seen))
         for sample, reward in zip(samples, rewards, strict=True):
@@ -95,7 +107,10 @@ class ChatRollouts:
         if parsed.calls or parsed.errors:
             results = await self.runner.run_turn(parsed)
             sample.tool_calls += len(parsed.calls) + len(parsed.errors)
-            sample.tool_errors += sum(r["content"].startswith("error: ") for r in results)
+            sample.tool_errors += len(parsed.errors)
+            sample.tool_errors += sum(
+                r["role"] == "tool" and r["content"].startswith("error: ") for r in results
+            )
             return results
         if not hasattr(self.env, "respond"):
             return []
@@ -104,17 +119,25 @@ class ChatRollouts:
         return [] if reply is None else [{"role": "user", "content": reply}]
 
     async def episode(self, prompt: Prompt) -> Sample:
-        sample, server = Sample(), None
-        sample.add(await self.renderer.prompt(self.messages(prompt)), sampled=False)
+        sample = Sample()
+        await run_episode(
+            sample, self.turns(prompt, sample), self.oc.episode_timeout_s, self.where, self.failures
+        )
+        sample.completion = text_of(sample.conversation)
+        return sample
+
+    async def turns(self, prompt: Prompt, sample: Sample) -> None:
+        """The episode's turns, appended to `sample`; what follows a turn joins the conversation
+        once its ids are rendered, so that a truncated episode's conversation is its ids'."""
+        try:
+            messages = self.messages(prompt)
+        except TriadError as e:
+            raise EpisodeEnded(str(e), "prompt") from None
+        sample.add(await self.renderer.prompt(messages), sampled=False)
+        server = None
         for turn in range(max(max_turns(self.env), 1)):
             before = list(sample.input_ids)
-            try:
-                (c,), server, version = await self.pool.complete(before, 1, prefer=server)
-            except RequestRejected as e:  # the conversation outgrew the model's context: data, not config
-                if turn == 0:
-                    raise RolloutFailed(f"{self.where}: the server refused a prompt: {e}") from None
-                sample.truncated = True
-                break
+            (c,), server, version = await self.pool.complete(before, 1, prefer=server)
             sample.sampled_at(version)
             sample.served_by(server.url)
             sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
@@ -123,13 +146,11 @@ class ChatRollouts:
             message = assistant_message(parsed)
             sample.conversation.append(message)
             if c.truncated or turn + 1 == max_turns(self.env):
-                break
+                return
             new = await self.replies(prompt, parsed, sample)
             if not new:
-                break
-            sample.conversation += new
+                return
             ended_on_token = c.finish_reason == "stop"
             following = await self.renderer.after_turn(c.token_ids, ended_on_token, message, new)
+            sample.conversation += new
             sample.add(following, sampled=False)
-        sample.completion = text_of(sample.conversation)
-        return sample

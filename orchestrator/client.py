@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import openai
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.server_calls import RequestRejected, ServerUnreachable
+from orchestrator.server_calls import (
+    RequestFailed,
+    RequestRejected,
+    ServerUnreachable,
+    answer_error,
+    refused,
+)
+from orchestrator.tool_calls import one_line
 from shared.admin_api import (
     ADAPTERS_ROUTE,
     ADMIN_PREFIX,
@@ -39,6 +46,9 @@ DERENDER_ROUTE = "/v1/chat/completions/derender"
 class ContextFull(RequestRejected):
     """The ids so far leave no room in the model's context for another token."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "context")
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -50,14 +60,28 @@ class Completion:
     finish_reason: str = "stop"  # "stop": it ended on an end-of-turn token; "length": truncated
 
 
-def parse_choice(choice: openai.types.CompletionChoice) -> Completion:
-    """Token ids and sampler logprobs exactly as the server produced them."""
+FINISHED = ("stop", "length")  # vLLM's other finish reasons (abort, error) end no turn
+
+
+def parse_choice(choice: openai.types.CompletionChoice, sent: str | list[int]) -> Completion:
+    """Token ids and sampler logprobs exactly as the server produced them, for the prompt `sent`.
+    A sample the server did not finish (`abort`, `error`, none) or whose prompt ids are not the ids
+    sent is a failed request (TriadError: retried)."""
     extra = choice.model_extra or {}
     prompt_ids, token_ids = extra.get("prompt_token_ids"), extra.get("token_ids")
     if prompt_ids is None or token_ids is None:
         raise TriadError(
             "the inference server did not return token ids (`return_token_ids`); "
             "triad needs a vLLM-compatible server that does"
+        )
+    if choice.finish_reason not in FINISHED:
+        raise TriadError(f"the inference server ended a sample with finish_reason {choice.finish_reason!r}")
+    if isinstance(sent, list) and list(prompt_ids) != sent:
+        pairs = enumerate(zip(prompt_ids, sent, strict=False))
+        at = next((i for i, (a, b) in pairs if a != b), min(len(sent), len(prompt_ids)))
+        raise TriadError(
+            f"the inference server's prompt_token_ids differ from the {len(sent)} ids sent, at index {at} "
+            f"({len(prompt_ids)} came back)"
         )
     logprobs = choice.logprobs.token_logprobs if choice.logprobs else None
     if logprobs is None or len(logprobs) != len(token_ids):
@@ -68,7 +92,7 @@ def parse_choice(choice: openai.types.CompletionChoice) -> Completion:
         logprobs=[float(x) for x in logprobs],
         text=choice.text,
         truncated=choice.finish_reason == "length",
-        finish_reason=choice.finish_reason or "stop",
+        finish_reason=choice.finish_reason,
     )
 
 
@@ -143,14 +167,18 @@ class InferenceClient:
         except openai.APITimeoutError:
             raise TriadError(f"rollout request to {self.base_url} timed out") from None
         except openai.APIStatusError as e:
-            if 400 <= e.status_code < 500 and e.status_code not in (408, 429):
-                raise RequestRejected(f"{self.base_url} rejected a rollout request: {e}") from None
+            message = f"rollout request to {self.base_url} failed: {e}"
+            if refused(e.status_code):
+                message = f"{self.base_url} rejected a rollout request: {e}"
+            raise answer_error(e.status_code, e.response.headers, message, "generate") from None
+        except (openai.APIError, httpx.HTTPError) as e:
             raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
-        except openai.APIError as e:
-            raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
+        except (ValueError, ValidationError) as e:  # a cut or invalid body (json's JSONDecodeError)
+            why = one_line(f"{type(e).__name__}: {e}", 200)
+            raise RequestFailed(f"rollout request to {self.base_url} answered no completion: {why}") from None
         finally:
             self.inflight -= 1
-        return [parse_choice(c) for c in response.choices]
+        return [parse_choice(c, prompt) for c in response.choices]
 
     async def healthy(self) -> bool:
         return bool(await self._healthy())
@@ -253,12 +281,13 @@ class ChatRoutes:
             body["chat_template_kwargs"] = template_kwargs
         if self.has_render is not False:
             r = await self._post(RENDER_ROUTE, body)
-            self.has_render = r.status_code not in (403, 404)
+            if self.has_render is None:  # decided once: a later 403/404 is that request's refusal
+                self.has_render = r.status_code not in (403, 404)
             if self.has_render:
-                return list(self._rendered(r, RENDER_ROUTE)["token_ids"])
+                return list(self._rendered(r, RENDER_ROUTE, "token_ids"))
         if not generation_prompt:
             body["continue_final_message"] = False
-        return list(self._rendered(await self._post("/tokenize", body), "/tokenize")["tokens"])
+        return list(self._rendered(await self._post("/tokenize", body), "/tokenize", "tokens"))
 
     async def derender(
         self,
@@ -288,10 +317,15 @@ class ChatRoutes:
             "prompt_token_ids": prompt_ids,  # a reasoning parser sees whether the prompt opened `<think>`
         }
         r = await self._post(DERENDER_ROUTE, body)
-        self.has_derender = r.status_code not in (403, 404)
+        if self.has_derender is None:  # decided once: a later 403/404 is that request's refusal
+            self.has_derender = r.status_code not in (403, 404)
         if not self.has_derender:
             return None
-        return dict(self._rendered(r, DERENDER_ROUTE)["choices"][0]["message"])
+        choices = self._rendered(r, DERENDER_ROUTE, "choices")
+        try:
+            return dict(choices[0]["message"])
+        except (IndexError, KeyError, TypeError, ValueError):
+            raise RequestFailed(f"POST {self.client.base_url}{DERENDER_ROUTE} answered no message") from None
 
     async def _post(self, route: str, body: dict) -> httpx.Response:
         try:
@@ -301,9 +335,14 @@ class ChatRoutes:
         except httpx.HTTPError as e:
             raise TriadError(f"POST {self.client.base_url}{route} failed: {e!r}") from None
 
-    def _rendered(self, r: httpx.Response, route: str) -> dict:
+    def _rendered(self, r: httpx.Response, route: str, key: str) -> Any:
+        """`key` of the answer's JSON body; an error answer as `answer_error` maps it."""
+        url = f"{self.client.base_url}{route}"
         if r.status_code != 200:
-            detail = " ".join(r.text[:300].split())
-            error = RequestRejected if 400 <= r.status_code < 500 else TriadError
-            raise error(f"POST {self.client.base_url}{route} answered {r.status_code}: {detail}")
-        return r.json()
+            message = f"POST {url} answered {r.status_code}: {one_line(r.text, 300)}"
+            cause = "derender" if route == DERENDER_ROUTE else "render"
+            raise answer_error(r.status_code, r.headers, message, cause)
+        try:
+            return r.json()[key]
+        except (ValueError, KeyError, TypeError) as e:  # a cut or invalid body
+            raise RequestFailed(f"POST {url} answered no {key!r}: {one_line(repr(e), 200)}") from None

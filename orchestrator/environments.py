@@ -50,7 +50,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from orchestrator import env_calls
 from orchestrator.env_calls import TooManyStuck
+from orchestrator.failures import EpisodeEnded, RolloutFailed
 from orchestrator.prompt import Prompt
+from orchestrator.tool_calls import one_line
 from shared.errors import TriadError
 
 log = logging.getLogger("triad.orchestrator")
@@ -83,39 +85,59 @@ async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -
         except (TimeoutError, TooManyStuck):
             raise
         except Exception as e:
-            raise TriadError(f"{what} raised {type(e).__name__}: {e}") from e
+            raise TriadError(one_line(f"{what} raised {type(e).__name__}: {e}")) from e
 
 
 async def score(env: Environment, prompt: Prompt, completion: str | list[dict], timeout: float) -> float:
-    """The environment's reward, as a float; a reward that times out scores 0."""
+    """The environment's reward, as a float; a reward that times out scores 0. One that raises or
+    returns no number drops its group (RolloutFailed, cause `reward`)."""
+    what = f"environment {env.name!r}: reward"
     try:
-        value = await _call(env.reward, timeout, f"environment {env.name!r}: reward", prompt, completion)
+        value = await _call(env.reward, timeout, what, prompt, completion)
     except TimeoutError:
         log.warning("environment %r: reward took over %g s (env_timeout_s): scored 0", env.name, timeout)
         return 0.0
-    return float(value)
+    except TriadError as e:
+        raise RolloutFailed(str(e), "reward") from None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise RolloutFailed(f"{what} returned {type(value).__name__}, not a number", "reward") from None
 
 
 async def respond(
     env: Environment, prompt: Prompt, completion: str | list[dict], timeout: float
 ) -> str | None:
-    reply = await _call(env.respond, timeout, f"environment {env.name!r}: respond", prompt, completion)
+    """The environment's next message, or None; EpisodeEnded (cause `respond`) if it raises, runs
+    past `timeout` or returns no str: the episode cannot go on."""
+    what = f"environment {env.name!r}: respond"
+    try:
+        reply = await _call(env.respond, timeout, what, prompt, completion)
+    except TimeoutError:
+        raise EpisodeEnded(f"{what} took over {timeout:g} s (env_timeout_s)", "respond") from None
+    except TriadError as e:
+        raise EpisodeEnded(str(e), "respond") from None
     if reply is not None and not isinstance(reply, str):
-        raise TriadError(f"environment {env.name!r}: respond returned {type(reply).__name__}, not str/None")
+        raise EpisodeEnded(f"{what} returned {type(reply).__name__}, not str/None", "respond")
     return reply
 
 
 async def env_metrics(env: Environment, prompt: Prompt, seen: Any, timeout: float) -> dict[str, float]:
-    """The environment's own numbers for one episode; {} if it keeps none."""
+    """The environment's own numbers for one episode; {} if it keeps none. One that raises or
+    returns no dict of numbers drops its group (RolloutFailed, cause `metrics`)."""
     if not hasattr(env, "metrics"):
         return {}
+    what = f"environment {env.name!r}: metrics"
     try:
-        values = await _call(env.metrics, timeout, f"environment {env.name!r}: metrics", prompt, seen)
+        values = await _call(env.metrics, timeout, what, prompt, seen)
     except TimeoutError:
         log.warning("environment %r: metrics took over %g s (env_timeout_s): none kept", env.name, timeout)
         return {}
+    except TriadError as e:
+        raise RolloutFailed(str(e), "metrics") from None
     if not isinstance(values, dict) or not all(isinstance(v, int | float) for v in values.values()):
-        raise TriadError(f"environment {env.name!r}: metrics() must return a dict of numbers, got {values!r}")
+        got = one_line(repr(values), 200)
+        raise RolloutFailed(f"{what}() must return a dict of numbers, got {got}", "metrics")
     return {str(k): float(v) for k, v in values.items()}
 
 

@@ -15,6 +15,7 @@ from typing import Protocol
 from orchestrator.agents import AgentRollouts
 from orchestrator.chat_rollout import ChatRollouts
 from orchestrator.environments import Environment, Prompt, env_tools
+from orchestrator.failures import Failures
 from orchestrator.pool import ServerPool
 from orchestrator.rollout import TextRollouts
 from orchestrator.sample import Sample
@@ -33,12 +34,14 @@ class Episodes(Protocol):
     async def stop(self) -> None: ...
 
 
-def episodes_for(env: Environment, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> Episodes:
+def episodes_for(
+    env: Environment, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str, failures: Failures
+) -> Episodes:
     """Agent episodes for an environment with `run_agent`; chat episodes by config, for an
     environment with tools or one whose prompts are chat; text episodes otherwise. `tool_parser`:
-    the servers' (`inference.tool_parser`)."""
+    the servers' (`inference.tool_parser`); episodes cut short are counted in `failures`."""
     if hasattr(env, "run_agent"):
         return AgentRollouts(env, pool, oc, tool_parser)
     if oc.chat or env_tools(env) or env.sample(random.Random(0)).is_chat:
-        return ChatRollouts(env, pool, oc, tool_parser)
-    return TextRollouts(env, pool, oc)
+        return ChatRollouts(env, pool, oc, tool_parser, failures)
+    return TextRollouts(env, pool, oc, failures)

@@ -54,6 +54,7 @@ from orchestrator.draws import Draw, Draws, resume_position
 from orchestrator.environments import Environment, eval_prompts, load_environment, max_turns
 from orchestrator.episodes import episodes_for
 from orchestrator.evaluation import evaluate_and_log
+from orchestrator.failures import Failures
 from orchestrator.fleet import Fleet
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
@@ -83,32 +84,6 @@ async def to_thread_to_completion(fn: Callable[..., T], *args: Any) -> T:
         raise
 
 
-class FailedGroups:
-    """Groups whose rollout failed: counted for the step's metrics, and in a row, so that a run
-    in which every group fails stops instead of retrying for ever."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_a_row = 0
-        self.since_step = 0
-
-    def failed(self, error: RolloutFailed) -> None:
-        self.in_a_row += 1
-        self.since_step += 1
-        if self.in_a_row >= self.limit:
-            raise TriadError(
-                f"{self.in_a_row} groups failed in a row (orchestrator.max_failed_groups); the last: {error}"
-            )
-
-    def succeeded(self) -> None:
-        self.in_a_row = 0
-
-    def take(self) -> int:
-        """The groups failed since the last call."""
-        count, self.since_step = self.since_step, 0
-        return count
-
-
 class Orchestrator:
     """The scheduler: a producer of groups, an assembler of batches, and the weight follower."""
 
@@ -127,7 +102,8 @@ class Orchestrator:
         retention = BatchRetention(self.rundir, run_id, self.oc.keep_rollouts)  # prunes at each new version
         self.weights = WeightFollower(cfg, self.rundir, run_id, pool, self.notify, retention.prune_consumed)
         self.builder = BatchBuilder(self.oc, env.name, max_turns(env))
-        self.episodes = episodes_for(env, pool, self.oc, cfg.inference.tool_parser)
+        self.failures = Failures(self.oc.max_failed_groups)  # groups dropped, episodes cut short
+        self.episodes = episodes_for(env, pool, self.oc, cfg.inference.tool_parser, self.failures)
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.draws = Draws(env, cfg.seed, resume_position(self.rundir, run_id, self.first_step - 1))
@@ -141,7 +117,6 @@ class Orchestrator:
         self.accepted = 0  # groups accepted into the batch being assembled
         self.pending = 0  # groups generating or queued
         self.dropped_total = 0
-        self.failures = FailedGroups(self.oc.max_failed_groups)
         self.loop_lag = LoopLag()
         self.guard = GuardWaits()
 
@@ -196,8 +171,8 @@ class Orchestrator:
         except RolloutFailed as e:
             self.pending -= 1
             self.draws.consumed(draw.number)
-            log.warning("dropped a group of %d samples: %s", self.oc.group_size, e)
-            self.failures.failed(e)
+            log.warning("dropped a group of %d samples (%s): %s", self.oc.group_size, e.cause, e)
+            self.failures.group_failed(e)
             await self.notify()
             return
         self.failures.succeeded()
@@ -256,7 +231,7 @@ class Orchestrator:
             **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
             **self.loop_lag.take(), **self.guard.take(),
             samples_dropped=dropped, samples_dropped_total=self.dropped_total, **self.draws.metrics(),
-            groups_filtered=filtered, groups_failed=self.failures.take(), **env_calls.take_counts(),
+            groups_filtered=filtered, **self.failures.take(), **env_calls.take_counts(),
         )  # fmt: skip
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(

@@ -1,9 +1,12 @@
 """Several inference servers behind one call: balancing, retries, health checks.
 
 A request goes to the healthy server with the fewest requests in flight (or the
-one a multi-turn episode already uses). A failed or timed-out request is
-retried on another server after an exponential backoff; a server that fails
-`max_server_failures` times in a row is taken out of rotation with a warning.
+one a multi-turn episode already uses). A failed or timed-out request (a 5xx,
+408 or 429 answer, a cut or invalid body, a dropped connection) is retried on
+another server after an exponential backoff, or the server's `Retry-After`
+if longer (both bounded by MAX_BACKOFF_S); a refused one (another 4xx) is not.
+A server that fails `max_server_failures` times in a row is taken out of
+rotation with a warning.
 The health watcher polls every server: one that stops answering is taken out,
 one that comes back (a restart, say) is given the run's current weights before
 it serves rollouts again. With no healthy server for `inference_timeout_s` the
@@ -21,16 +24,13 @@ from typing import TypeVar
 
 from orchestrator.backends.base import WeightBackend
 from orchestrator.client import Completion, InferenceClient, RequestRejected
+from orchestrator.failures import RolloutFailed
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 
 T = TypeVar("T")
 log = logging.getLogger("triad.orchestrator")
 MAX_BACKOFF_S = 30.0
-
-
-class RolloutFailed(TriadError):
-    """Every attempt at a request failed; the group it belongs to is dropped."""
 
 
 @dataclass
@@ -137,7 +137,8 @@ class ServerPool:
                 server.failures += 1
                 if server.failures >= self.oc.max_server_failures:
                     self.take_out(server, f"{server.failures} failed requests in a row, the last: {e}")
-                await asyncio.sleep(min(self.oc.retry_backoff_s * 2**attempt, MAX_BACKOFF_S))
+                asked = getattr(e, "retry_after", None) or 0.0  # the server's Retry-After, if it gave one
+                await asyncio.sleep(min(max(self.oc.retry_backoff_s * 2**attempt, asked), MAX_BACKOFF_S))
                 continue
             server.failures, server.answered_at = 0, time.time()
             return out, server

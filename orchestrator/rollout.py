@@ -3,7 +3,8 @@
 The prompt is tokenised once by the server, each later model turn continues from
 the exact token ids so far, and an environment message is tokenised by the
 server's `/tokenize` and appended with `loss_mask = false` and logprob 0. A
-single-turn group is one request with `n` samples. Chat prompts (and text
+single-turn group is one request with `n` samples. An episode that cannot go on
+is dropped or ends truncated as `failures.py` says. Chat prompts (and text
 prompts with `orchestrator.chat`) are `chat_rollout.ChatRollouts`' instead.
 """
 
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 
-from orchestrator.client import Completion, RequestRejected
+from orchestrator.client import Completion
 from orchestrator.environments import Environment, Prompt, max_turns, respond, score
-from orchestrator.pool import RolloutFailed, ServerPool
+from orchestrator.failures import Failures, finished_episodes, run_episode
+from orchestrator.pool import ServerPool
 from orchestrator.sample import Sample
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
@@ -26,18 +28,14 @@ def single_turn(c: Completion, version: int, server: str) -> Sample:
     return sample
 
 
-async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeout: float) -> Sample:
-    """Model and environment take turns until the environment ends it or `max_turns`."""
-    sample, server = Sample(), None
+async def turns(
+    env: Environment, prompt: Prompt, pool: ServerPool, env_timeout: float, sample: Sample
+) -> None:
+    """Model and environment take turns, filling `sample`, until the environment ends it or `max_turns`."""
+    server = None
     request: str | list[int] = prompt.text
     for turn in range(max_turns(env)):
-        try:
-            (c,), server, version = await pool.complete(request, 1, prefer=server)
-        except RequestRejected as e:  # the conversation outgrew the model's context: data, not config
-            if turn == 0:
-                raise RolloutFailed(f"environment {env.name!r}: the server refused a prompt: {e}") from None
-            sample.truncated = True
-            break
+        (c,), server, version = await pool.complete(request, 1, prefer=server)
         if turn == 0:
             sample.add(c.prompt_ids, sampled=False)
         sample.sampled_at(version)
@@ -56,14 +54,17 @@ async def episode(env: Environment, prompt: Prompt, pool: ServerPool, env_timeou
         sample.add(ids, sampled=False)
         sample.completion += reply
         request = sample.input_ids
-    return sample
 
 
 class TextRollouts:
     """Text episodes of one environment."""
 
-    def __init__(self, env: Environment, pool: ServerPool, oc: OrchestratorConfig) -> None:
+    def __init__(
+        self, env: Environment, pool: ServerPool, oc: OrchestratorConfig, failures: Failures | None = None
+    ) -> None:
         self.env, self.pool, self.oc = env, pool, oc
+        self.failures = failures or Failures(oc.max_failed_groups)
+        self.where = f"environment {env.name!r}"
 
     async def start(self, prompt: Prompt) -> None:
         return None
@@ -71,20 +72,33 @@ class TextRollouts:
     async def stop(self) -> None:
         return None
 
+    async def episode(self, prompt: Prompt) -> Sample:
+        sample = Sample()
+        work = turns(self.env, prompt, self.pool, self.oc.env_timeout_s, sample)
+        return await run_episode(sample, work, self.oc.episode_timeout_s, self.where, self.failures)
+
+    async def single_turn_group(self, prompt: Prompt, size: int) -> list[Sample]:
+        """One request with `size` samples; an episode with no turn: a refused or late one drops the group."""
+        sample = Sample()  # stays without a turn: whatever ends it drops the group
+        samples: list[Sample] = []
+
+        async def request() -> None:
+            completions, server, version = await self.pool.complete(prompt.text, size)
+            samples.extend(single_turn(c, version, server.url) for c in completions)
+
+        await run_episode(sample, request(), self.oc.episode_timeout_s, self.where, self.failures)
+        return samples
+
     async def group(self, prompt: Prompt, size: int) -> list[Sample]:
         """`size` scored samples of `prompt` (one request with `size` samples if single-turn)."""
         if prompt.is_chat:
-            raise TriadError(
-                f"environment {self.env.name!r} gave a chat prompt, but chat rollouts are not set up"
-            )
-        timeout = self.oc.env_timeout_s
+            raise TriadError(f"{self.where} gave a chat prompt, but chat rollouts are not set up")
         if max_turns(self.env) == 1:
-            completions, server, version = await self.pool.complete(prompt.text, size)
-            samples = [single_turn(c, version, server.url) for c in completions]
+            samples = await self.single_turn_group(prompt, size)
         else:
-            samples = list(
-                await asyncio.gather(*(episode(self.env, prompt, self.pool, timeout) for _ in range(size)))
-            )
+            episodes = [self.episode(prompt) for _ in range(size)]
+            samples = await finished_episodes(episodes, self.oc.partial_groups, self.failures)
+        timeout = self.oc.env_timeout_s
         rewards = await asyncio.gather(*(score(self.env, prompt, s.completion, timeout) for s in samples))
         for sample, reward in zip(samples, rewards, strict=True):
             sample.reward = reward

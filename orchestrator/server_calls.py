@@ -2,7 +2,10 @@
 
 - `ServerUnreachable`: no answer at all (refused, name not resolved, timed out): the server may
   come back;
-- `RequestRejected`: the server refused the request itself (4xx): retrying elsewhere will not help;
+- `RequestRejected`: the server refused the request itself (4xx but 408 and 429): retrying elsewhere
+  will not help;
+- `RequestFailed`: an error answer that may pass (5xx, 408, 429, a cut or invalid body): retried,
+  after the server's `Retry-After` if it named one;
 - `TriadError`: any other failure, naming the method, the URL and what the server answered.
 """
 
@@ -14,11 +17,46 @@ from shared.errors import TriadError
 
 
 class RequestRejected(TriadError):
-    """The server refused the request itself (4xx): retrying elsewhere will not help."""
+    """The server refused the request itself (4xx): retrying elsewhere will not help. `cause` names
+    the request, for the episode it ends (`orchestrator/failures.py`)."""
+
+    def __init__(self, message: str, cause: str = "generate") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class ServerUnreachable(TriadError):
     """No answer at all (refused, name not resolved, timed out): the server may come back."""
+
+
+def refused(status: int) -> bool:
+    """A 4xx answer other than a timeout (408) or a busy server (429): retrying will not help."""
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+class RequestFailed(TriadError):
+    """The server answered with an error that may pass (5xx, 408, 429, a cut or invalid body): the
+    pool retries, after `retry_after` seconds if the server named them (`Retry-After`)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds of a `Retry-After` header; None without one, or for an HTTP date (the pool's backoff)."""
+    try:
+        return max(0.0, float(headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def answer_error(status: int, headers: httpx.Headers, message: str, cause: str) -> TriadError:
+    """The one mapping of a server's error answer: a refusal (RequestRejected, not retried) or a
+    failed request (RequestFailed, retried)."""
+    if refused(status):
+        return RequestRejected(message, cause)
+    return RequestFailed(message, retry_after(headers))
 
 
 async def send(http: httpx.AsyncClient, method: str, route: str, **kwargs) -> httpx.Response:
@@ -41,7 +79,7 @@ def answered(r: httpx.Response, rejects: bool = False) -> httpx.Response:
     if r.status_code == 200:
         return r
     detail = " ".join(r.text[:300].split())
-    error = RequestRejected if rejects and 400 <= r.status_code < 500 else TriadError
+    error = RequestRejected if rejects and refused(r.status_code) else TriadError
     url = r.request.url.copy_with(query=None)
     raise error(f"{r.request.method} {url} answered {r.status_code}: {detail}")
 

@@ -212,7 +212,8 @@ def assistant_message(parsed: ParsedTurn) -> dict[str, Any]:
 
 def turn_from_message(message: dict[str, Any]) -> ParsedTurn:
     """A turn as a server's parsers split it (an OpenAI assistant message: `content`, `reasoning`
-    or `reasoning_content`, `tool_calls`), each call checked as `check_call` does and renumbered."""
+    or `reasoning_content`, either of them null, `tool_calls`), each call checked as `check_call`
+    does and renumbered."""
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
     found = message.get("tool_calls") or []
@@ -223,5 +224,7 @@ def turn_from_message(message: dict[str, Any]) -> ParsedTurn:
     if len(found) > MAX_CALLS:
         why = f"too many tool calls: {len(found)} in one turn, at most {MAX_CALLS}; the rest were not run"
         errors.append(ToolCallError(call_id(MAX_CALLS), why))
-    reasoning = message.get("reasoning_content", message.get("reasoning"))
+    reasoning = message.get("reasoning")  # vLLM's field; `reasoning_content` the older one, null if unset
+    if reasoning is None:
+        reasoning = message.get("reasoning_content")
     return ParsedTurn((message.get("content") or "").strip(), calls, errors, reasoning)

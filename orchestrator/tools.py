@@ -177,7 +177,12 @@ class ToolRunner:
         return tool_message(call.id, call.name, await self._content(call))
 
     async def run_turn(self, parsed: ParsedTurn) -> list[dict[str, str]]:
-        """Tool messages for the turn's calls (run concurrently) and its errors, in id order."""
-        answers = list(await asyncio.gather(*(self.run(call) for call in parsed.calls)))
-        answers += [tool_message(e.id, "", _error(e.message)) for e in parsed.errors]
-        return sorted(answers, key=_id_order)
+        """Tool messages answering the turn's calls (run concurrently), in id order, then one user
+        message with the errors of its blocks that were no call: a tool message must answer a call
+        of the assistant message (templates such as gpt-oss's refuse one that does not), and those
+        are not in it."""
+        answers = sorted(await asyncio.gather(*(self.run(call) for call in parsed.calls)), key=_id_order)
+        if parsed.errors:
+            lines = [_error(f"{e.id}: {e.message}") for e in parsed.errors]
+            answers.append({"role": "user", "content": "\n".join(lines)})
+        return answers

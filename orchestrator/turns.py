@@ -69,7 +69,14 @@ class TurnParser:
                 "the server's reasoning parser does not split this model's reasoning from its answer: set "
                 "inference.reasoning_parser (vLLM's --reasoning-parser) to one that fits the model"
             )
-        if tool is not None and not message.get("tool_calls") and tool in content:
+        names = [(c.get("function") or {}).get("name") for c in message.get("tool_calls") or []]
+        if tool is not None and names and names != [tool]:
+            raise TriadError(
+                f"the server's tool parser ({self.tool_parser}) reads this model's call of {tool!r} back as "
+                f"calls of {names!r}: every call would be answered as an unknown tool; set "
+                "orchestrator.tool_parser (vLLM's --tool-call-parser) to one that reads the tool's name"
+            )
+        if tool is not None and not names and tool in content:
             raise TriadError(
                 f"the server's tool parser does not read this model's tool calls back (it left a call of "
                 f"{tool!r} in the text): set inference.tool_parser (vLLM's --tool-call-parser) to one "

@@ -148,6 +148,15 @@ class OrchestratorConfig(Table):
     max_failed_groups: int = Field(
         50, ge=1, description="groups failed in a row (each after every retry) that stop the run"
     )
+    episode_timeout_s: float = Field(
+        1800,
+        ge=0,
+        description="bound on one text or chat episode: past it, it ends truncated (its group is dropped "
+        "before its first turn); 0: none",
+    )
+    partial_groups: bool = Field(
+        False, description="a group trains on its finished episodes (at least 2) when the others were dropped"
+    )
     health_interval_s: float = Field(5, gt=0)
     fleet_poll_s: float = Field(
         2,

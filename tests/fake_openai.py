@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.net import free_port
@@ -61,6 +61,14 @@ class FakeState:
     max_model_len: int | None = None  # as vLLM: in /v1/models, and a longer request is answered 400
     max_tokens_asked: list[int] = field(default_factory=list)
     fail_after: int | None = None  # completion requests after this many answer 500
+    finish_reasons: list[str | None] = field(default_factory=list)  # the next completions' (vLLM's: abort...)
+    prompt_ids_cut: int = 0  # the next N completions return prompt_token_ids without the last id sent
+    renders: int = 0
+    # the next requests to `spoiled_route` answer these statuses (with Retry-After seconds, if given),
+    # then the next `cut_bodies` answers are cut short (invalid JSON)
+    spoiled_route: str = "/v1/chat/completions/render"
+    busy: list[tuple[int, float | None]] = field(default_factory=list)
+    cut_bodies: int = 0
 
 
 def encode(text: str) -> list[int]:
@@ -68,6 +76,19 @@ def encode(text: str) -> list[int]:
 
 
 def make_app(state: FakeState) -> Starlette:
+    def spoiled(request: Request) -> Response | None:
+        """A busy server's answer, or a body cut short, as a proxy in front of vLLM may give."""
+        if request.url.path != state.spoiled_route:
+            return None
+        if state.busy:
+            status, after = state.busy.pop(0)
+            headers = {"Retry-After": f"{after:g}"} if after is not None else {}
+            return JSONResponse({"error": {"message": "busy"}}, status_code=status, headers=headers)
+        if state.cut_bodies > 0:
+            state.cut_bodies -= 1
+            return Response('{"id": "x", "choices": [{"ind', media_type="application/json")
+        return None
+
     def track(delta: int) -> None:
         state.inflight += delta
         state.peak = max(state.peak, state.inflight)
@@ -89,16 +110,27 @@ def make_app(state: FakeState) -> Starlette:
         return JSONResponse({"tokens": encode((await request.json())["prompt"])})
 
     async def render(request: Request) -> JSONResponse:
-        """A ChatML-like rendering over bytes: `role: content` lines (not vLLM's template)."""
+        """A ChatML-like rendering over bytes: `role: content` lines (not vLLM's template). As vLLM's
+        render, a rendering that leaves no room in `max_model_len` for a token is answered 400."""
         body = await request.json()
+        state.renders += 1
+        if (answer := spoiled(request)) is not None:
+            return answer
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in body["messages"])
-        return JSONResponse(
-            {"token_ids": encode(text + ("assistant: " if body["add_generation_prompt"] else ""))}
-        )
+        ids = encode(text + ("assistant: " if body["add_generation_prompt"] else ""))
+        if state.max_model_len is not None and len(ids) >= state.max_model_len:
+            message = (
+                f"This model's maximum context length is {state.max_model_len} tokens. However, your "
+                f"request has {len(ids)} input tokens."
+            )
+            return JSONResponse({"error": {"message": message, "type": "BadRequestError"}}, status_code=400)
+        return JSONResponse({"token_ids": ids})
 
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         state.requests += 1
+        if (answer := spoiled(request)) is not None:
+            return answer
         state.models_asked.append(body.get("model"))
         state.max_tokens_asked.append(body.get("max_tokens"))
         prompt = body["prompt"]
@@ -120,12 +152,16 @@ def make_app(state: FakeState) -> Starlette:
             track(-1)
         prompt = body["prompt"]
         prompt_ids = prompt if isinstance(prompt, list) else encode(prompt)
+        if state.prompt_ids_cut > 0:
+            state.prompt_ids_cut -= 1
+            prompt_ids = prompt_ids[:-1]
+        finish = state.finish_reasons.pop(0) if state.finish_reasons else "stop"
         ids = encode(state.answer)
         choices = [
             {
                 "index": i,
                 "text": state.answer,
-                "finish_reason": "stop",
+                "finish_reason": finish,
                 "logprobs": {
                     "tokens": list(state.answer),
                     "token_logprobs": [-0.5] * len(ids),

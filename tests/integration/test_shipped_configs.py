@@ -15,6 +15,7 @@ from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.environments import load_environment
 from orchestrator.episodes import episodes_for
+from orchestrator.failures import Failures
 from orchestrator.pool import Server, ServerPool
 from shared.config import load_config
 from tests.helpers import REPO
@@ -42,7 +43,7 @@ def test_each_qwen3_configs_environment_starts_and_rolls_out_a_group(
         try:
             await client.wait_ready(60, None)
             pool = ServerPool([Server(client, Frozen())], oc)
-            episodes = episodes_for(env, pool, oc, cfg.inference.tool_parser)
+            episodes = episodes_for(env, pool, oc, cfg.inference.tool_parser, Failures(oc.max_failed_groups))
             prompt = env.sample(random.Random(0))
             await episodes.start(prompt)
             return await episodes.group(prompt, 2)

@@ -13,6 +13,7 @@ from orchestrator.proxy import check_request
 from shared.errors import TriadError
 
 IM_START, IM_END = 1000, 1001  # special tokens of the fake template; bytes are their own ids
+ENDOFTEXT = 1002  # another end-of-sequence token the model may end a turn on
 USER = {"role": "user", "content": "x"}
 CALL = {"id": "call00000", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
 
@@ -79,6 +80,19 @@ def test_after_turn_appends_the_rest_of_the_closing_and_the_new_messages(templat
         renderer.after_turn([*b"partial"], False, {"role": "assistant", "content": "p"}, [tool])
     )
     assert truncated == [IM_END, *b"\n", *added[1:]]
+
+
+@pytest.mark.parametrize("template", [chatml, qwen3_like])
+def test_a_tool_call_turn_that_ended_on_another_end_token_gets_no_json_of_the_probe(template):
+    """Qwen ends a turn on <|endoftext|> too, Llama on <|eom_id|>: the turn's calls were closed by the
+    model. Before: the probe's tail past its first id was appended (`"}"}\n</tool_call>` and
+    <|im_end|> after the turn's own closing)."""
+    renderer, _ = fake_renderer(template)
+    tool = {"role": "tool", "content": "413"}
+    turn = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    sampled = [*b'<tool_call>{"name": "calc", "arguments": {}}</tool_call>', ENDOFTEXT]
+    added = asyncio.run(renderer.after_turn(sampled, True, turn, [tool]))
+    assert added == [*b"\n", IM_START, *b"tool\n413", IM_END, *b"\n", IM_START, *b"assistant\n"]
 
 
 @pytest.mark.parametrize("template", [chatml, qwen3_like])
@@ -226,6 +240,7 @@ def with_think(message: dict) -> dict:
 
 
 THOUGHT = "Let me think this over first."
+MISNAMED = {**CALL, "function": {"name": "calc[CALL_ID]call00000", "arguments": "{}"}}
 LEFT_IN_TEXT = '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
 
 
@@ -237,6 +252,12 @@ LEFT_IN_TEXT = '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
             {"content": f"Done.{LEFT_IN_TEXT}", "reasoning_content": THOUGHT},
             "calc",
             "tool parser does not read",
+        ),
+        (  # Mistral-Small-3.2 through vLLM's `mistral` parser: a call came back, under another name
+            {"content": "Done.", "reasoning_content": THOUGHT, "tool_calls": [MISNAMED]},
+            "calc",
+            r"^the server's tool parser \(auto\) reads this model's call of 'calc' back as calls of "
+            r"\['calc\[CALL_ID\]call00000'\]: ",
         ),
     ],
 )

@@ -12,6 +12,7 @@ import pytest
 from orchestrator import env_calls
 from orchestrator.env_calls import EnvThreads, TooManyStuck
 from orchestrator.environments import score
+from orchestrator.failures import RolloutFailed
 from orchestrator.tools import ToolCall, ToolRunner
 from shared.waiting import async_wait_for
 from tests.helpers import REPO
@@ -165,10 +166,11 @@ def test_at_the_cap_a_reward_fails_in_one_line_and_a_tool_is_answered_with_it(mo
 
     async def main() -> None:
         assert await score(Hung(), None, "x", timeout=0.05) == 0.0  # timed out: now stuck
-        with pytest.raises(
-            TooManyStuck, match=r"not calling .*reward: 1 environment calls .*max_stuck_calls = 1"
-        ):
+        with pytest.raises(  # its group is dropped, counted under `reward`
+            RolloutFailed, match=r"not calling .*reward: 1 environment calls .*max_stuck_calls = 1"
+        ) as e:
             await score(Hung(), None, "x", timeout=0.05)
+        assert e.value.cause == "reward"
         message = await ToolRunner([calc], timeout=1).run(ToolCall("call_0", "calc", {"expression": "1"}))
         assert message["content"].startswith("error: calc raised TooManyStuck: not calling ")
         gate.event.set()

@@ -19,6 +19,7 @@ from orchestrator.envs.basic import ReverseText, positional_match
 from orchestrator.envs.calculator import TextCalculator, evaluate
 from orchestrator.envs.grade_school import GradeSchoolMath, extract_answer, is_correct
 from orchestrator.evaluation import pass_at_k
+from orchestrator.failures import EpisodeEnded, RolloutFailed
 from orchestrator.pool import Server, ServerPool
 from orchestrator.rollout import TextRollouts
 from orchestrator.stats import percentile
@@ -216,12 +217,12 @@ class Blocking:
 
 
 async def bounded(env: Blocking, call: Awaitable[object]) -> object:
-    """`call`'s result (or its TimeoutError) with `env.watch` running beside it; then releases `env`
-    (once the watcher saw it blocked, so that the outcome does not hang on thread timing)."""
+    """`call`'s result (or its TimeoutError or TriadError) with `env.watch` running beside it; then
+    releases `env` (once the watcher saw it blocked, so that the outcome does not hang on thread timing)."""
     watcher = asyncio.create_task(env.watch())
     try:
         return await call
-    except TimeoutError as e:
+    except (TimeoutError, TriadError) as e:
         return e
     finally:
         still_running = not env.returned.is_set()
@@ -241,8 +242,11 @@ def test_a_slow_sync_reward_is_bounded_and_the_loop_keeps_running(caplog):
 
 
 def test_a_slow_sync_respond_is_bounded_and_the_loop_keeps_running():
+    """It used to raise a bare TimeoutError that nothing above caught: the run ended."""
     env = Blocking()
-    assert isinstance(asyncio.run(bounded(env, respond(env, None, "x", timeout=0.1))), TimeoutError)
+    ended = asyncio.run(bounded(env, respond(env, None, "x", timeout=0.1)))
+    assert isinstance(ended, EpisodeEnded) and ended.cause == "respond"
+    assert str(ended) == "environment 'blocking': respond took over 0.1 s (env_timeout_s)"
     assert env.loop_ran_meanwhile
 
 
@@ -259,5 +263,31 @@ def test_sync_and_async_metrics_are_checked_and_bounded():
     counted = Metrics(lambda prompt, episode: {"calls": 2})
     assert asyncio.run(env_metrics(counted, None, None, timeout=1)) == {"calls": 2.0}
     assert asyncio.run(env_metrics(Metrics(slow), None, None, timeout=0.05)) == {}
-    with pytest.raises(TriadError, match=r"environment 'm': metrics\(\) must return a dict of numbers"):
+    with pytest.raises(
+        RolloutFailed, match=r"environment 'm': metrics\(\) must return a dict of numbers"
+    ) as e:
         asyncio.run(env_metrics(Metrics(lambda p, e: {"calls": "two"}), None, None, timeout=1))
+    assert e.value.cause == "metrics"
+    with pytest.raises(RolloutFailed, match="^environment 'm': metrics raised KeyError: 'x'$") as e:
+        asyncio.run(env_metrics(Metrics(lambda p, e: {}["x"]), None, None, timeout=1))
+    assert e.value.cause == "metrics"
+
+
+@pytest.mark.parametrize(
+    "reward, why",
+    [
+        (lambda p, c: 1 / 0, "reward raised ZeroDivisionError: division by zero"),
+        (lambda p, c: "high", "reward returned str, not a number"),
+    ],
+)
+def test_a_reward_that_raises_or_is_no_number_drops_its_group(reward, why):
+    """It used to raise a TriadError the loop did not catch: the run ended."""
+
+    class Odd:
+        name = "odd"
+
+    env = Odd()
+    env.reward = reward
+    with pytest.raises(RolloutFailed, match=f"^environment 'odd': {why}$") as e:
+        asyncio.run(score(env, None, "x", timeout=1))
+    assert e.value.cause == "reward"

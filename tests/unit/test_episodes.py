@@ -78,9 +78,10 @@ def test_a_prompt_over_the_context_drops_its_group_not_the_run():
             finally:
                 await client.close()
 
-        refused = "chatty': the server refused a prompt: .*maximum context length is 3"
-        with pytest.raises(RolloutFailed, match=refused):
+        refused = "chatty': .* rejected a rollout request: .*maximum context length is 3"
+        with pytest.raises(RolloutFailed, match=refused) as e:
             asyncio.run(run())
+    assert e.value.cause == "generate"
 
 
 def test_a_tool_result_is_capped_and_says_so():
@@ -151,8 +152,10 @@ def test_a_request_the_server_refuses_reaches_the_agent_as_a_400_and_the_episode
         fake.state.max_model_len = 30  # the first call fits; the second call's conversation does not
         agent = Agent()
         (sample,) = agent_group(fake, agent)
-    assert [e.status_code for e in agent.errors] == [400]
-    assert "fill the model's context" in str(agent.errors[0])
+    assert [e.status_code for e in agent.errors] == [400]  # as vLLM, the fake's render refuses it first
+    assert "render answered 400: " in str(agent.errors[0]) and "maximum context length is 30" in str(
+        agent.errors[0]
+    )
     assert sample.turns == 1 and sample.reward == 1.0
 
 

@@ -18,7 +18,7 @@ from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt
 from orchestrator.fleet import Fleet
 from orchestrator.pool import Server
-from orchestrator.rollout import episode
+from orchestrator.rollout import TextRollouts
 from orchestrator.sample import Sample
 from services.cli import parser
 from services.report import status_lines
@@ -327,7 +327,8 @@ def test_a_multi_turn_sample_names_each_server_it_went_to(tmp_path):
 
         async def scenario():
             try:
-                return await episode(TwoTurns(fail_first), Prompt("1+1=", "2"), orch.pool, 5)
+                rollouts = TextRollouts(TwoTurns(fail_first), orch.pool, orch.oc)
+                return await rollouts.episode(Prompt("1+1=", "2"))
             finally:
                 await close(orch)
 

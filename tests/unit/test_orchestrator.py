@@ -17,8 +17,9 @@ from orchestrator.backends.triad import TriadAdmin
 from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient, ServerUnreachable
 from orchestrator.environments import Prompt, load_environment
+from orchestrator.failures import Failures
 from orchestrator.integrity import DigestMismatch
-from orchestrator.loop import FailedGroups, Orchestrator, first_user_error, to_thread_to_completion
+from orchestrator.loop import Orchestrator, first_user_error, to_thread_to_completion
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.rollout import single_turn
 from orchestrator.sample import Sample
@@ -313,20 +314,31 @@ def test_the_run_stops_after_max_failed_groups_in_a_row_naming_the_last_cause(tm
 
         error = asyncio.run(run())
     assert isinstance(error, TriadError) and "\n" not in str(error)
-    assert str(error).startswith("5 groups failed in a row (orchestrator.max_failed_groups); the last: ")
+    last = "5 groups failed in a row (orchestrator.max_failed_groups); the last, of cause 'server' ("
+    assert str(error).startswith(last)
     assert "500" in str(error) and bad.state.requests == 5
 
 
 def test_a_group_that_succeeds_restarts_the_count_of_failures_in_a_row():
-    failures, cause = FailedGroups(limit=3), RolloutFailed("completion failed")
+    failures = Failures(limit=3)
+    server, reward = RolloutFailed("completion failed"), RolloutFailed("reward raised KeyError", "reward")
     for _ in range(2):
-        failures.failed(cause)
+        failures.group_failed(server)
     failures.succeeded()
-    for _ in range(2):
-        failures.failed(cause)
-    with pytest.raises(TriadError, match="^3 groups failed in a row .*; the last: completion failed$"):
-        failures.failed(cause)
-    assert failures.take() == 5 and failures.take() == 0  # per step, for groups_failed
+    failures.group_failed(server)
+    failures.group_failed(reward)
+    failures.episode_truncated("respond")
+    with pytest.raises(
+        TriadError, match="^3 groups failed in a row .*; the last, of cause 'reward' .*: reward raised"
+    ):
+        failures.group_failed(reward)
+    assert failures.take() == {  # per step, by cause
+        "groups_failed": 5,
+        "groups_failed_reward": 2,
+        "groups_failed_server": 3,
+        "episodes_truncated_respond": 1,
+    }
+    assert failures.take() == {"groups_failed": 0}
 
 
 def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_path):

@@ -172,7 +172,7 @@ class Routes:
         try:
             return self.template.render(messages, generation_prompt)
         except (jinja2.TemplateError, TypeError) as e:  # vLLM answers such a template error 400
-            raise RequestRejected(f"POST /v1/chat/completions/render answered 400: {e}") from None
+            raise RequestRejected(f"POST /v1/chat/completions/render answered 400: {e}", "render") from None
 
     async def derender(self, token_ids, finish_reason, messages, tools, options, prompt_ids):
         """The planned reply, as the server's parsers split the sampled ids (vLLM's own parsers of these
@@ -289,3 +289,69 @@ def test_the_trainer_gets_the_ids_sampled_plus_the_ids_the_template_appends(cell
     assert sample.loss_mask == mask
     assert sample.logprobs == [-0.5 if m else 0.0 for m in mask]
     assert sample.turns == len(sampled)
+
+
+def rollouts_of(cell: Cell) -> tuple[ChatRollouts, Template, Routes, Pool, Prompt]:
+    env, template = Env(cell), Template(cell)
+    routes = Routes(template, [])
+    pool = Pool(Server(Client(routes)), [])
+    oc = load_config(None, []).orchestrator.model_copy(update={"chat_template_kwargs": cell.kwargs})
+    rollouts = ChatRollouts(env, pool, oc)
+    template.tools = rollouts.runner.schemas or None
+    prompt = env.sample(random.Random(0))
+    asyncio.run(rollouts.start(prompt))
+    return rollouts, template, routes, pool, prompt
+
+
+def tool_cells(fits) -> list[Cell]:
+    return [
+        Cell(name, "tools", True if spec["thinking"] == "switch" else None)
+        for name, spec in FAMILIES.items()
+        if refused(Cell(name, "tools", None)) is None and fits(spec)
+    ]
+
+
+# a family whose tool-call turns end on a call token (gpt-oss's <|call|>) has no other end for them
+OTHER_END = tool_cells(
+    lambda spec: (
+        len(spec["eos"]) > 1
+        and spec["eos"][1] not in spec["role_tokens"]
+        and not set(spec["eos"]) & set(spec.get("tool_call_tokens", []))
+    )
+)
+
+
+@pytest.mark.parametrize("cell", OTHER_END, ids=lambda c: c.family)
+def test_a_tool_call_turn_that_ends_on_another_end_token_is_followed_by_the_template_alone(cell: Cell):
+    """Qwen may end a turn on <|endoftext|>, Llama on <|eom_id|>: the ids after it are those the template
+    writes after the turn's end. Before: the probe's JSON tail (past its first id) was appended."""
+    rollouts, template, routes, pool, prompt = rollouts_of(cell)
+    routes.planned = cell.replies()
+    sampled, following = planned_ids(cell, template)
+    ends = [template.ids(t)[0] for t in family(cell.family)["eos"]]
+    other = next(e for e in ends if e != sampled[0][-1] and e not in following[0])
+    sampled[0] = [*sampled[0][:-1], other]
+    pool.turns = [list(ids) for ids in sampled]
+    sample = asyncio.run(rollouts.episode(prompt))
+    first = template.render(prompt.messages, True)
+    assert sample.input_ids == first + sampled[0] + following[0] + sampled[1]
+    assert sample.turns == 2 and not sample.truncated
+
+
+SINGLE_CALL = tool_cells(lambda spec: spec["max_calls_per_turn"] == 1)
+
+
+@pytest.mark.parametrize("cell", SINGLE_CALL, ids=lambda c: c.family)
+def test_more_calls_than_the_template_allows_end_the_episode_truncated_not_the_run(cell: Cell):
+    """Llama 3.x's template raises "only supports single tool-calls" (vLLM's render answers 400) when
+    the turn with two calls is rendered for what follows it, gpt-oss's renders no arguments of the
+    first call. Before: the 400 (or "does not render an assistant message's text") ended the run."""
+    rollouts, template, routes, pool, prompt = rollouts_of(cell)
+    one_call = assistant("", EXPRESSIONS[:1])
+    routes.planned = [assistant("", EXPRESSIONS)]  # what the server's parser read in the turn
+    sampled = template.sampled([{"role": "user", "content": QUESTION}], one_call)
+    pool.turns = [list(sampled)]
+    sample = asyncio.run(rollouts.episode(prompt))
+    assert sample.input_ids == template.render(prompt.messages, True) + sampled
+    assert sample.turns == 1 and sample.truncated and sample.tool_calls == 2
+    assert rollouts.failures.take() == {"groups_failed": 0, "episodes_truncated_render": 1}

@@ -17,6 +17,7 @@ from orchestrator.tool_calls import (
     assistant_message,
     call_id,
     parse_tool_calls,
+    turn_from_message,
 )
 from orchestrator.tools import (
     ToolRunner,
@@ -565,7 +566,9 @@ def test_calls_of_a_turn_run_concurrently():
     assert [m["content"] for m in messages] == ["slept 0.2", "slept 0.2", "woke"]
 
 
-def test_run_turn_answers_calls_and_errors_in_id_order():
+def test_run_turn_answers_calls_in_id_order_and_the_blocks_that_were_no_call_in_a_user_message():
+    """A tool message must answer a call of the assistant message, which holds only the calls that
+    parsed: the others' errors come back in one user message."""
     text = (
         call("add", a=1)
         + "<tool_call>nope</tool_call>"
@@ -576,15 +579,12 @@ def test_run_turn_answers_calls_and_errors_in_id_order():
     messages = asyncio.run(RUNNER.run_turn(parse_tool_calls(text)))
     assert messages == [
         {"role": "tool", "tool_call_id": "call00000", "name": "add", "content": "1"},
-        {
-            "role": "tool",
-            "tool_call_id": "call00001",
-            "name": "",
-            "content": "error: " + NOT_JSON + json_error("nope"),
-        },
         {"role": "tool", "tool_call_id": "call00002", "name": "mul", "content": UNKNOWN_MUL},
         {"role": "tool", "tool_call_id": "call00003", "name": "add", "content": "4"},
-        {"role": "tool", "tool_call_id": "call00004", "name": "", "content": "error: " + TRUNCATED},
+        {
+            "role": "user",
+            "content": f"error: call00001: {NOT_JSON}{json_error('nope')}\nerror: call00004: {TRUNCATED}",
+        },
     ]
 
 
@@ -628,3 +628,16 @@ def test_assistant_message_without_calls_has_no_tool_calls():
         "role": "assistant",
         "content": "",
     }
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"content": "4", "reasoning": "add them", "reasoning_content": None},  # vLLM 0.32: both keys
+        {"content": "4", "reasoning": None, "reasoning_content": "add them"},
+        {"content": "4", "reasoning_content": "add them"},
+    ],
+)
+def test_a_null_reasoning_field_does_not_hide_the_other(message):
+    """Before: `reasoning_content: null` beside vLLM's `reasoning` lost the reasoning."""
+    assert turn_from_message(message).reasoning == "add them"

@@ -97,7 +97,7 @@ def test_a_procedural_environment_keeps_drawing_a_sequence_that_resumes():
 
 RUN = """
 import asyncio, sys
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.client import InferenceClient
 from orchestrator.loop import Orchestrator
 from orchestrator.pool import Server, ServerPool

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator.backends import Frozen
+from orchestrator.backends.frozen import Frozen
 from orchestrator.chat_rollout import ChatRollouts
 from orchestrator.client import InferenceClient, RequestRejected
 from orchestrator.environments import Prompt

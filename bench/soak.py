@@ -50,6 +50,7 @@ SCENARIOS = {
         "vllm_args": CHAT_VLLM_ARGS,
     },
 }
+COUNTED = ("requests_failed", "groups_failed", "episodes_truncated", "episodes_dropped", "env_calls_overran")
 STALL_S = 600.0  # no trained step for this long: the soak has failed (a wedged run)
 ETA = 1
 

@@ -137,9 +137,28 @@ def simulate_speed_entries(r: dict) -> list[Entry]:
     return [(row, r["made_at"][:16].replace("T", " "), "python -m bench.simulate_speed")]
 
 
+def soak_entries(r: dict) -> list[Entry]:
+    rows = []
+    for run in r["results"]:
+        injected = sum(run["proxy_faults"].get("injected", {}).values()) + sum(
+            run["environment_faults"].values()
+        )
+        survived = run["trained_once"] and run["within_eta"] and not any(run["tracebacks"].values())
+        survived = survived and all(code == 0 for code in run["exit_codes"].values())
+        row = (
+            f"fault soak, {run['scenario']}: {r['share']:.0%} of calls spoiled, inference killed twice",
+            f"{run['trained_steps']} of {run['steps']} steps; {injected} faults injected",
+            f"requests_failed {run['orchestrator_failure_counts'].get('requests_failed', 0)}",
+            "survived" if survived else "FAILED",
+        )
+        rows.append((row, r["date"], r["command"]))
+    return rows
+
+
 READERS: dict[str, Callable[[dict], list[Entry]]] = {
     SUITE: suite_entries,
     "quick.json": quick_entries,
+    "soak.json": soak_entries,
     "delta_publish.json": delta_publish_entries,
     "weight_deltas.json": weight_deltas_entries,
     "stock_servers.json": stock_servers_entries,

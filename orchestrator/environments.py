@@ -43,6 +43,8 @@ import asyncio
 import importlib
 import inspect
 import logging
+import math
+import numbers
 import random
 from collections.abc import Awaitable, Callable
 from importlib.metadata import entry_points
@@ -89,20 +91,21 @@ async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -
 
 
 async def score(env: Environment, prompt: Prompt, completion: str | list[dict], timeout: float) -> float:
-    """The environment's reward, as a float; a reward that times out scores 0. One that raises or
-    returns no number drops its group (RolloutFailed, cause `reward`)."""
+    """The environment's reward, as a float. One that raises, runs past `timeout` or returns anything
+    but a finite number drops its group (RolloutFailed, cause `reward`): a score it did not give
+    would train the group on a reward nobody computed."""
     what = f"environment {env.name!r}: reward"
     try:
         value = await _call(env.reward, timeout, what, prompt, completion)
     except TimeoutError:
-        log.warning("environment %r: reward took over %g s (env_timeout_s): scored 0", env.name, timeout)
-        return 0.0
+        raise RolloutFailed(f"{what} took over {timeout:g} s (env_timeout_s)", "reward") from None
     except TriadError as e:
         raise RolloutFailed(str(e), "reward") from None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise RolloutFailed(f"{what} returned {type(value).__name__}, not a number", "reward") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RolloutFailed(f"{what} returned {type(value).__name__}, not a number", "reward")
+    if not math.isfinite(value):
+        raise RolloutFailed(f"{what} returned {value}, not a finite number", "reward")
+    return float(value)
 
 
 async def respond(

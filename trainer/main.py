@@ -20,6 +20,7 @@ inference; checkpoints are written every `trainer.checkpoint.every` updates.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -260,11 +261,15 @@ class Trainer:
             for rows, prox in zip(part.micro_batches, proximal, strict=True)
         )
         started = time.monotonic()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm)
+        grad_norm = float(
+            full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm))
+        )
         failpoint(TRAINER_MID_STEP, step)
-        self.optimizer.step()
+        if math.isfinite(grad_norm):  # the same global norm on every rank: all step, or none
+            self.optimizer.step()
+        else:  # a NaN or inf gradient would make every weight NaN from here on
+            log.warning("step %d: gradient norm %s: this optimizer step is skipped", step, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        grad_norm = float(full_tensor(grad_norm))
         self.optimizer_s += time.monotonic() - started
         return sums, grad_norm
 
@@ -288,7 +293,10 @@ class Trainer:
         with collective_phase(STEP_STATS, self.tc.collective_timeout_s):
             dist.all_reduce(sums)
         metrics = step_metrics(dict(zip(STAT_NAMES, sums.tolist(), strict=True)), rows, grad_norms)
-        metrics.update(lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts))
+        skipped = sum(not math.isfinite(g) for g in grad_norms)
+        metrics.update(
+            lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts), optimizer_steps_skipped=skipped
+        )
         if self.reference is None:
             del metrics["ref_kl"]
         return metrics

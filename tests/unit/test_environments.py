@@ -167,7 +167,7 @@ def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
         assert sample.reward == 0.0
 
 
-def test_a_reward_that_times_out_scores_zero_and_says_so(caplog):
+def test_a_reward_that_times_out_drops_its_group_and_says_why():
     class Slow:
         name = "slow"
 
@@ -178,9 +178,24 @@ def test_a_reward_that_times_out_scores_zero_and_says_so(caplog):
             await asyncio.sleep(10)
             return 1.0
 
-    with caplog.at_level("WARNING", logger="triad.orchestrator"):
-        assert asyncio.run(score(Slow(), None, "x", timeout=0.05)) == 0.0
-    assert "environment 'slow': reward took over 0.05 s" in caplog.text
+    with pytest.raises(RolloutFailed, match=r"^environment 'slow': reward took over 0.05 s") as e:
+        asyncio.run(score(Slow(), None, "x", timeout=0.05))
+    assert e.value.cause == "reward"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "9" * 1000, True, None])
+def test_a_reward_that_is_no_finite_number_drops_its_group(value):
+    """A string of digits used to pass as float('99...9') = inf: every advantage of its group, and
+    then the trainer's loss and weights, became NaN."""
+
+    class Odd:
+        name = "odd"
+
+        def reward(self, prompt, completion):
+            return value
+
+    with pytest.raises(RolloutFailed, match=r"^environment 'odd': reward returned .*not a (finite )?number"):
+        asyncio.run(score(Odd(), None, "x", timeout=5))
 
 
 class Blocking:
@@ -235,10 +250,10 @@ async def bounded(env: Blocking, call: Awaitable[object]) -> object:
 def test_a_slow_sync_reward_is_bounded_and_the_loop_keeps_running(caplog):
     """A sync reward used to run on the event loop: nothing else ran, and the timeout could not fire."""
     env = Blocking()
-    with caplog.at_level("WARNING", logger="triad.orchestrator"):
-        assert asyncio.run(bounded(env, score(env, None, "x", timeout=0.1))) == 0.0
+    failed = asyncio.run(bounded(env, score(env, None, "x", timeout=0.1)))
+    assert isinstance(failed, RolloutFailed) and failed.cause == "reward"
     assert env.loop_ran_meanwhile
-    assert "environment 'blocking': reward took over 0.1 s" in caplog.text
+    assert "environment 'blocking': reward took over 0.1 s" in str(failed)
 
 
 def test_a_slow_sync_respond_is_bounded_and_the_loop_keeps_running():

@@ -14,7 +14,6 @@ private directory (`work`), which vLLM's reload then reads like any published ve
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,10 +29,10 @@ from shared.errors import TriadError
 from shared.faults import INFERENCE_MID_APPLY, failpoint
 from shared.objectcache import sweep_dead_dirs
 from shared.rundir import DeltaFiles, Marker, RunDir, pull_step_dir
-from shared.tmpname import TMP_PREFIX
+from shared.tmpname import TMP_PREFIX, owner_tag
 
 log = logging.getLogger("triad.inference")
-WORK_PREFIX = "triad-deltas-"  # + "<pid>-<random>": a server's private directory of rebuilt versions
+WORK_PREFIX = "triad-deltas-"  # + "<pid>@<host>-<random>": a server's private directory of rebuilt versions
 
 
 def work_dir(parent: Path | None = None) -> Path:
@@ -42,7 +41,7 @@ def work_dir(parent: Path | None = None) -> Path:
     parent = parent or Path(tempfile.gettempdir())
     if sweep_dead_dirs(parent.glob(f"{WORK_PREFIX}*"), WORK_PREFIX):
         log.info("removed the rebuilt weights of servers gone from %s", parent)
-    return Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent))
+    return Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{owner_tag()}-", dir=parent))
 
 
 class ChainBroken(TriadError):

@@ -23,6 +23,7 @@ from shared.delta import changed_words
 from shared.digest import digesting
 from shared.metrics import MetricsWriter
 from shared.rundir import INFERENCE, DeltaFiles, RunDir
+from shared.tmpname import this_host
 from trainer.publish import Metadata, VersionWriter
 
 RUN_ID = "run-deltas"
@@ -191,21 +192,24 @@ def test_every_version_of_30_rebuilds_bit_for_bit_for_a_joiner(tmp_path, every):
 
 
 def test_a_new_work_directory_removes_those_of_servers_gone(tmp_path: Path) -> None:
-    """A server killed mid-run leaves its `triad-deltas-<pid>-*` directory (a rebuilt version of
-    the model's size); the next one removes it, and keeps those of live servers."""
+    """A server killed mid-run leaves its `triad-deltas-<pid>@<host>-*` directory (a rebuilt version of
+    the model's size); the next one removes it, and keeps those of live servers and other machines."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead = tmp_path / f"triad-deltas-{gone.pid}-abc"
-    live = tmp_path / f"triad-deltas-{os.getppid()}-def"
-    other = tmp_path / f"triad-other-{gone.pid}-x"
-    for d in (dead, live, other):
+    dead = tmp_path / f"triad-deltas-{gone.pid}@{this_host()}-abc"
+    live = tmp_path / f"triad-deltas-{os.getppid()}@{this_host()}-def"
+    other = tmp_path / f"triad-other-{gone.pid}@{this_host()}-x"
+    elsewhere = tmp_path / f"triad-deltas-{gone.pid}@another.host-ghi"  # a pid of another machine
+    for d in (dead, live, other, elsewhere):
         (d / "rebuilt").mkdir(parents=True)
         (d / "rebuilt" / "tensors.bin").write_bytes(b"x" * 64)
     work = work_dir(tmp_path)
     assert not dead.exists()
-    assert live.is_dir() and other.is_dir()
-    assert work.is_dir() and work.name.startswith(f"triad-deltas-{os.getpid()}-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, work.name])
+    assert live.is_dir() and other.is_dir() and elsewhere.is_dir()
+    assert work.is_dir() and work.name.startswith(f"triad-deltas-{os.getpid()}@{this_host()}-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, other.name, elsewhere.name, work.name]
+    )
 
 
 def test_a_chain_makes_its_work_directory_only_when_it_rebuilds(tmp_path: Path, monkeypatch) -> None:
@@ -215,4 +219,6 @@ def test_a_chain_makes_its_work_directory_only_when_it_rebuilds(tmp_path: Path, 
     chain = DeltaChain(RunDir(tmp_path / "run"))
     chain.served(3, None, None)
     assert list(tmp_path.glob("triad-deltas-*")) == []
-    assert chain.work.parent == tmp_path and chain.work.name.startswith(f"triad-deltas-{os.getpid()}-")
+    assert chain.work.parent == tmp_path and chain.work.name.startswith(
+        f"triad-deltas-{os.getpid()}@{this_host()}-"
+    )

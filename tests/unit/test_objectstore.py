@@ -370,7 +370,7 @@ def test_one_process_dropping_its_copy_keeps_it_for_another_that_fetched_it(stor
     from shared.tmpname import this_host
 
     with store.writing_dir("w/5") as d:
-        (d / "model.safetensors").write_bytes(b"w" * 256)
+        (d / "tensors.bin").write_bytes(b"w" * 256)
     store.write_bytes("w/5/marker.json", b"marker")
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -381,7 +381,7 @@ def test_one_process_dropping_its_copy_keeps_it_for_another_that_fetched_it(stor
         copy = store.fetch("w/5", last="marker.json")  # this server finds it whole
         assert copy == theirs
         store.drop_local("w/5")  # this server moves on to the next version
-        assert (copy / "model.safetensors").read_bytes() == b"w" * 256
+        assert (copy / "tensors.bin").read_bytes() == b"w" * 256
     finally:
         other.kill()
         other.wait()

@@ -28,10 +28,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from inference.parser_probe import auto_parsers
 from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
-from shared.families import chat_template_of, parsers_for
+from shared.families import chat_template_of
 from shared.fleet import Registration, default_url
 from shared.logs import restore_root_levels, root_levels
 from shared.rundir import INFERENCE, RunDir
@@ -74,9 +75,11 @@ def eager(requested: bool | str, cpu_build: Callable[[], bool]) -> bool:
 
 def parser_args(cfg: TriadConfig, model_path: str) -> list[str]:
     """vLLM's tool-call and reasoning parsers for the model (`inference.tool_parser` and
-    `reasoning_parser`, `auto` by its chat template), which `/v1/chat/completions/derender` applies."""
+    `reasoning_parser`, `auto` by its chat template: its family, else what reads back its own
+    rendering, `inference/parser_probe.py`), which `/v1/chat/completions/derender` applies."""
     ic = cfg.inference
-    tool, reasoning = parsers_for(chat_template_of(Path(model_path)), ic.tool_parser, ic.reasoning_parser)
+    template = chat_template_of(Path(model_path))
+    tool, reasoning = auto_parsers(model_path, template, ic.tool_parser, ic.reasoning_parser)
     args = ["--enable-auto-tool-choice", "--tool-call-parser", tool] if tool else []
     return args + (["--reasoning-parser", reasoning] if reasoning else [])
 

@@ -74,7 +74,7 @@ class TurnParser:
             raise TriadError(
                 f"the server's tool parser ({self.tool_parser}) reads this model's call of {tool!r} back as "
                 f"calls of {names!r}: every call would be answered as an unknown tool; set "
-                "orchestrator.tool_parser (vLLM's --tool-call-parser) to one that reads the tool's name"
+                "inference.tool_parser (vLLM's --tool-call-parser) to one that reads the tool's name"
             )
         if tool is not None and not names and tool in content:
             raise TriadError(

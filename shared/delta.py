@@ -129,30 +129,55 @@ def read_header(blob: bytes) -> tuple[dict, int]:
 def apply(base: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
     """`base` turned into the version `blob` was packed for: new arrays for changed tensors,
     the base's own for the others (never changed in place)."""
-    import numpy as np
+    delta = Delta(blob)
+    delta.check(base)
+    return {name: delta.apply_one(name, words) for name, words in base.items()}
 
-    header, at = read_header(blob)
-    (gap_packed, gap_size), (value_packed, value_size) = header["sizes"]
-    gaps = _decompress(blob[at : at + gap_packed], gap_size)
-    values = _decompress(blob[at + gap_packed : at + gap_packed + value_packed], value_size)
-    check_pair(base, {t["name"]: _Shape(t) for t in header["tensors"]})
-    positions = _unplanes(gaps, 4, "uint32")
-    xor_by_size, out, offset = _split_values(header["tensors"], values), dict(base), 0
-    taken: dict[int, int] = {}
-    for t in header["tensors"]:
-        count, size = t["changed"], t["itemsize"]
-        if count == 0:
-            continue
-        where = np.cumsum(positions[offset : offset + count], dtype=np.int64)
-        xor = xor_by_size[size][taken.get(size, 0) : taken.get(size, 0) + count]
-        taken[size] = taken.get(size, 0) + count
-        offset += count
-        if where[-1] >= t["words"]:
-            raise DeltaMismatch(f"tensor {t['name']}: a position past its {t['words']} words")
-        new = base[t["name"]].reshape(-1).copy()
+
+class Delta:
+    """One packed delta, decompressed once and applied tensor by tensor, so a rebuild can hold
+    one tensor at a time (`inference/deltas.py`)."""
+
+    def __init__(self, blob: bytes) -> None:
+        header, at = read_header(blob)
+        (gap_packed, gap_size), (value_packed, value_size) = header["sizes"]
+        gaps = _decompress(blob[at : at + gap_packed], gap_size)
+        values = _decompress(blob[at + gap_packed : at + gap_packed + value_packed], value_size)
+        self.tensors = {t["name"]: t for t in header["tensors"]}
+        positions = _unplanes(gaps, 4, "uint32")
+        xor_by_size, offset = _split_values(header["tensors"], values), 0
+        taken: dict[int, int] = {}
+        self._changes: dict[str, tuple[Any, Any]] = {}  # name: (position gaps, xor words)
+        for t in header["tensors"]:
+            count, size = t["changed"], t["itemsize"]
+            if count == 0:
+                continue
+            first = taken.get(size, 0)
+            self._changes[t["name"]] = (
+                positions[offset : offset + count],
+                xor_by_size[size][first : first + count],
+            )
+            taken[size] = first + count
+            offset += count
+
+    def check(self, base: Mapping[str, Any]) -> None:
+        """`base` (each tensor's words, or anything with their `size` and `dtype`) fits the delta."""
+        check_pair(base, {name: _Shape(t) for name, t in self.tensors.items()})
+
+    def apply_one(self, name: str, words: Any) -> Any:
+        """Tensor `name` of the new version from its base `words`: a new array if it changed,
+        `words` itself if not."""
+        import numpy as np
+
+        if name not in self._changes:
+            return words
+        gaps, xor = self._changes[name]
+        where = np.cumsum(gaps, dtype=np.int64)
+        if where[-1] >= self.tensors[name]["words"]:
+            raise DeltaMismatch(f"tensor {name}: a position past its {self.tensors[name]['words']} words")
+        new = words.reshape(-1).copy()
         new[where] ^= xor
-        out[t["name"]] = new
-    return out
+        return new
 
 
 def _split_values(tensors: list[dict], values: Any) -> dict[int, Any]:

@@ -34,7 +34,7 @@ FAMILIES = (
     Family("deepseek-v3", ("<｜tool▁calls▁begin｜>",), "deepseek_v3", "deepseek_r1", ("<think>",)),
     Family("deepseek-r1", ("<｜Assistant｜>",), None, "deepseek_r1", ("<think>",)),
     Family("glm-4.5", ("<arg_key>",), "glm45", "glm45", ("<think>",)),
-    Family("qwen3-coder", ("<function=", "<parameter="), "qwen3_coder", "qwen3", ("<think>",)),
+    Family("qwen3-coder", ("<tool_call>", "<function=", "<parameter="), "qwen3_coder", "qwen3", ("<think>",)),
     Family("granite-4", ("<|start_of_role|>", "<tool_call>"), "granite4", "granite", ("thinking",)),
     Family("granite", ("<|start_of_role|>",), "granite", "granite", ("thinking",)),
     Family("smollm3", ("/no_think",), "hermes", "qwen3", ("<think>",)),

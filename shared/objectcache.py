@@ -9,6 +9,7 @@ writes it after the upload, and `fetch` reads it first and writes it into the co
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -22,16 +23,16 @@ from typing import TypeVar
 import pyarrow.fs as pafs
 
 from shared.errors import TriadError
-from shared.tmpname import TMP_PREFIX
+from shared.tmpname import TMP_PREFIX, owner_of, owner_tag, this_host
 
 T = TypeVar("T")
 log = logging.getLogger("triad.store")
 
 
 def sweep_dead_tmp(cache: Path) -> list[Path]:
-    """Remove the `.tmp-<pid>-...` directories under `cache` whose process (on this machine)
-    is gone: a writer or fetcher killed mid-way leaves them behind. Those of live processes
-    stay. Returns what was removed."""
+    """Remove the `.tmp-<pid>@<host>-...` directories under `cache` whose process (on this
+    machine) is gone: a writer or fetcher killed mid-way leaves them behind, and a reader its
+    lease. Those of live processes stay. Returns what was removed."""
     swept = sweep_dead_dirs(cache.rglob(f"{TMP_PREFIX}*") if cache.is_dir() else [], TMP_PREFIX)
     if swept:
         log.info("swept %d directories of dead processes from the cache %s", len(swept), cache)
@@ -39,16 +40,21 @@ def sweep_dead_tmp(cache: Path) -> list[Path]:
 
 
 def sweep_dead_dirs(candidates: Iterable[Path], prefix: str) -> list[Path]:
-    """Remove the directories among `candidates` named `<prefix><pid>-...` whose process (on
-    this machine) is gone; those of live processes, and anything else, stay. Returns what was
-    removed."""
+    """Remove the directories among `candidates` named `<prefix><pid>@<host>-...` (`owner_tag`)
+    whose process, on this machine, is gone; those of live processes, of other machines, and
+    anything else, stay. Returns what was removed."""
     swept = []
     for path in sorted(candidates):
-        pid = path.name.removeprefix(prefix).split("-")[0]
-        if path.name.startswith(prefix) and path.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+        owner = owner_of(path.name, prefix)
+        if owner is not None and path.is_dir() and not owner_alive(*owner):
             shutil.rmtree(path, ignore_errors=True)
             swept.append(path)
     return swept
+
+
+def owner_alive(host: str, pid: int) -> bool:
+    """Another machine's process is taken as alive: its pid cannot be judged here."""
+    return host != this_host() or pid_alive(pid)
 
 
 def pid_alive(pid: int) -> bool:
@@ -111,7 +117,7 @@ class CacheTransfers:
     @contextmanager
     def _scratch(self) -> Iterator[Path]:
         self.cache.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-write-", dir=self.cache))
+        scratch = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{owner_tag()}-write-", dir=self.cache))
         try:
             yield scratch
         finally:
@@ -128,15 +134,18 @@ class CacheTransfers:
     def fetch(self, key: str, last: str | None = None) -> Path:
         """A local copy of everything under `key` (a directory), in the cache, its objects
         downloaded concurrently. `last` (a marker) is read first and written last, so a copy
-        that has it is whole and matches it."""
+        that has it is whole and matches it. The copy is leased to this process until its
+        `drop_local`: other processes of the cache read the same copy (see `drop_local`)."""
         target = self.local_path(key)
         marker = self.read_bytes(f"{key}/{last}") if last else None
-        if marker is not None and (target / last).is_file() and (target / last).read_bytes() == marker:
-            return target  # whole already (its marker came last): another process on this machine fetched it
+        with self._cache_lock():
+            if marker is not None and (target / last).is_file() and (target / last).read_bytes() == marker:
+                self._lease(target).mkdir(exist_ok=True)
+                return target  # whole already (its marker came last): another process fetched it
         infos = self._infos(key, recursive=True)
         check_inside(self.url, self.path(key), infos)
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.parent / f"{TMP_PREFIX}{os.getpid()}-fetch-{uuid.uuid4().hex}"
+        staging = target.parent / f"{TMP_PREFIX}{owner_tag()}-fetch-{uuid.uuid4().hex}"
         try:
             staging.mkdir()
             if any(i.type == pafs.FileType.File for i in infos):
@@ -147,19 +156,53 @@ class CacheTransfers:
                 shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
             if marker is not None:
                 (staging / last).write_bytes(marker)
-            shutil.rmtree(target, ignore_errors=True)
-            try:
-                os.replace(staging, target)
-            except OSError:  # another process on this machine fetched the same copy first
-                if not target.is_dir():
-                    raise
+            with self._cache_lock():
+                shutil.rmtree(target, ignore_errors=True)
+                try:
+                    os.replace(staging, target)
+                except OSError:  # another process on this machine fetched the same copy first
+                    if not target.is_dir():
+                        raise
+                self._lease(target).mkdir(exist_ok=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return target
 
     def drop_local(self, key: str) -> None:
-        """Forget this machine's copy of `key` (keeps the cache bounded)."""
-        shutil.rmtree(self.local_path(key), ignore_errors=True)
+        """Forget this process's copy of `key` (keeps the cache bounded): the copy itself goes
+        once no live process holds a lease on it, so one server never deletes a version that
+        another server of the same cache is loading."""
+        target = self.local_path(key)
+        with self._cache_lock():
+            shutil.rmtree(self._lease(target), ignore_errors=True)
+            if not self._leased(target):
+                shutil.rmtree(target, ignore_errors=True)
+
+    @staticmethod
+    def _lease(target: Path) -> Path:
+        """This process's lease on the copy `target`: an empty directory beside it, which
+        `sweep_dead_tmp` removes once its process is gone."""
+        return target.parent / f"{TMP_PREFIX}{owner_tag()}-lease-{target.name}"
+
+    @staticmethod
+    def _leased(target: Path) -> bool:
+        """Whether a live process (of any machine sharing the cache) holds a lease on `target`."""
+        suffix = f"-lease-{target.name}"
+        siblings = target.parent.iterdir() if target.parent.is_dir() else []
+        owners = [owner_of(p.name, TMP_PREFIX) for p in siblings if p.name.endswith(suffix)]
+        return any(owner is not None and owner_alive(*owner) for owner in owners)
+
+    @contextmanager
+    def _cache_lock(self) -> Iterator[None]:
+        """Leases and the copies they guard change under one lock of the cache (`flock`, which
+        Linux's NFS client takes as a lock of the server)."""
+        self.cache.mkdir(parents=True, exist_ok=True)
+        with open(self.cache / f"{TMP_PREFIX}lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def sweep(self) -> list[Path]:
         """At start: remove the cache's scratch and staging directories of dead processes."""

@@ -264,6 +264,11 @@ class LocalStore:
         return open_watch(self.local_path(key))
 
 
+def machine_cache() -> Path:
+    """This machine's cache of triad (`$TRIAD_CACHE`, default ~/.cache/triad)."""
+    return Path(os.environ.get("TRIAD_CACHE", Path.home() / ".cache" / "triad"))
+
+
 def open_store(root: str | os.PathLike, cache_dir: Path | None = None, timeout_s: float = 300.0) -> Storage:
     """The store of a run directory: an object store for `s3://bucket/prefix`, else local.
     The object store keeps its local copies under `cache_dir` (default `$TRIAD_CACHE/store`)."""
@@ -271,5 +276,5 @@ def open_store(root: str | os.PathLike, cache_dir: Path | None = None, timeout_s
 
     if not is_object_url(root):
         return LocalStore(Path(root))
-    cache = cache_dir or Path(os.environ.get("TRIAD_CACHE", Path.home() / ".cache" / "triad")) / "store"
+    cache = cache_dir or machine_cache() / "store"
     return ObjectStore(str(root), cache, timeout_s)

@@ -358,3 +358,46 @@ def test_metadata_copies_in_a_bucket_are_whole_or_none(store):
     assert weights.copy_files(1, 3, [*names[:3], "missing.json", *names[3:]]) is False
     assert store.children(weights.key(3), dirs=False) == []
     assert weights.copy_files(1, 4, []) is True
+
+
+def test_one_process_dropping_its_copy_keeps_it_for_another_that_fetched_it(store, monkeypatch):
+    """Two servers on one machine share the cache: the copy one drops stays while the other (alive)
+    holds it, and goes once no live process does."""
+    import subprocess
+    import sys
+
+    from shared import objectcache
+    from shared.tmpname import this_host
+
+    with store.writing_dir("w/5") as d:
+        (d / "tensors.bin").write_bytes(b"w" * 256)
+    store.write_bytes("w/5/marker.json", b"marker")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        mine = objectcache.owner_tag
+        monkeypatch.setattr(objectcache, "owner_tag", lambda: f"{other.pid}@{this_host()}")
+        theirs = store.fetch("w/5", last="marker.json")  # the other server's load
+        monkeypatch.setattr(objectcache, "owner_tag", mine)
+        copy = store.fetch("w/5", last="marker.json")  # this server finds it whole
+        assert copy == theirs
+        store.drop_local("w/5")  # this server moves on to the next version
+        assert (copy / "tensors.bin").read_bytes() == b"w" * 256
+    finally:
+        other.kill()
+        other.wait()
+    store.fetch("w/5", last="marker.json")
+    store.drop_local("w/5")  # the other is gone: its lease no longer holds the copy
+    assert not copy.exists()
+    assert [p.name for p in copy.parent.iterdir() if "lease" in p.name] == [
+        f".tmp-{other.pid}@{this_host()}-lease-5"  # swept at the next start (sweep_dead_tmp)
+    ]
+    assert store.sweep() == [copy.parent / f".tmp-{other.pid}@{this_host()}-lease-5"]
+
+
+def test_scratch_names_carry_this_machines_name(store):
+    import os
+
+    from shared.tmpname import this_host
+
+    with store.writing_dir("w/scratch") as d:
+        assert d.name.startswith(f".tmp-{os.getpid()}@{this_host()}-write-")

@@ -152,13 +152,20 @@ def test_the_cache_sweep_removes_what_dead_processes_left_and_keeps_the_living(t
     import sys
 
     from shared.objectcache import sweep_dead_tmp
+    from shared.tmpname import this_host
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
     dead_pid = int(dead.stdout)
     version = RunDir(tmp_path).weights.path(3)  # a fetched version
-    left = [tmp_path / f".tmp-{dead_pid}-write-abc", version.parent / f".tmp-{dead_pid}-fetch-0123"]
+    here = this_host()
+    left = [
+        tmp_path / f".tmp-{dead_pid}@{here}-write-abc",
+        version.parent / f".tmp-{dead_pid}@{here}-fetch-0123",
+    ]
     kept = [
-        tmp_path / f".tmp-{os.getpid()}-write-def",  # this live process's scratch
+        tmp_path / f".tmp-{os.getpid()}@{here}-write-def",  # this live process's scratch
+        tmp_path / f".tmp-{dead_pid}@another.host-write-ghi",  # another machine's (a cache on NFS)
+        tmp_path / f".tmp-{dead_pid}-write-jkl",  # no host: whose pid it is cannot be told
         version,
         version.parent / ".tmp-probe",  # not a process's (no pid): left alone
     ]

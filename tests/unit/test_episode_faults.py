@@ -123,7 +123,7 @@ class Chat:
 def rollout(env, fake: FakeServer, size: int, *sets: str):
     async def run():
         pool = pool_of(fake, *sets)
-        rollouts = ChatRollouts(env, pool, pool.oc)
+        rollouts = ChatRollouts(env, pool, pool.oc, "auto")
         try:
             return await rollouts.group(env.sample(None), size), rollouts.failures.take()
         finally:
@@ -208,7 +208,7 @@ def test_partial_groups_train_on_their_finished_episodes_when_the_option_is_on(p
 
         async def run():
             pool = pool_of(fake, f"orchestrator.partial_groups={str(partial).lower()}")
-            rollouts = ChatRollouts(env, pool, pool.oc)
+            rollouts = ChatRollouts(env, pool, pool.oc, "auto")
             render = rollouts.renderer.render
 
             async def refuse_first(messages, generation_prompt):

@@ -59,7 +59,7 @@ def test_status_shows_a_dataset_runs_epoch(tmp_path):
     rundir = fake_run(tmp_path, steps=3)
     rundir.metrics.writer("orchestrator").log(4, reward_mean=0.5, lag_mean=0.0, lag_max=0, epoch=2.25)
     lines = status_lines(rundir, now=rundir.metrics_file("trainer").stat().st_mtime)
-    (line,) = [x for x in lines if x.strip().startswith("orchestrator")]
+    (line,) = [x for x in lines if x.strip().startswith("orchestrator step")]
     assert "step     4  reward 0.500, lag 0.00 (max 0), epoch 2.25" in line
 
 

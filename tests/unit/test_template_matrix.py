@@ -296,7 +296,7 @@ def rollouts_of(cell: Cell) -> tuple[ChatRollouts, Template, Routes, Pool, Promp
     routes = Routes(template, [])
     pool = Pool(Server(Client(routes)), [])
     oc = load_config(None, []).orchestrator.model_copy(update={"chat_template_kwargs": cell.kwargs})
-    rollouts = ChatRollouts(env, pool, oc)
+    rollouts = ChatRollouts(env, pool, oc, "auto")
     template.tools = rollouts.runner.schemas or None
     prompt = env.sample(random.Random(0))
     asyncio.run(rollouts.start(prompt))

@@ -90,17 +90,29 @@ async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -
             raise TriadError(one_line(f"{what} raised {type(e).__name__}: {e}")) from e
 
 
+async def _call_or(
+    error: type[RolloutFailed | EpisodeEnded],
+    cause: str,
+    fn: Callable[..., Any],
+    timeout: float,
+    what: str,
+    *args,
+) -> Any:
+    """`_call`, with a failure or a run past `timeout` raised as `error` of `cause`."""
+    try:
+        return await _call(fn, timeout, what, *args)
+    except TimeoutError:
+        raise error(f"{what} took over {timeout:g} s (env_timeout_s)", cause) from None
+    except TriadError as e:
+        raise error(str(e), cause) from None
+
+
 async def score(env: Environment, prompt: Prompt, completion: str | list[dict], timeout: float) -> float:
     """The environment's reward, as a float. One that raises, runs past `timeout` or returns anything
     but a finite number drops its group (RolloutFailed, cause `reward`): a score it did not give
     would train the group on a reward nobody computed."""
     what = f"environment {env.name!r}: reward"
-    try:
-        value = await _call(env.reward, timeout, what, prompt, completion)
-    except TimeoutError:
-        raise RolloutFailed(f"{what} took over {timeout:g} s (env_timeout_s)", "reward") from None
-    except TriadError as e:
-        raise RolloutFailed(str(e), "reward") from None
+    value = await _call_or(RolloutFailed, "reward", env.reward, timeout, what, prompt, completion)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RolloutFailed(f"{what} returned {type(value).__name__}, not a number", "reward")
     if not math.isfinite(value):
@@ -114,12 +126,7 @@ async def respond(
     """The environment's next message, or None; EpisodeEnded (cause `respond`) if it raises, runs
     past `timeout` or returns no str: the episode cannot go on."""
     what = f"environment {env.name!r}: respond"
-    try:
-        reply = await _call(env.respond, timeout, what, prompt, completion)
-    except TimeoutError:
-        raise EpisodeEnded(f"{what} took over {timeout:g} s (env_timeout_s)", "respond") from None
-    except TriadError as e:
-        raise EpisodeEnded(str(e), "respond") from None
+    reply = await _call_or(EpisodeEnded, "respond", env.respond, timeout, what, prompt, completion)
     if reply is not None and not isinstance(reply, str):
         raise EpisodeEnded(f"{what} returned {type(reply).__name__}, not str/None", "respond")
     return reply

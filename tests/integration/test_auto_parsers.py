@@ -87,7 +87,7 @@ async def episode(url: str, run_dir: Path) -> None:
     client = InferenceClient(url, None, 120)
     await client.wait_ready(120, None)
     try:
-        from orchestrator.backends import Frozen
+        from orchestrator.backends.frozen import Frozen
         from orchestrator.pool import Server as PoolServer
 
         pool = ServerPool([PoolServer(client, Frozen())], cfg.orchestrator)

@@ -38,7 +38,7 @@ CAUSES = {
     "derender": "the server refused to parse a model turn (4xx)",
     "prompt": "the environment gave a malformed chat prompt",
     "respond": "the environment's respond raised, returned no str, or ran past env_timeout_s",
-    "reward": "the environment's reward raised",
+    "reward": "the environment's reward raised, ran past env_timeout_s or gave no finite number",
     "metrics": "the environment's metrics raised or returned no dict of numbers",
     "timeout": "the episode ran past orchestrator.episode_timeout_s",
 }

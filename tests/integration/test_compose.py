@@ -160,7 +160,7 @@ def test_compose_up_trains_survives_a_killed_trainer_and_comes_down_clean(compos
     kill_trainer_after_checkpoint(compose, rundir)
     killed_at = trained_steps(rundir)[-1]
     wait_for(
-        lambda: "waiting for the trainer to publish weights" in compose.logs("orchestrator") or None,
+        lambda: re.search(r"still waiting for \S+ from the trainer \(", compose.logs("orchestrator")) or None,
         "the orchestrator to say it waits for the trainer",
         timeout=120,
         poll=2,

@@ -189,7 +189,7 @@ class Soak:
             path = rundir.batch_file(step)
             if not path.is_file():
                 continue
-            versions = pq.read_table(path, columns=["version"]).column("version").to_pylist()
+            versions = pq.read_table(path, columns=["policy_version"]).column("policy_version").to_pylist()
             worst, checked = max(worst, step - 1 - min(versions)), checked + 1
         return {"batches": checked, "worst_lag": worst}
 

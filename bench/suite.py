@@ -3,8 +3,8 @@
     bench/run [--steps 60] [--skip-transport] [--skip-peer]
     bench/run --only trainer        (one figure again; the rest kept from suite.json)
 
-Writes bench/results/suite.json and suite.md (this suite's table), then latest.md
-(`bench/summary.py`: the newest figure of every bench).
+Writes bench/results/suite.json and suite.md (this suite's table); `bench/run` then runs
+`bench/summary.py`, which writes latest.md (the newest figure of every bench).
 
 1. asynchrony: samples/s at max_async_level 1 and 2 against 0, and against the
    ideal overlap bound (T_gen + T_train) / max(T_gen, T_train) from the
@@ -581,10 +581,7 @@ def main() -> None:
     (RESULTS / "suite.json").write_text(json.dumps(results, indent=1))
     (RESULTS / "suite.md").write_text(markdown(results))
     print(markdown(results))
-    from bench import summary  # it reads this module's rows
-
-    summary.write()
-    print(f"the newest figure of every bench: {RESULTS / 'latest.md'}")
+    print(f"then `python -m bench.summary` (bench/run runs it) writes {RESULTS / 'latest.md'}")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import httpx
 
+from orchestrator.backends.admin_routes import TriadAdmin
 from orchestrator.backends.base import WeightBackend
 from orchestrator.backends.frozen import Frozen
 from orchestrator.backends.lora import adapter_backend
 from orchestrator.backends.sglang import SGLangUpdate
 from orchestrator.backends.stock_vllm import VLLMRoutes
-from orchestrator.backends.triad import TriadAdmin
 from orchestrator.client import InferenceClient
 from shared.config import TriadConfig, refuse_deltas
 from shared.errors import TriadError

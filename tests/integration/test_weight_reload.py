@@ -190,7 +190,7 @@ def flip_tensor_byte(file: Path) -> str:
 
 def follower_for(run_dir: Path, server: Server):
     """The orchestrator's weight follower over this server, as `triad orchestrator` builds it."""
-    from orchestrator.backends.triad import TriadAdmin
+    from orchestrator.backends.admin_routes import TriadAdmin
     from orchestrator.client import InferenceClient
     from orchestrator.pool import Server as PoolServer
     from orchestrator.pool import ServerPool

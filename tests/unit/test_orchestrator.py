@@ -13,7 +13,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.backends.triad import TriadAdmin
+from orchestrator.backends.admin_routes import TriadAdmin
 from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient, ServerUnreachable
 from orchestrator.environments import Prompt, load_environment

@@ -65,6 +65,21 @@ class Slice:
         return replace(self, proximal=[logprobs_of(rows) for rows in self.micro_batches])
 
 
+def clipped_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, step: int
+) -> float:
+    """Clip the gradients, take the optimizer step and clear them; the global gradient norm. A step
+    whose norm is NaN or infinite is skipped (every rank sees the same norm, so all skip): it would
+    make every weight NaN from here on."""
+    grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        log.warning("step %d: gradient norm %s: this optimizer step is skipped", step, grad_norm)
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def step_metrics(sums: dict[str, float], rows: list[dict], grad_norms: list[float]) -> dict[str, float]:
     """An update's metrics row from the statistics summed over all ranks and slices: the loss is
     the mean of the slices' losses, the rest are per loss token."""
@@ -73,6 +88,7 @@ def step_metrics(sums: dict[str, float], rows: list[dict], grad_norms: list[floa
         loss=sums["loss"] / len(grad_norms),
         grad_norm=sum(grad_norms) / len(grad_norms),
         optimizer_steps=len(grad_norms),
+        optimizer_steps_skipped=sum(not math.isfinite(g) for g in grad_norms),
         tokens=sum(len(r["input_ids"]) for r in rows),
         loss_tokens=loss_token_count(rows),
         clip_frac=(sums["clipped_low"] + sums["clipped_high"]) / tokens,
@@ -261,15 +277,8 @@ class Trainer:
             for rows, prox in zip(part.micro_batches, proximal, strict=True)
         )
         started = time.monotonic()
-        grad_norm = float(
-            full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.max_grad_norm))
-        )
         failpoint(TRAINER_MID_STEP, step)
-        if math.isfinite(grad_norm):  # the same global norm on every rank: all step, or none
-            self.optimizer.step()
-        else:  # a NaN or inf gradient would make every weight NaN from here on
-            log.warning("step %d: gradient norm %s: this optimizer step is skipped", step, grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = clipped_step(self.model, self.optimizer, self.optim.max_grad_norm, step)
         self.optimizer_s += time.monotonic() - started
         return sums, grad_norm
 
@@ -293,10 +302,7 @@ class Trainer:
         with collective_phase(STEP_STATS, self.tc.collective_timeout_s):
             dist.all_reduce(sums)
         metrics = step_metrics(dict(zip(STAT_NAMES, sums.tolist(), strict=True)), rows, grad_norms)
-        skipped = sum(not math.isfinite(g) for g in grad_norms)
-        metrics.update(
-            lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts), optimizer_steps_skipped=skipped
-        )
+        metrics.update(lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts))
         if self.reference is None:
             del metrics["ref_kl"]
         return metrics

@@ -228,6 +228,10 @@ class ParallelConfig(Table):
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA")
     activation_checkpointing: bool = False
     compile: bool = Field(False, description="torch.compile each decoder block")
+    attention: Literal["sdpa", "flex_attention", "eager"] = Field(
+        "sdpa",
+        description="transformers' attention implementation; flex_attention masks packed rows sparsely",
+    )
 
 
 class CheckpointConfig(Table):

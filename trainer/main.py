@@ -153,7 +153,10 @@ def load_policy(tc, model_path: str, device: torch.device, mesh, dtype: torch.dt
     and compiled blocks as configured, sharded by FSDP2 (`tc`: the `[trainer]` section)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation=tc.parallel.attention
+    )
+    model = model.to(device)
     if tc.lora.enabled:  # before sharding: FSDP2 then shards the adapters with their blocks
         from trainer.lora import wrap_lora
 
@@ -167,11 +170,16 @@ def load_policy(tc, model_path: str, device: torch.device, mesh, dtype: torch.dt
     return model
 
 
-def load_reference(model_path: str, device: torch.device, mesh, dtype: torch.dtype) -> torch.nn.Module:
+def load_reference(
+    model_path: str, device: torch.device, mesh, dtype: torch.dtype, attention: str
+) -> torch.nn.Module:
     """A frozen copy of the base model (the KL reference), sharded as the policy is."""
     from transformers import AutoModelForCausalLM
 
-    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    reference = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation=attention
+    )
+    reference = reference.to(device)
     reference.requires_grad_(False).eval()
     apply_fsdp(reference, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
     return reference
@@ -198,7 +206,7 @@ class Trainer:
         self.reference = None
         if self.loss.kl_target == "reference":
             # loaded once the policy is sharded: two full copies at once need not fit on a device
-            self.reference = load_reference(model_path, device, mesh, compute)
+            self.reference = load_reference(model_path, device, mesh, compute, self.parallel.attention)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.optim.lr,

@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+import trainer.forward as forward_module
 from shared.config import LossConfig
 from trainer.data import collate, micro_batches
-from trainer.forward import packed_forward, packing_layout, padded_forward
+from trainer.forward import chunk_logprobs, chunked_logprobs, packed_forward, packing_layout, padded_forward
 from trainer.loss import BatchTotals, entropy, policy_loss, token_logprobs
 
 
@@ -46,17 +47,39 @@ def rows(seed: int = 0) -> list[dict]:
     return out
 
 
-def test_packing_layout_restarts_positions_and_blocks_attention():
-    positions, mask, starts = packing_layout(torch.tensor([[1, 1, 1], [1, 1, 0]]))
+def test_packing_layout_restarts_positions_at_each_row():
+    positions, starts = packing_layout(torch.tensor([[1, 1, 1], [1, 1, 0]]))
     assert positions.tolist() == [[0, 1, 2, 0, 1]]
     assert starts.tolist() == [True, False, False, True, False]
-    assert mask[0, 0].int().tolist() == [
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [1, 1, 1, 0, 0],
-        [0, 0, 0, 1, 0],
-        [0, 0, 0, 1, 1],
-    ]
+
+
+def test_packed_rows_do_not_attend_across_rows():
+    """Changing the first row's tokens leaves the second row's logprobs as they were: the mask
+    transformers builds from the position ids is block-diagonal."""
+    model = tiny_model()
+    batch = collate(rows()[:2], pad_id=0)
+    changed = rows()[:2]
+    changed[0]["input_ids"] = [(t + 1) % 64 for t in changed[0]["input_ids"]]
+    with torch.no_grad():
+        before = packed_forward(model, batch, 1.0)[0]
+        after = packed_forward(model, collate(changed, pad_id=0), 1.0)[0]
+    assert not torch.equal(before[0], after[0])
+    torch.testing.assert_close(before[1], after[1])
+
+
+def test_chunked_logprobs_equal_the_whole_in_values_and_gradients(monkeypatch):
+    torch.manual_seed(0)
+    logits = torch.randn(1, 37, 64, requires_grad=True)
+    targets = torch.randint(0, 64, (1, 37))
+    whole = chunk_logprobs(logits, targets, 0.7, with_entropy=True)
+    (whole[0].sum() + whole[1].sum()).backward()
+    expected_grad, logits.grad = logits.grad.clone(), None
+    monkeypatch.setattr(forward_module, "LOGIT_CHUNK_ELEMENTS", 5 * 64)  # 8 chunks, the last of 2
+    parts = chunked_logprobs(logits, targets, 0.7, with_entropy=True)
+    (parts[0].sum() + parts[1].sum()).backward()
+    torch.testing.assert_close(parts[0], whole[0])
+    torch.testing.assert_close(parts[1], whole[1])
+    torch.testing.assert_close(logits.grad, expected_grad)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -26,9 +26,10 @@ from services.models import resolve_model
 from shared.batch import publish_batch
 from shared.config import LossConfig
 from shared.rundir import TRAINER, RunDir
+from tests.reference import token_logprobs
 from trainer.data import collate
 from trainer.host import keep_freed_memory
-from trainer.loss import BatchTotals, policy_loss, token_logprobs
+from trainer.loss import BatchTotals, policy_loss
 
 STEPS, WARMUP, THREADS, ROUNDS = 24, 4, 2, 3
 

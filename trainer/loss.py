@@ -89,32 +89,6 @@ def distribution_entropy(log_probs: torch.Tensor) -> torch.Tensor:
     return -(log_probs.exp() * log_probs).sum(-1)
 
 
-def next_token_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p(. | input_ids[:t+1]) at temperature T, for t = 0..len-2 (float32)."""
-    return log_softmax_at(logits[:, :-1], temperature)
-
-
-def pick_token_logprobs(log_probs: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """The log-probability of each actual token, aligned to tokens; 0 at t = 0."""
-    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))
-
-
-def token_entropy(log_probs: torch.Tensor) -> torch.Tensor:
-    """Entropy of each next-token distribution, aligned like `pick_token_logprobs`."""
-    return torch.nn.functional.pad(distribution_entropy(log_probs), (1, 0))
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p(input_ids[t] | input_ids[:t]) at temperature T, aligned to tokens; 0 at t = 0."""
-    return pick_token_logprobs(next_token_log_softmax(logits, temperature), input_ids)
-
-
-def entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Per-token entropy of the next-token distribution, aligned like `token_logprobs`."""
-    return token_entropy(next_token_log_softmax(logits, temperature))
-
-
 def kl_penalty(logp: torch.Tensor, logq: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
     diff = logp - logq
     if estimator == "k1":

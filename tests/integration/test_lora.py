@@ -60,7 +60,7 @@ def greedy(url: str, model: str, prompt: list[int]) -> tuple[list[int], list[flo
 
 
 def transformers_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> list[float]:
-    from trainer.loss import token_logprobs
+    from tests.reference import token_logprobs
 
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():

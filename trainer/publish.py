@@ -59,15 +59,15 @@ def published_dtype(choice: str, inference_dtype: str, model_dtype: torch.dtype)
 
 
 @dataclass(frozen=True)
-class Published:
-    """A version this process published as files: the base of the next delta."""
+class DeltaBase:
+    """A version this process published as files, kept as the base of the next delta."""
 
     version: int
     words: dict[str, Any]  # a copy of each tensor's words (`shared/delta.py`): never the live parameters
     digests: dict[str, str]
 
     @classmethod
-    def of(cls, version: int, state: dict[str, torch.Tensor], digests: dict[str, str]) -> Published:
+    def of(cls, version: int, state: dict[str, torch.Tensor], digests: dict[str, str]) -> DeltaBase:
         return cls(version, {n: to_words(t).copy() for n, t in state.items()}, digests)
 
 
@@ -132,7 +132,7 @@ def write_weights(
 
 
 def write_delta(
-    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor], base: Published,
+    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor], base: DeltaBase,
     metadata: Metadata, keep_last: int, protect: frozenset[int] = frozenset(),
 ) -> tuple[float, float, dict[str, str]]:  # fmt: skip
     """Write `weights/step_V/` as a delta from `base` (config, tokenizer, the packed difference,
@@ -198,10 +198,10 @@ class VersionWriter:
 
     def __init__(self, rundir: RunDir, metadata: Metadata, every: int, keep: int) -> None:
         self.rundir, self.metadata, self.every, self.keep = rundir, metadata, every, keep
-        self.base: Published | None = None  # the last version written
+        self.base: DeltaBase | None = None  # the last version written
         self.snapshot = 0  # the newest full snapshot
 
-    def delta_base(self, version: int, snapshot: bool) -> Published | None:
+    def delta_base(self, version: int, snapshot: bool) -> DeltaBase | None:
         if snapshot or self.every == 1 or version % self.every == 0:
             return None
         return self.base if self.base is not None and self.base.version == version - 1 else None
@@ -232,12 +232,12 @@ class VersionWriter:
 
     def next_base(
         self, version: int, exported: dict[str, torch.Tensor], digests: dict[str, str]
-    ) -> Published | None:
+    ) -> DeltaBase | None:
         """A copy of version V, the base of V+1's delta; none (no second model in memory) when
         V+1 is a full snapshot anyway: deltas off (K = 1), or V+1 a multiple of K."""
         if self.every == 1 or (version + 1) % self.every == 0:
             return None
-        return Published.of(version, exported, digests)
+        return DeltaBase.of(version, exported, digests)
 
 
 class Publisher:

@@ -425,3 +425,87 @@ def base_model_gap(model, row: dict) -> float:
         logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
     gaps = [abs(logp[t - 1].item() - row["logprobs"][t]) for t, m in enumerate(row["loss_mask"]) if m and t]
     return max(gaps, default=0.0)
+
+
+FAULTY_ENV = '''
+import itertools
+import time
+
+from orchestrator.environments import Prompt
+from orchestrator.envs import calculator
+
+KINDS = ("fine", "too_long", "reward_raises", "fine", "respond_raises")
+CALLS = itertools.count()
+
+
+def calculate(expression: str) -> str:
+    """Evaluate an integer arithmetic expression."""
+    n = next(CALLS)
+    if n % 3 == 1:  # 1 MB: the next render is over the server's context
+        return "9" * 2**20
+    if n % 3 == 2:  # past env_timeout_s: answered as an error
+        time.sleep(3)
+    return calculator.calculate(expression)
+
+
+class Faulty(calculator.ChatCalculator):
+    """The calculator whose prompts cycle through faults (the start's probe is a fine one)."""
+
+    name = "faulty"
+    tools = (calculate,)
+    drawn = 0
+
+    def sample(self, rng):
+        prompt = super().sample(rng)
+        kind = KINDS[type(self).drawn % len(KINDS)]
+        type(self).drawn += 1
+        if kind == "too_long":  # over the server's 1024-token context: its render answers 400
+            return Prompt(messages=[{"role": "user", "content": "9*9+9=? " * 600}], answer="90")
+        return Prompt(messages=prompt.messages, answer=prompt.answer, meta={"kind": kind})
+
+    def reward(self, prompt, conversation):
+        if prompt.meta["kind"] == "reward_raises":
+            raise ValueError("odd output")
+        return super().reward(prompt, conversation)
+
+    def respond(self, prompt, conversation):
+        if prompt.meta["kind"] == "respond_raises":
+            raise RuntimeError("lost its state")
+        return None
+'''
+
+
+def test_a_run_whose_prompts_rewards_tools_and_replies_fail_reaches_its_last_step(
+    tmp_path, chat_model, chat_server
+):
+    """The orchestrator of a real run (vLLM, torchrun) whose environment's prompt is over the context
+    (render 400), reward raises, respond raises, and tool returns 1 MB (the next render is over the
+    context) or hangs past env_timeout_s: every step is trained, no traceback, each fault counted.
+    Before: the render's 400 ended the orchestrator (`... render answered 400`)."""
+    (tmp_path / "faulty_envs.py").write_text(FAULTY_ENV)
+    limits = ("orchestrator.env_timeout_s=2", "orchestrator.max_tool_result_chars=2000000")
+    cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "faulty_envs:Faulty", *limits)
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}"}
+    with open(tmp_path / "trainer.log", "w") as out:
+        trainer = subprocess.Popen(trainer_cmd(*flags), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        result = run_triad("orchestrator", *flags, timeout=600, env=env)
+        assert trainer.wait(timeout=300) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr + (tmp_path / "trainer.log").read_text()
+    rows = RunDir(cfg.run_dir).metrics.rows("orchestrator")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+
+    def total(key: str) -> int:
+        return sum(r.get(key, 0) for r in rows)
+
+    assert total("groups_failed_render") >= 1 and total("groups_failed_reward") >= 1, rows
+    assert total("groups_failed") == total("groups_failed_render") + total("groups_failed_reward")
+    # the model calls the tool in some turns and answers in others: the 1 MB result ends those
+    # episodes at the next render, a final answer's respond raises
+    cut = total("episodes_truncated_render") + total("episodes_truncated_respond")
+    assert cut >= 1, rows
+    assert [r["step"] for r in RunDir(cfg.run_dir).metrics.rows("trainer")] == list(range(1, STEPS + 1))

@@ -8,12 +8,14 @@ The embedded default's model and task (`builtin:tiny-addition`, addition, 16 gro
 WORKDIR/shared serves first one run alone (its orchestrator and trainer), then two runs at
 once, each with its own run_dir inside the server's and its own orchestrator and trainer.
 A run's samples/s: the samples of its steps after the warm-up over the time they took (from
-the orchestrator's metrics rows).
+the orchestrator's metrics rows); an adapter version's load time is the server's `load_s` (its
+metrics rows), alone and shared.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +66,14 @@ def samples_per_s(run_dir: Path) -> float:
     return sum(r["samples"] for r in rows[1:]) / (rows[-1]["time"] - rows[0]["time"])
 
 
+def load_seconds(server_dir: Path, run_dirs: list[Path]) -> dict[str, float]:
+    """Median and largest time the server took to load one of these runs' adapter versions."""
+    ids = {RunDir(d).read_run().run_id for d in run_dirs}
+    rows = RunDir(server_dir).metrics.rows("inference")
+    times = sorted(r["load_s"] for r in rows if r.get("run_id") in ids)
+    return {"median": statistics.median(times), "max": times[-1]}
+
+
 def runs(run_dirs: list[Path], server_url: str) -> dict[str, float]:
     """Run these runs at once to the end; each one's samples/s."""
     procs = [p for run_dir in run_dirs for p in start(run_dir, server_url)]
@@ -92,6 +102,8 @@ def main() -> None:
         both = runs([shared / "a", shared / "b"], server.url)
     finally:
         server.stop()
+    load_alone = load_seconds(shared, [shared / "alone"])
+    load_shared = load_seconds(shared, [shared / "a", shared / "b"])
     together = both["a"] + both["b"]
     print(
         json.dumps(
@@ -103,6 +115,8 @@ def main() -> None:
                 "sharing_samples_per_s": both,
                 "together_samples_per_s": together,
                 "together_over_alone": together / alone,
+                "adapter_load_s_alone": load_alone,
+                "adapter_load_s_shared": load_shared,
             }
         )
     )

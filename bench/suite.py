@@ -394,7 +394,7 @@ def sharing_rows(results: dict) -> list[Row]:
     if not s:
         return []
     a, b = s["sharing_samples_per_s"]["a"], s["sharing_samples_per_s"]["b"]
-    return [
+    rows = [
         (
             "LoRA runs sharing one server: samples/s of two runs vs one alone (tiny, rank 8)",
             f"{a:.1f} + {b:.1f} = {s['together_samples_per_s']:.1f}/s",
@@ -402,6 +402,17 @@ def sharing_rows(results: dict) -> list[Row]:
             f"{s['together_over_alone']:.2f}x together",
         )
     ]
+    if "adapter_load_s_shared" in s:  # results written before the load times were measured lack it
+        shared, alone = s["adapter_load_s_shared"], s["adapter_load_s_alone"]
+        rows.append(
+            (
+                "LoRA runs sharing one server: an adapter version's load (median, largest)",
+                f"{shared['median']:.2f} s, {shared['max']:.2f} s shared",
+                f"{alone['median']:.2f} s, {alone['max']:.2f} s alone",
+                "",
+            )
+        )
+    return rows
 
 
 def adapter_rows(results: dict) -> list[Row]:

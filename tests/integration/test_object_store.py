@@ -10,11 +10,14 @@ for 10 s (SIGSTOP); the run goes on afterwards. The audit reads the store alone.
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS, ETA = 5, 1
 BUCKET = "triad-run"
 INFERENCE_IP, ORCHESTRATOR_IP = "10.231.78.1", "10.231.78.2"
-STORE_NET = {"inf": "10.232.1", "orc": "10.232.2", "trn": "10.232.3"}  # root side .1, host side .2
+ROLES = ("inf", "orc", "trn")  # each host's own link to the store: root side .1, host side .2
 TOKEN = "s3-test-token"
 OUTAGE_S = 10
 
@@ -47,17 +50,38 @@ def link(ns: str, subnet: str, tag: str) -> None:
     sh("ip", "-n", ns, "link", "set", inner, "up")
 
 
+def free_subnets(count: int) -> list[str]:
+    """`count` prefixes 10.232.N whose addresses the root namespace does not hold: another test
+    session's hosts, or those a killed one left behind, keep theirs."""
+    held = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    taken = {int(m) for m in re.findall(r"inet 10\.232\.(\d+)\.", held)}
+    free = [n for n in range(1, 255) if n not in taken]
+    return [f"10.232.{n}" for n in random.sample(free, count)]
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Three namespaces (a role's host) and the prefix of each one's link to the store."""
+
+    names: dict[str, str]
+    subnets: dict[str, str]
+
+    def __getitem__(self, role: str) -> str:
+        return self.names[role]
+
+
 @pytest.fixture(scope="module")
 def hosts():
     if os.geteuid() != 0 or subprocess.run(["which", "ip"], capture_output=True).returncode != 0:
         pytest.skip("network namespaces need root and iproute2")
     tag = uuid.uuid4().hex[:5]
-    names = {role: f"triad-s3-{role}-{tag}" for role in STORE_NET}
+    names = {role: f"triad-s3-{role}-{tag}" for role in ROLES}
+    subnets = dict(zip(ROLES, free_subnets(len(ROLES)), strict=True))
     try:
         for ns in names.values():
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-        for i, (role, subnet) in enumerate(STORE_NET.items()):
+        for i, (role, subnet) in enumerate(subnets.items()):
             link(names[role], subnet, f"{tag}{i}")
         a, b = f"vi{tag}", f"vo{tag}"
         sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
@@ -69,7 +93,7 @@ def hosts():
         for ns in names.values():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         pytest.skip(f"cannot create network namespaces here: {e.stderr.strip()}")
-    yield names
+    yield Hosts(names, subnets)
     for ns in names.values():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
@@ -82,10 +106,10 @@ def store(tmp_path_factory):
     server.close()
 
 
-def service_env(store: MotoServer, role: str, cache: Path) -> dict[str, str]:
+def service_env(store: MotoServer, hosts: Hosts, role: str, cache: Path) -> dict[str, str]:
     """A host's view: the store at its own link's address, a cache of its own, no shared path."""
     env = {**os.environ, **store.env(), "TRIAD_CACHE": str(cache)}
-    env["AWS_ENDPOINT_URL"] = f"http://{STORE_NET[role]}.1:{store.port}"
+    env["AWS_ENDPOINT_URL"] = f"http://{hosts.subnets[role]}.1:{store.port}"
     return env
 
 
@@ -130,7 +154,7 @@ def test_three_hosts_share_only_a_bucket_and_ride_out_an_outage(
 ):
     url = f"s3://{BUCKET}/run"
     cmd = commands(write_config(tmp_path / "triad.toml", url, tiny_model, STEPS))
-    env = {role: service_env(store, role, tmp_path / f"cache-{role}") for role in STORE_NET}
+    env = {role: service_env(store, hosts, role, tmp_path / f"cache-{role}") for role in ROLES}
     inference, trainer, orchestrator = (
         start(hosts[role], env[role], *cmd[role], log=tmp_path / f"{role}.log")
         for role in ("inf", "trn", "orc")
@@ -193,7 +217,7 @@ def test_three_hosts_each_service_killed_and_restarted(hosts, store, tiny_model,
     all read from the store alone, and no reader ever opened a version or batch before its DONE."""
     url = f"s3://{BUCKET}/kills"
     cmd = commands(write_config(tmp_path / "triad.toml", url, tiny_model, KILL_STEPS))
-    env = {role: service_env(store, role, tmp_path / f"cache-{role}") for role in STORE_NET}
+    env = {role: service_env(store, hosts, role, tmp_path / f"cache-{role}") for role in ROLES}
     audit_file = tmp_path / "reads.jsonl"  # each open of a version or batch by trainer and inference
     for role in ("trn", "inf"):
         env[role][AUDIT_VAR] = str(audit_file)

@@ -54,7 +54,7 @@ class InferenceConfig(Table):
         "auto",
         description="vLLM without torch.compile; auto: eager on a CPU build (its compile there "
         "adds ~12 s to every start and made no batch faster; there the sampler's compiled "
-        "logprob helper runs as plain torch too, see `inference/server.py` eager_env), compiled on GPUs",
+        "logprob helper runs as plain torch too, see `inference/server.py` cpu_env), compiled on GPUs",
     )
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM server flags")
     backend: Literal["auto", "triad", "vllm", "sglang", "none"] = Field(

@@ -5,6 +5,7 @@ import types
 import pytest
 
 from inference import vllm_api
+from shared.config import TriadConfig
 from shared.errors import TriadError
 
 KNOWN = vllm_api.LAUNCHER_ATTRIBUTES + (vllm_api.CPU_REPACK,)
@@ -99,14 +100,31 @@ def test_engine_check_names_the_missing_method():
     vllm_api.check_engine(engine_without(None))
 
 
-def test_eager_on_a_cpu_build_also_runs_the_samplers_compiled_helpers_as_plain_torch():
-    from argparse import Namespace
+def test_a_cpu_build_runs_the_samplers_helpers_as_plain_torch_when_eager_and_one_worker_in_the_engine():
+    from inference.server import cpu_env, parse_vllm_args
 
-    from inference.server import eager_env
+    def env(*flags: str, cpu: bool = True) -> dict[str, str]:
+        return cpu_env(parse_vllm_args(["--model", "m", *flags]), cpu_build=lambda: cpu)
 
-    assert eager_env(Namespace(enforce_eager=True), cpu_build=lambda: True) == {"TORCHDYNAMO_DISABLE": "1"}
-    assert eager_env(Namespace(enforce_eager=True), cpu_build=lambda: False) == {}  # GPUs keep them
-    assert eager_env(Namespace(enforce_eager=False), cpu_build=lambda: True) == {}
+    one = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert env("--enforce-eager") == {"TORCHDYNAMO_DISABLE": "1", **one}
+    assert env() == one
+    assert env("--enforce-eager", cpu=False) == {}  # GPUs keep the compiled helpers and vLLM's executor
+    assert env("--tensor-parallel-size", "2") == {}  # several workers: vLLM's process per worker
+    assert env("--data-parallel-size", "2") == {}
+
+
+def test_a_stock_vllm_server_on_a_cpu_build_gets_the_same_environment(monkeypatch, tmp_path):
+    from inference import server
+
+    seen = {}
+    monkeypatch.setattr(server, "check_plugin_installed", lambda: None)
+    monkeypatch.setattr(server, "stock_vllm_cmd", lambda cfg, path: ["python", "-m", "x", "--model", "m"])
+    monkeypatch.setattr(server.os, "execve", lambda exe, cmd, env: seen.update(env))
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")  # what the user set is kept
+    server.run_stock_vllm(TriadConfig(), "m", join=False, cpu_build=lambda: True)
+    assert seen["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and seen["TORCHDYNAMO_DISABLE"] == "0"
 
 
 def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():

@@ -9,6 +9,10 @@ worker processes are in it; torchrun stops its ranks, which run in sessions of t
 SIGTERM), waits `GRACE_S` for CMD to end, and SIGKILLs the group (itself included).
 A SIGTERM that `triad up` sends to the group when it stops the run ends CMD as before: this
 process then exits with CMD's status.
+
+The signal's handler ends the group itself and never returns: an exception raised from a
+handler is lost when the signal lands where Python ignores exceptions (a finalizer: "Exception
+ignored ... ParentDied", seen once in the suite, after which the trainer went on training).
 """
 
 from __future__ import annotations
@@ -17,48 +21,53 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from typing import NoReturn
 
 from shared.libc import set_parent_death_signal
 
 GRACE_S = 5.0
 
 
-class ParentDied(Exception):
-    pass
+_child_pid: int | None = None  # the command, once started
 
 
-def _parent_died(*_) -> None:
-    raise ParentDied
-
-
-def end_group(child: subprocess.Popen | None) -> None:
-    """SIGTERM to this process group, `GRACE_S` for the command to end, then SIGKILL to the group."""
+def end_group(pid: int | None) -> NoReturn:
+    """SIGTERM to this process group, `GRACE_S` for the command `pid` to end, then SIGKILL to the
+    group, this process included."""
     os.killpg(0, signal.SIGTERM)  # this process's own SIGTERM handler does nothing
-    try:
-        if child is not None:
-            child.wait(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
+    deadline = time.monotonic() + GRACE_S
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            ended, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already
+            break
+        if ended:
+            break
+        time.sleep(0.05)
     os.killpg(0, signal.SIGKILL)
+    os._exit(1)  # not reached: the SIGKILL ends this process too
+
+
+def _parent_died(*_) -> NoReturn:
+    end_group(_child_pid)
 
 
 def main(argv: list[str]) -> int:
+    global _child_pid
     if not argv:
         print("usage: python -m services.die_with_parent CMD [ARGS...]", file=sys.stderr)
         return 2
-    parent, child = os.getppid(), None
+    parent = os.getppid()
     signal.signal(signal.SIGTERM, lambda *_: None)  # the group's SIGTERM ends the command; we follow it
     signal.signal(signal.SIGHUP, _parent_died)
-    try:
-        if not set_parent_death_signal(signal.SIGHUP):
-            print("die_with_parent: no prctl here; the command would outlive its parent", file=sys.stderr)
-        if os.getppid() != parent:  # the parent died before the signal was set
-            raise ParentDied
-        child = subprocess.Popen(argv)  # in this process group; exec resets the handlers above
-        code = child.wait()
-    except ParentDied:
-        end_group(child)
-        return 1
+    if not set_parent_death_signal(signal.SIGHUP):
+        print("die_with_parent: no prctl here; the command would outlive its parent", file=sys.stderr)
+    if os.getppid() != parent:  # the parent died before the signal was set
+        end_group(None)
+    child = subprocess.Popen(argv)  # in this process group; exec resets the handlers above
+    _child_pid = child.pid
+    code = child.wait()
     return code if code >= 0 else 128 - code
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from inference.parser_probe import auto_parsers
+from inference.server_children import mark_server
 from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
@@ -174,6 +175,7 @@ def run_stock_vllm(
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     for name, value in cpu_env(parse_vllm_args(cmd[3:]), cpu_build).items():
         env.setdefault(name, value)
+    mark_server(env)  # the exec keeps this pid
     os.execve(sys.executable, cmd, env)
 
 
@@ -286,6 +288,7 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
     check_parsers(args)
     for name, value in cpu_env(args).items():
         os.environ.setdefault(name, value)
+    mark_server()
     check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())
     join_as = advertised_url(cfg, args) if join else None
     if join_as is not None:

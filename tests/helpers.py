@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -48,6 +49,28 @@ def wait_until_gone(text: str, timeout: float = 10) -> list[int]:
 
 def triad_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "services.cli", *args]
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below `root` (Linux /proc), at any depth."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def run_triad(
@@ -165,6 +188,22 @@ class Server:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.log.close()
+
+    def kill_server_alone(self, within_s: float = 10) -> None:
+        """kill -9 the server's own process, as `kill -9 PID` does; AssertionError unless the
+        processes vLLM started for it end within `within_s` (inference/server_children.py)."""
+        started = descendants(self.proc.pid)
+        assert started, "the server started no process (vLLM's engine)"
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+        deadline = time.monotonic() + within_s
+        while any(running(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in started if running(pid)]
+        for pid in left:  # nothing may outlive the test
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"{len(left)} of the {len(started)} processes vLLM started outlived the server"
 
     def stop(self) -> None:
         if self.log.closed:

@@ -156,7 +156,7 @@ def test_inference_killed_mid_generation_is_re_detected_and_realigned(run):
     run.start("orchestrator")
     run.start("trainer")
     run.wait_for_batch(3)
-    run.inference.kill()  # generation for the next batches is in flight
+    run.inference.kill_server_alone()  # generation for the next batches is in flight; vLLM's engine ends
     served_before = max(r["version"] for r in RunDir(run.run_dir).metrics.rows("inference"))
     time.sleep(3)
     run.inference = Server(

@@ -1,10 +1,12 @@
 """The start-up check of the vLLM attributes triad relies on, against fakes with one missing."""
 
+import os
 import types
 
 import pytest
 
 from inference import vllm_api
+from inference.server_children import SERVER_PID_VAR
 from shared.config import TriadConfig
 from shared.errors import TriadError
 
@@ -125,6 +127,7 @@ def test_a_stock_vllm_server_on_a_cpu_build_gets_the_same_environment(monkeypatc
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")  # what the user set is kept
     server.run_stock_vllm(TriadConfig(), "m", join=False, cpu_build=lambda: True)
     assert seen["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and seen["TORCHDYNAMO_DISABLE"] == "0"
+    assert seen[SERVER_PID_VAR] == str(os.getpid())  # vLLM's processes die with this one
 
 
 def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():

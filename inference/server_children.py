@@ -1,0 +1,41 @@
+"""vLLM's processes die with the server that started them.
+
+`triad inference` (and the stock `vllm serve` it runs in its place) puts its own pid in
+`SERVER_PID_VAR` before vLLM starts its engine process (and, with several workers, the worker
+processes). vLLM calls its general plugins in every process it starts (pyproject's
+`vllm.general_plugins`); there `die_with_server` asks Linux to SIGKILL the process when its
+parent ends (`prctl(PR_SET_PDEATHSIG)`, which fires when the parent's thread that started it
+ends: vLLM starts them from its main thread). A `kill -9` of the server then leaves no engine
+behind holding the cores, memory or GPU of the next server. vLLM's processes elsewhere in this
+environment, and the server's own process, are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import MutableMapping
+
+from shared.libc import set_parent_death_signal
+
+SERVER_PID_VAR = "TRIAD_INFERENCE_PID"
+log = logging.getLogger("triad.inference")
+
+
+def mark_server(env: MutableMapping[str, str] = os.environ) -> None:
+    """Name this process as the server whose vLLM processes are to die with it."""
+    env[SERVER_PID_VAR] = str(os.getpid())
+
+
+def die_with_server() -> None:
+    """In a process vLLM started for a triad server: SIGKILL when its parent ends."""
+    parent = multiprocessing.parent_process()
+    if not os.environ.get(SERVER_PID_VAR) or parent is None:
+        return
+    if not set_parent_death_signal(signal.SIGKILL):
+        log.warning("no prctl here: this vLLM process would outlive a killed server")
+        return
+    if os.getppid() != parent.pid:  # the parent ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,72 @@
+"""A process vLLM starts for a triad server dies with the server (`inference/server_children.py`):
+a real parent, killed with SIGKILL, and its multiprocessing child, as vLLM starts its engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from inference.server_children import SERVER_PID_VAR
+from tests.helpers import REPO
+
+SERVER = """
+import multiprocessing, sys, time
+
+from inference.server_children import die_with_server
+
+
+def engine(ready):
+    die_with_server()  # what vLLM's plugin loading calls in the process it started
+    ready.send(True)
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    waiting, ready = context.Pipe(duplex=False)  # a pipe: no semaphore left behind by the kill
+    process = context.Process(target=engine, args=(ready,))
+    process.start()
+    waiting.recv()
+    print(process.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def engine_after_server_killed(tmp_path: Path, marked: bool) -> bool:
+    """Start a server that starts an engine; kill -9 the server; is the engine alive 5 s later?"""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    env = {k: v for k, v in os.environ.items() if k != SERVER_PID_VAR}
+    env["PYTHONPATH"] = str(REPO)
+    if marked:
+        env[SERVER_PID_VAR] = "1"  # set by the server (mark_server); any value marks it
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env, cwd=REPO)
+    engine = int(server.stdout.readline())  # once it has asked for its parent-death signal
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    deadline = time.monotonic() + 5
+    while alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = alive(engine)
+    if survived:
+        os.kill(engine, signal.SIGKILL)
+    return survived
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl is Linux's")
+def test_the_engine_of_a_killed_server_dies_with_it_and_only_a_triad_servers(tmp_path):
+    assert not engine_after_server_killed(tmp_path, marked=True)
+    assert engine_after_server_killed(tmp_path, marked=False)  # vLLM used elsewhere: left alone

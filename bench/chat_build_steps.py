@@ -36,10 +36,13 @@ def main(steps: int) -> dict:
         loss = chat.warm_up_chat(model, tokenizer, recipe, 0)
         wall, cpu = time.monotonic() - wall, cpu_s() - cpu
     return {
-        "steps": 2 * steps, "warm_up_s": round(wall, 1), "cpu_s": round(cpu, 1),
+        "steps": 2 * steps,
+        "warm_up_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
-        "sha256": chat.weights_digest(model)[:16], "loss": round(loss, 5),
-    }  # fmt: skip
+        "sha256": chat.weights_digest(model)[:16],
+        "loss": round(loss, 5),
+    }
 
 
 if __name__ == "__main__":

@@ -74,10 +74,14 @@ def shapes(size: str) -> dict[str, tuple[int, ...]]:
 
     hidden, layers, intermediate, heads = SIZES[size]
     config = Qwen2Config(
-        vocab_size=len(make_tokenizer()), hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=intermediate, num_attention_heads=heads, num_key_value_heads=heads,
+        vocab_size=len(make_tokenizer()),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     with torch.device("meta"):
         model = Qwen2ForCausalLM(config)
     return {n: tuple(p.shape) for n, p in model.named_parameters() if n != "lm_head.weight"}
@@ -92,17 +96,26 @@ def versions(size: str, count: int, changed: float, seed: int = 0):
     rng = np.random.default_rng(seed)
     words = {
         n: (torch.from_numpy(rng.standard_normal(s, dtype=np.float32) * 0.02).to(torch.bfloat16))
-        .view(torch.int16).numpy().view(np.uint16).reshape(-1).copy()
+        .view(torch.int16)
+        .numpy()
+        .view(np.uint16)
+        .reshape(-1)
+        .copy()
         for n, s in shapes(size).items()
-    }  # fmt: skip
+    }
     layout = shapes(size)
     for v in range(1, count + 2):
         if v > 1:
             for w in words.values():
                 hit = np.flatnonzero(rng.random(w.size) < changed)
                 w[hit] += rng.choice(np.array([1, 0xFFFF], np.uint16), hit.size)  # +-1 ulp
-        yield v, {n: torch.from_numpy(w.copy().view(np.int16)).view(torch.bfloat16).reshape(layout[n])
-                  for n, w in words.items()}  # fmt: skip
+        yield (
+            v,
+            {
+                n: torch.from_numpy(w.copy().view(np.int16)).view(torch.bfloat16).reshape(layout[n])
+                for n, w in words.items()
+            },
+        )
 
 
 def phase_seconds(profile: cProfile.Profile, phases: dict[str, tuple[str, str]]) -> dict[str, float]:
@@ -146,20 +159,35 @@ def child(workdir: Path, size: str, count: int, changed: float) -> dict:
             blob = DeltaFiles.file_at(path).read_bytes()
             path = apply.runcall(chain.rebuild, v, marker, blob)
             changed, words = changed_words(blob)
-            rows.append({
-                "version": v, "publish_s": published - started, "apply_s": time.perf_counter() - published,
-                "delta_bytes": len(blob), "changed_share": changed / words,
-                "publish": phase_seconds(publish, PUBLISH_PHASES),
-                "apply": phase_seconds(apply, APPLY_PHASES),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "version": v,
+                    "publish_s": published - started,
+                    "apply_s": time.perf_counter() - published,
+                    "delta_bytes": len(blob),
+                    "changed_share": changed / words,
+                    "publish": phase_seconds(publish, PUBLISH_PHASES),
+                    "apply": phase_seconds(apply, APPLY_PHASES),
+                }
+            )
         chain.served(v, path, version_digest(dict(marker.tensor_digests)))
     return {"parameters": sum(t.numel() for t in state.values()), "rows": rows}
 
 
 def run_child(code: Path, workdir: Path, args: argparse.Namespace, env: dict[str, str]) -> dict:
     workdir.mkdir(parents=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(workdir), "--size", args.size,
-           "--versions", str(args.versions), "--changed", str(args.changed)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        str(workdir),
+        "--size",
+        args.size,
+        "--versions",
+        str(args.versions),
+        "--changed",
+        str(args.changed),
+    ]
     child_env = {**env, "PYTHONPATH": str(code)}
     out = subprocess.run(cmd, cwd=code, env=child_env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
@@ -181,11 +209,13 @@ def medians(rows: list[dict]) -> dict:
         return statistics.median(r[key][phase] if phase else r[key] for r in rows)
 
     return {
-        "publish_s": med("publish_s"), "apply_s": med("apply_s"), "delta_bytes": med("delta_bytes"),
+        "publish_s": med("publish_s"),
+        "apply_s": med("apply_s"),
+        "delta_bytes": med("delta_bytes"),
         "changed_share": med("changed_share"),
         "publish": {p: med("publish", p) for p in PUBLISH_PHASES},
         "apply": {p: med("apply", p) for p in APPLY_PHASES},
-    }  # fmt: skip
+    }
 
 
 def markdown(result: dict) -> str:
@@ -238,11 +268,16 @@ def main() -> None:
     finally:
         moto.close()
     result = {
-        "bench": "delta_publish", "date": time.strftime("%Y-%m-%d %H:%M"), "size": args.size,
-        "parameters": got["parameters"], "base": args.base, "versions_each": len(rows["after"]),
+        "bench": "delta_publish",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "size": args.size,
+        "parameters": got["parameters"],
+        "base": args.base,
+        "versions_each": len(rows["after"]),
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
-        "before": medians(rows["before"]), "after": medians(rows["after"]),
-    }  # fmt: skip
+        "before": medians(rows["before"]),
+        "after": medians(rows["after"]),
+    }
     result["publish_after_over_before"] = result["after"]["publish_s"] / result["before"]["publish_s"]
     result["apply_after_over_before"] = result["after"]["apply_s"] / result["before"]["apply_s"]
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -78,13 +78,25 @@ def compare(runs: list[str]) -> None:
         measured = measured_samples_per_s(rundir)
         predicted = prediction["predicted_samples_per_s"][str(eta)]
         guard = prediction.get("predicted_guard_share", {}).get(str(eta))
-        rows.append({"eta": eta, "run": run, "predicted": predicted, "measured": measured,
-                     "ratio": predicted / measured, "predicted_guard_share": guard,
-                     "measured_guard_share": measured_outside_per_group(rundir)[1],
-                     "phases": phases(rundir)})  # fmt: skip
+        rows.append(
+            {
+                "eta": eta,
+                "run": run,
+                "predicted": predicted,
+                "measured": measured,
+                "ratio": predicted / measured,
+                "predicted_guard_share": guard,
+                "measured_guard_share": measured_outside_per_group(rundir)[1],
+                "phases": phases(rundir),
+            }
+        )
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    record = {"predicted_at": prediction["made_at"], "measured_at": made, "rows": rows,
-              "load_average": os.getloadavg()}  # fmt: skip
+    record = {
+        "predicted_at": prediction["made_at"],
+        "measured_at": made,
+        "rows": rows,
+        "load_average": os.getloadavg(),
+    }
     (RESULTS / "simulate_measured.json").write_text(json.dumps(record, indent=1) + "\n")
     lines = [
         f"# triad simulate against the embedded default here (predicted {prediction['made_at']}, "
@@ -101,8 +113,11 @@ def compare(runs: list[str]) -> None:
         for r in rows
     ]
     if "calibration_run_phases" in prediction:
-        lines += ["", f"The calibration run's mean request / trainer step: "
-                  f"{phase_text(prediction['calibration_run_phases'])}."]  # fmt: skip
+        lines += [
+            "",
+            f"The calibration run's mean request / trainer step: "
+            f"{phase_text(prediction['calibration_run_phases'])}.",
+        ]
     (RESULTS / "simulate_measured.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -114,11 +129,18 @@ def self_check(runs: list[str]) -> None:
         setup = calibrate(rundir)
         r = simulate(setup.with_(max_steps=rundir.read_run().config["max_steps"]))
         measured = measured_samples_per_s(rundir)
-        rows.append({"run": run, "eta": setup.max_async_level, "simulated": r.samples_per_s(),
-                     "measured": measured, "ratio": r.samples_per_s() / measured,
-                     "simulated_guard_share": r.guard_share(),
-                     "measured_guard_share": measured_outside_per_group(rundir)[1],
-                     "phases": phases(rundir)})  # fmt: skip
+        rows.append(
+            {
+                "run": run,
+                "eta": setup.max_async_level,
+                "simulated": r.samples_per_s(),
+                "measured": measured,
+                "ratio": r.samples_per_s() / measured,
+                "simulated_guard_share": r.guard_share(),
+                "measured_guard_share": measured_outside_per_group(rundir)[1],
+                "phases": phases(rundir),
+            }
+        )
     record = json.loads((RESULTS / "simulate_measured.json").read_text())
     record["each_run_on_itself"] = rows
     (RESULTS / "simulate_measured.json").write_text(json.dumps(record, indent=1) + "\n")

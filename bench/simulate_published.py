@@ -47,8 +47,9 @@ class Rates:
 
 # What each source states (docs/simulate.md, "Per-target inputs", has the URLs); the rest are the
 # shared assumptions. `logprob_passes` is the modelled system's trainer recomputing log-probs.
-AREAL_15B = Scenario(gpus=128, params=1.5e9, max_tokens=27648, batch_prompts=512, group_size=16, steps=STEPS,
-                     logprob_passes=1)  # fmt: skip
+AREAL_15B = Scenario(
+    gpus=128, params=1.5e9, max_tokens=27648, batch_prompts=512, group_size=16, steps=STEPS, logprob_passes=1
+)
 AREAL_7B = replace(AREAL_15B, params=7e9, gpus=192)  # 16 and 24 nodes of 8 (AReaL v0.3 blog)
 AREAL_SCALING = replace(
     AREAL_7B, gpus=16, max_tokens=32768 - 1024
@@ -64,8 +65,16 @@ VERL_STALENESS = 0.5  # staleness_threshold: at most 1.5 batches generated per v
 # NeMo-RL's one rule for the prompt: its Tokens/sec/GPU column over its Llama-3.1-8B rows' stated
 # step times implies ~130 prompt tokens a sample (bench.simulate_rates, the v0.5 rows, OpenMathInstruct-2)
 NEMO_PROMPT = 130
-NEMO = Scenario(gpus=16, params=8e9, max_tokens=4096 - NEMO_PROMPT, batch_prompts=64, group_size=32,
-                steps=STEPS, logprob_passes=1, prompt_tokens=NEMO_PROMPT)  # fmt: skip
+NEMO = Scenario(
+    gpus=16,
+    params=8e9,
+    max_tokens=4096 - NEMO_PROMPT,
+    batch_prompts=64,
+    group_size=32,
+    steps=STEPS,
+    logprob_passes=1,
+    prompt_tokens=NEMO_PROMPT,
+)
 NEMO_MEAN = {False: 1019.0, True: 1123.0}  # G-Average Seq len, on policy and 1-step off (v0.5)
 
 # Held out. NeMo-RL performance summary v0.6 (docs/about/performance-summary.md at tag v0.6.0, H100
@@ -98,8 +107,13 @@ def areal_sync(sc: Scenario, fraction: float = AREAL_SPLIT) -> Setup:
     return replace(sc, logprob_passes=0).split(int(sc.gpus * fraction), 0, "abort")
 
 
-def areal_speedup(rates: Rates, sc: Scenario, eta: int = AREAL_ETA, sync_fraction: float = AREAL_SPLIT,
-                  inflight: int | None = AREAL_INFLIGHT) -> float:  # fmt: skip
+def areal_speedup(
+    rates: Rates,
+    sc: Scenario,
+    eta: int = AREAL_ETA,
+    sync_fraction: float = AREAL_SPLIT,
+    inflight: int | None = AREAL_INFLIGHT,
+) -> float:
     sc = rates.on(sc)
     sync = simulate(areal_sync(sc, sync_fraction)).samples_per_s()
     return simulate(areal_async(sc, eta, inflight)).samples_per_s() / sync
@@ -122,8 +136,9 @@ def scaling(rates: Rates, gpus: int, synchronous: bool) -> float:
     return rate(gpus) / rate(16)
 
 
-def verl_runs(rates: Rates, sc: Scenario, inference_gpus: int, sync_passes: int = 1,
-              async_passes: int = 0) -> tuple[Result, Result]:  # fmt: skip
+def verl_runs(
+    rates: Rates, sc: Scenario, inference_gpus: int, sync_passes: int = 1, async_passes: int = 0
+) -> tuple[Result, Result]:
     """verl's colocated sync (all GPUs, `sync_passes` log-prob passes: `old_log_prob`, and `ref`
     where the run states one) and its fully-async (`inference_gpus` generate, staleness 0.5, partial
     rollout, the rollout's log-probs, `async_passes` for a stated `ref`)."""
@@ -157,8 +172,9 @@ def verl_sync_s(rates: Rates, params: float, active: float = 0.0) -> float:
     return trainer_for(params, rates.h20, active=active).publish_s()
 
 
-def nemo_result(rates: Rates, sc: Scenario, asynchronous: bool, means: dict[bool, float],
-                tp: int = 0) -> Result:  # fmt: skip
+def nemo_result(
+    rates: Rates, sc: Scenario, asynchronous: bool, means: dict[bool, float], tp: int = 0
+) -> Result:
     """NeMo-RL on policy (colocated) or one-step-off (half the GPUs generate, age 1, pause and keep:
     its in-flight weight updates keep the running requests)."""
     sc = rates.on(replace(sc, mean_tokens=means[asynchronous], tp=tp or sc.tp))
@@ -219,78 +235,237 @@ class Target:
 
 
 FITTED_ON: list[Target] = [
-    Target("AReaL 1.5B async / sync", "128 H800, 27,648 tokens, 512x16, 3/4 generate (assumed), "
-           "η=4 (assumed), 512 prompts generating (AReaL's stated max_concurrent_rollouts), sync = η 0 "
-           "on the same split", 2.77,
-           lambda r: areal_speedup(r, AREAL_15B)),
+    Target(
+        "AReaL 1.5B async / sync",
+        "128 H800, 27,648 tokens, 512x16, 3/4 generate (assumed), "
+        "η=4 (assumed), 512 prompts generating (AReaL's stated max_concurrent_rollouts), sync = η 0 "
+        "on the same split",
+        2.77,
+        lambda r: areal_speedup(r, AREAL_15B),
+    ),
     Target("AReaL 7B async / sync", "192 H800, as 1.5B", 2.27, lambda r: areal_speedup(r, AREAL_7B)),
-    Target("AReaL 1.5B sync step (s)", "41.0 h / 1000 steps", 41.0 * 3.6,
-           lambda r: areal_step_s(r, AREAL_15B, True), absolute=True),
-    Target("AReaL 1.5B async step (s)", "14.8 h / 1000 steps", 14.8 * 3.6,
-           lambda r: areal_step_s(r, AREAL_15B, False), absolute=True),
-    Target("AReaL 7B sync step (s)", "57.7 h / 1000 steps", 57.7 * 3.6,
-           lambda r: areal_step_s(r, AREAL_7B, True), absolute=True),
-    Target("AReaL 7B async step (s)", "25.4 h / 1000 steps", 25.4 * 3.6,
-           lambda r: areal_step_s(r, AREAL_7B, False), absolute=True),
-    Target("AReaL sync 64 / 16 GPUs", "7B, 31k tokens, 512x16 fixed, colocated (seed's figure)", 3.2,
-           lambda r: scaling(r, 64, True)),
+    Target(
+        "AReaL 1.5B sync step (s)",
+        "41.0 h / 1000 steps",
+        41.0 * 3.6,
+        lambda r: areal_step_s(r, AREAL_15B, True),
+        absolute=True,
+    ),
+    Target(
+        "AReaL 1.5B async step (s)",
+        "14.8 h / 1000 steps",
+        14.8 * 3.6,
+        lambda r: areal_step_s(r, AREAL_15B, False),
+        absolute=True,
+    ),
+    Target(
+        "AReaL 7B sync step (s)",
+        "57.7 h / 1000 steps",
+        57.7 * 3.6,
+        lambda r: areal_step_s(r, AREAL_7B, True),
+        absolute=True,
+    ),
+    Target(
+        "AReaL 7B async step (s)",
+        "25.4 h / 1000 steps",
+        25.4 * 3.6,
+        lambda r: areal_step_s(r, AREAL_7B, False),
+        absolute=True,
+    ),
+    Target(
+        "AReaL sync 64 / 16 GPUs",
+        "7B, 31k tokens, 512x16 fixed, colocated (seed's figure)",
+        3.2,
+        lambda r: scaling(r, 64, True),
+    ),
     Target("AReaL sync 256 / 16 GPUs", "", 8.1, lambda r: scaling(r, 256, True)),
-    Target("AReaL async 64 / 16 GPUs", "3/4 generate, η=4, 512 prompts generating", 3.8,
-           lambda r: scaling(r, 64, False)),
+    Target(
+        "AReaL async 64 / 16 GPUs",
+        "3/4 generate, η=4, 512 prompts generating",
+        3.8,
+        lambda r: scaling(r, 64, False),
+    ),
     Target("AReaL async 256 / 16 GPUs", "", 12.5, lambda r: scaling(r, 256, False)),
     Target("AReaL async 1024 / 16 GPUs", "", 38.0, lambda r: scaling(r, 1024, False)),
-    Target("verl 7B fully-async / colocated sync, 128 GPUs", "128 H20, 28k, 512x16, 64:64, staleness 0.5, "
-           "partial rollout; 400-step total times (2.35)", 2.35, lambda r: verl_speedup(r)),
-    Target("NeMo-RL 8B sync step (s)", "Llama-3.1-8B, 16 H100, 4k, 64x32, mean 1,019", 92.8,
-           lambda r: nemo_step_s(r, False), absolute=True),
-    Target("NeMo-RL 8B one-step-off step (s)", "8:8, age 1, mean 1,123", 64.8, lambda r: nemo_step_s(r, True),
-           absolute=True),
-]  # fmt: skip
+    Target(
+        "verl 7B fully-async / colocated sync, 128 GPUs",
+        "128 H20, 28k, 512x16, 64:64, staleness 0.5, partial rollout; 400-step total times (2.35)",
+        2.35,
+        lambda r: verl_speedup(r),
+    ),
+    Target(
+        "NeMo-RL 8B sync step (s)",
+        "Llama-3.1-8B, 16 H100, 4k, 64x32, mean 1,019",
+        92.8,
+        lambda r: nemo_step_s(r, False),
+        absolute=True,
+    ),
+    Target(
+        "NeMo-RL 8B one-step-off step (s)",
+        "8:8, age 1, mean 1,123",
+        64.8,
+        lambda r: nemo_step_s(r, True),
+        absolute=True,
+    ),
+]
 
 HELD_OUT: list[Target] = [
-    Target("NeMo-RL Qwen3-30B-A3B on policy, tokens/s/GPU", "v0.6, 32 H100, vLLM TP 2, 64x32, 4,096, mean "
-           "3,203, colocated", 1102, lambda r: nemo_30b(r, False), True, True),
-    Target("NeMo-RL Qwen3-30B-A3B one-step-off, tokens/s/GPU", "16:16, age 1, in-flight updates, mean 3,201",
-           1414, lambda r: nemo_30b(r, True), True, True),
-    Target("NeMo-RL Qwen3-30B-A3B one-step-off / on policy", "tokens/s/GPU, 1,414 / 1,102", 1414 / 1102,
-           lambda r: nemo_30b(r, True) / nemo_30b(r, False), True),
-    Target("NeMo-RL Qwen3-235B on-policy step (s)", "v0.6, 256 H100, vLLM TP 16, 16x32, 8,192, mean 5,713",
-           312, lambda r: nemo_235b_step_s(r, False), True, True),
-    Target("NeMo-RL Qwen3-235B one-step-off step (s)", "128:128, vLLM TP 8, age 1, mean 5,721", 231,
-           lambda r: nemo_235b_step_s(r, True), True, True),
-    Target("NeMo-RL Qwen3-235B on-policy / one-step-off step", "312 / 231 s", 312 / 231,
-           lambda r: nemo_235b_step_s(r, False) / nemo_235b_step_s(r, True), True),
-    Target("verl 7B fully-async / colocated sync, 32 GPUs", "32 H20, 16:16, as the 128-GPU row; 400 steps",
-           2.66, lambda r: verl_speedup(r, replace(VERL, gpus=32), 16), True),
-    Target("verl 7B fully-async / colocated sync, 64 GPUs", "64 H20, 32:32; 400 steps", 1.92,
-           lambda r: verl_speedup(r, replace(VERL, gpus=64), 32), True),
-    Target("verl 30B-A3B fully-async / colocated sync", "Qwen3-30B-A3B, 128 H20, 96:32, 8K, 512x16, sync "
-           "old_log_prob + ref, async ref; 400 steps", 1.72,
-           lambda r: verl_speedup(r, VERL_30B, 96, sync_passes=2, async_passes=1), True),
-    Target("verl 7B colocated sync step, 32 GPUs (s)", "", 790.10,
-           lambda r: verl_step_s(r, replace(VERL, gpus=32), 16, True), True, True),
-    Target("verl 7B fully-async step, 16:16 (s)", "", 294.77,
-           lambda r: verl_step_s(r, replace(VERL, gpus=32), 16, False), True, True),
-    Target("verl 7B colocated sync step, 64 GPUs (s)", "", 365.28,
-           lambda r: verl_step_s(r, replace(VERL, gpus=64), 32, True), True, True),
-    Target("verl 7B fully-async step, 32:32 (s)", "", 189.26,
-           lambda r: verl_step_s(r, replace(VERL, gpus=64), 32, False), True, True),
-    Target("verl 30B-A3B colocated sync step (s)", "", 497.89,
-           lambda r: verl_step_s(r, VERL_30B, 96, True, sync_passes=2, async_passes=1), True, True),
-    Target("verl 30B-A3B fully-async step, 96:32 (s)", "", 282.75,
-           lambda r: verl_step_s(r, VERL_30B, 96, False, sync_passes=2, async_passes=1), True, True),
-    Target("verl weight sync, 7B, 4:4 H20 (s)", "checkpoint-engine off", 0.12,
-           lambda r: verl_sync_s(r, 7e9), True, True),
-    Target("verl weight sync, Qwen3-30B-A3B, 16:16 H20 (s)", "checkpoint-engine off", 15.76,
-           lambda r: verl_sync_s(r, QWEN3_30B["params"], QWEN3_30B["active_params"]), True, True),
-    Target("verl weight sync, Qwen3-235B-A22B, 64:64 H20 (s)", "checkpoint-engine off", 58.57,
-           lambda r: verl_sync_s(r, QWEN3_235B["params"], QWEN3_235B["active_params"]), True, True),
-    Target("prime-rl Qwen3-0.6B trainer, tokens/s", "1 H100, 65,536-token sequences, RL full, recompute, "
-           "no log-prob pass (assumed)", PRIME_06B[2], lambda r: trainer_tokens_per_s(r, *PRIME_06B[:2]),
-           True, True),
-    Target("prime-rl Qwen3-4B trainer, tokens/s", "8 H100, 65,536", PRIME_4B[2],
-           lambda r: trainer_tokens_per_s(r, *PRIME_4B[:2]), True, True),
-]  # fmt: skip
+    Target(
+        "NeMo-RL Qwen3-30B-A3B on policy, tokens/s/GPU",
+        "v0.6, 32 H100, vLLM TP 2, 64x32, 4,096, mean 3,203, colocated",
+        1102,
+        lambda r: nemo_30b(r, False),
+        True,
+        True,
+    ),
+    Target(
+        "NeMo-RL Qwen3-30B-A3B one-step-off, tokens/s/GPU",
+        "16:16, age 1, in-flight updates, mean 3,201",
+        1414,
+        lambda r: nemo_30b(r, True),
+        True,
+        True,
+    ),
+    Target(
+        "NeMo-RL Qwen3-30B-A3B one-step-off / on policy",
+        "tokens/s/GPU, 1,414 / 1,102",
+        1414 / 1102,
+        lambda r: nemo_30b(r, True) / nemo_30b(r, False),
+        True,
+    ),
+    Target(
+        "NeMo-RL Qwen3-235B on-policy step (s)",
+        "v0.6, 256 H100, vLLM TP 16, 16x32, 8,192, mean 5,713",
+        312,
+        lambda r: nemo_235b_step_s(r, False),
+        True,
+        True,
+    ),
+    Target(
+        "NeMo-RL Qwen3-235B one-step-off step (s)",
+        "128:128, vLLM TP 8, age 1, mean 5,721",
+        231,
+        lambda r: nemo_235b_step_s(r, True),
+        True,
+        True,
+    ),
+    Target(
+        "NeMo-RL Qwen3-235B on-policy / one-step-off step",
+        "312 / 231 s",
+        312 / 231,
+        lambda r: nemo_235b_step_s(r, False) / nemo_235b_step_s(r, True),
+        True,
+    ),
+    Target(
+        "verl 7B fully-async / colocated sync, 32 GPUs",
+        "32 H20, 16:16, as the 128-GPU row; 400 steps",
+        2.66,
+        lambda r: verl_speedup(r, replace(VERL, gpus=32), 16),
+        True,
+    ),
+    Target(
+        "verl 7B fully-async / colocated sync, 64 GPUs",
+        "64 H20, 32:32; 400 steps",
+        1.92,
+        lambda r: verl_speedup(r, replace(VERL, gpus=64), 32),
+        True,
+    ),
+    Target(
+        "verl 30B-A3B fully-async / colocated sync",
+        "Qwen3-30B-A3B, 128 H20, 96:32, 8K, 512x16, sync old_log_prob + ref, async ref; 400 steps",
+        1.72,
+        lambda r: verl_speedup(r, VERL_30B, 96, sync_passes=2, async_passes=1),
+        True,
+    ),
+    Target(
+        "verl 7B colocated sync step, 32 GPUs (s)",
+        "",
+        790.10,
+        lambda r: verl_step_s(r, replace(VERL, gpus=32), 16, True),
+        True,
+        True,
+    ),
+    Target(
+        "verl 7B fully-async step, 16:16 (s)",
+        "",
+        294.77,
+        lambda r: verl_step_s(r, replace(VERL, gpus=32), 16, False),
+        True,
+        True,
+    ),
+    Target(
+        "verl 7B colocated sync step, 64 GPUs (s)",
+        "",
+        365.28,
+        lambda r: verl_step_s(r, replace(VERL, gpus=64), 32, True),
+        True,
+        True,
+    ),
+    Target(
+        "verl 7B fully-async step, 32:32 (s)",
+        "",
+        189.26,
+        lambda r: verl_step_s(r, replace(VERL, gpus=64), 32, False),
+        True,
+        True,
+    ),
+    Target(
+        "verl 30B-A3B colocated sync step (s)",
+        "",
+        497.89,
+        lambda r: verl_step_s(r, VERL_30B, 96, True, sync_passes=2, async_passes=1),
+        True,
+        True,
+    ),
+    Target(
+        "verl 30B-A3B fully-async step, 96:32 (s)",
+        "",
+        282.75,
+        lambda r: verl_step_s(r, VERL_30B, 96, False, sync_passes=2, async_passes=1),
+        True,
+        True,
+    ),
+    Target(
+        "verl weight sync, 7B, 4:4 H20 (s)",
+        "checkpoint-engine off",
+        0.12,
+        lambda r: verl_sync_s(r, 7e9),
+        True,
+        True,
+    ),
+    Target(
+        "verl weight sync, Qwen3-30B-A3B, 16:16 H20 (s)",
+        "checkpoint-engine off",
+        15.76,
+        lambda r: verl_sync_s(r, QWEN3_30B["params"], QWEN3_30B["active_params"]),
+        True,
+        True,
+    ),
+    Target(
+        "verl weight sync, Qwen3-235B-A22B, 64:64 H20 (s)",
+        "checkpoint-engine off",
+        58.57,
+        lambda r: verl_sync_s(r, QWEN3_235B["params"], QWEN3_235B["active_params"]),
+        True,
+        True,
+    ),
+    Target(
+        "prime-rl Qwen3-0.6B trainer, tokens/s",
+        "1 H100, 65,536-token sequences, RL full, recompute, no log-prob pass (assumed)",
+        PRIME_06B[2],
+        lambda r: trainer_tokens_per_s(r, *PRIME_06B[:2]),
+        True,
+        True,
+    ),
+    Target(
+        "prime-rl Qwen3-4B trainer, tokens/s",
+        "8 H100, 65,536",
+        PRIME_4B[2],
+        lambda r: trainer_tokens_per_s(r, *PRIME_4B[:2]),
+        True,
+        True,
+    ),
+]
 
 TARGETS = FITTED_ON + HELD_OUT
 
@@ -304,13 +479,16 @@ def sensitivity(rates: Rates) -> list[str]:
         ("length mean 0.25 of max (0.35)", replace(AREAL_15B, mean_fraction=0.25), rates),
         ("truncated 0.15 (0.05)", replace(AREAL_15B, truncated=0.15), rates),
         (f"trainer MFU 0.2 ({gpu.mfu:.3g})", AREAL_15B, replace(rates, h100=replace(gpu, mfu=0.2))),
-        (f"HBM efficiency 0.6 ({gpu.hbm_efficiency:.3g}; the guess before the fit)", AREAL_15B,
-         replace(rates, h100=replace(gpu, hbm_efficiency=0.6))),
+        (
+            f"HBM efficiency 0.6 ({gpu.hbm_efficiency:.3g}; the guess before the fit)",
+            AREAL_15B,
+            replace(rates, h100=replace(gpu, hbm_efficiency=0.6)),
+        ),
         ("launch 8 ms (4 ms)", AREAL_15B, replace(rates, h100=replace(gpu, launch_s=0.008))),
         ("max_seqs 512 (256)", AREAL_15B, replace(rates, h100=replace(gpu, max_seqs=512))),
         ("load 2 s (0.5 s)", AREAL_15B, replace(rates, h100=replace(gpu, load_s=2.0))),
         ("prompt 2k tokens (512)", replace(AREAL_15B, prompt_tokens=2048), rates),
-    ]  # fmt: skip
+    ]
     for name, sc, moved_rates in moves:
         moved = areal_speedup(moved_rates, sc)
         lines.append(f"{name}: {moved:.2f} ({moved / base - 1:+.0%})")
@@ -354,7 +532,7 @@ def unstated(rates: Rates) -> list[str]:
         f"{trainer_tokens_per_s(rates, *PRIME_06B[:2], 1):.0f}, 4B "
         f"{trainer_tokens_per_s(rates, *PRIME_4B[:2], 1):.0f} tokens/s "
         f"(published {PRIME_06B[2]:.0f}, {PRIME_4B[2]:.0f})",
-    ]  # fmt: skip
+    ]
 
 
 def table(rates: Rates, targets: list[Target] | None = None) -> list[dict[str, object]]:
@@ -364,12 +542,23 @@ def table(rates: Rates, targets: list[Target] | None = None) -> list[dict[str, o
     for t in TARGETS if targets is None else targets:
         predicted = t.predict(rates)
         ratio = predicted / t.published
-        rows.append({"target": t.name, "setup": t.setup, "published": t.published, "predicted": predicted,
-                     "ratio": ratio, "within_15pct": abs(ratio - 1) <= TOLERANCE,
-                     "split": "held out" if t.held_out else "fitted on",
-                     "kind": "absolute" if t.absolute else "ratio"})  # fmt: skip
-        print(f"{t.name}: predicted {predicted:.2f}, published {t.published:g}, ratio {ratio:.2f} "
-              f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+        rows.append(
+            {
+                "target": t.name,
+                "setup": t.setup,
+                "published": t.published,
+                "predicted": predicted,
+                "ratio": ratio,
+                "within_15pct": abs(ratio - 1) <= TOLERANCE,
+                "split": "held out" if t.held_out else "fitted on",
+                "kind": "absolute" if t.absolute else "ratio",
+            }
+        )
+        print(
+            f"{t.name}: predicted {predicted:.2f}, published {t.published:g}, ratio {ratio:.2f} "
+            f"({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
     return rows
 
 
@@ -396,23 +585,46 @@ def main() -> None:
     lines = sensitivity(rates) + unstated(rates)
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     tally = counts(rows)
-    out = {"made_at": made, "rows": rows, "counts": tally, "eta_over_eta16": balance, "gpu_busy": busy,
-           "sensitivity": lines,
-           "assumptions": {"gpu": rates.h100.__dict__, "mean_fraction": AREAL_15B.mean_fraction,
-                           "truncated": AREAL_15B.truncated, "prompt_tokens": AREAL_15B.prompt_tokens},
-           "seconds": time.perf_counter() - started}  # fmt: skip
+    out = {
+        "made_at": made,
+        "rows": rows,
+        "counts": tally,
+        "eta_over_eta16": balance,
+        "gpu_busy": busy,
+        "sensitivity": lines,
+        "assumptions": {
+            "gpu": rates.h100.__dict__,
+            "mean_fraction": AREAL_15B.mean_fraction,
+            "truncated": AREAL_15B.truncated,
+            "prompt_tokens": AREAL_15B.prompt_tokens,
+        },
+        "seconds": time.perf_counter() - started,
+    }
     (RESULTS / "simulate_published.json").write_text(json.dumps(out, indent=1) + "\n")
     md = [f"# triad simulate against published results ({made})", ""]
     md += [f"- {k}: {w} of {n} within 15%" for k, (w, n) in tally.items()]
-    md += ["", "| target | setup | fitted on / held out | published | predicted | predicted / published | "
-           "within 15% |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    md += [f"| {r['target']} | {r['setup']} | {r['split']} | {r['published']:g} | {r['predicted']:.2f} | "
-           f"{r['ratio']:.2f} | {'yes' if r['within_15pct'] else 'no'} |" for r in rows]  # fmt: skip
-    md += ["", "AReaL 1.5B throughput at η over η=16 (published: η=4 is the best balance): "
-           + ", ".join(f"η={k}: {v:.2f}" for k, v in balance.items()), "",
-           f"AReaL 1.5B GPU-seconds decoding or training (the seed: ~60% sync, ~85% async; not counted): "
-           f"sync {busy['sync']:.0%}, async {busy['async']:.0%}",
-           "", "Sensitivity:", ""]  # fmt: skip
+    md += [
+        "",
+        "| target | setup | fitted on / held out | published | predicted | predicted / published | "
+        "within 15% |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    md += [
+        f"| {r['target']} | {r['setup']} | {r['split']} | {r['published']:g} | {r['predicted']:.2f} | "
+        f"{r['ratio']:.2f} | {'yes' if r['within_15pct'] else 'no'} |"
+        for r in rows
+    ]
+    md += [
+        "",
+        "AReaL 1.5B throughput at η over η=16 (published: η=4 is the best balance): "
+        + ", ".join(f"η={k}: {v:.2f}" for k, v in balance.items()),
+        "",
+        f"AReaL 1.5B GPU-seconds decoding or training (the seed: ~60% sync, ~85% async; not counted): "
+        f"sync {busy['sync']:.0%}, async {busy['async']:.0%}",
+        "",
+        "Sensitivity:",
+        "",
+    ]
     md += [f"- {line}" for line in lines]
     (RESULTS / "simulate_published.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -137,13 +137,18 @@ def checks(rates: published.Rates) -> dict[str, float]:
 def markdown(out: dict) -> list[str]:
     old, new = out["guessed"], out["fitted"]
     md = [f"# Shared rates: fitted to NeMo-RL v0.3's stated phase times ({out['made_at']})", ""]
-    md += [f"Fitted (`fit_v03`: 2048 samples of 795 tokens generated in {V03_GENERATION_S} s, trained and "
-           f"log-probs in {V03_TRAINING_S} + {V03_LOGPROBS_S} s, on 8 H100): hbm_efficiency "
-           f"{new['gpu']['hbm_efficiency']:.3f} (guessed {old['gpu']['hbm_efficiency']}), mfu "
-           f"{new['gpu']['mfu']:.3f} (guessed {old['gpu']['mfu']})", ""]  # fmt: skip
+    md += [
+        f"Fitted (`fit_v03`: 2048 samples of 795 tokens generated in {V03_GENERATION_S} s, trained and "
+        f"log-probs in {V03_TRAINING_S} + {V03_LOGPROBS_S} s, on 8 H100): hbm_efficiency "
+        f"{new['gpu']['hbm_efficiency']:.3f} (guessed {old['gpu']['hbm_efficiency']}), mfu "
+        f"{new['gpu']['mfu']:.3f} (guessed {old['gpu']['mfu']})",
+        "",
+    ]
     md += ["NeMo-RL performance summary v0.5, Llama-3.1-8B, 2048 samples a step (no stage rate, no MFU):", ""]
-    md += ["| table | policy | GPUs | mean completion | Tokens/sec/GPU | step (s) | tokens per sample "
-           "(rate x step x GPUs / 2048) | less the completion |"]  # fmt: skip
+    md += [
+        "| table | policy | GPUs | mean completion | Tokens/sec/GPU | step (s) | tokens per sample "
+        "(rate x step x GPUs / 2048) | less the completion |"
+    ]
     md.append("| --- " * 8 + "|")
     for r in out["stated"]:
         per_sample = r["tokens_per_sample"]
@@ -157,8 +162,10 @@ def markdown(out: dict) -> list[str]:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for a, b in zip(old["rows"], new["rows"], strict=True):
-        md.append(f"| {a['target']} | {a['published']:g} | {a['predicted']:.2f} | {a['ratio']:.2f} | "
-                  f"{b['predicted']:.2f} | {b['ratio']:.2f} |")  # fmt: skip
+        md.append(
+            f"| {a['target']} | {a['published']:g} | {a['predicted']:.2f} | {a['ratio']:.2f} | "
+            f"{b['predicted']:.2f} | {b['ratio']:.2f} |"
+        )
     for name, run in (("guessed", old), ("fitted", new)):
         within = sum(r["within_15pct"] for r in run["rows"])
         others = [r["within_15pct"] for r in run["rows"] if not r["target"].startswith("NeMo")]
@@ -179,8 +186,12 @@ def main() -> None:
     fitted = fit_v03(Gpu())
     hbm_bound, mfu_bound = step_bound_rates(fitted)
     made = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    out: dict[str, object] = {"made_at": made, "stated": stated, "hbm_efficiency_bound": hbm_bound,
-                              "mfu_bound": mfu_bound}  # fmt: skip
+    out: dict[str, object] = {
+        "made_at": made,
+        "stated": stated,
+        "hbm_efficiency_bound": hbm_bound,
+        "mfu_bound": mfu_bound,
+    }
     old_h20 = replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu)
     fitted_h20 = replace(H20, hbm_efficiency=fitted.hbm_efficiency, mfu=fitted.mfu)
     for name, gpu, h20 in (("guessed", OLD, old_h20), ("fitted", fitted, fitted_h20)):

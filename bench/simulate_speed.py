@@ -30,11 +30,15 @@ def main(steps: int) -> None:
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     out = {
         "made_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "gpus": 1024, "steps": steps, "samples": steps * 512 * 16,
-        "seconds": seconds, "cpu_seconds": cpu_seconds,
-        "seconds_per_1000_steps": seconds * 1000 / steps, "load_average": os.getloadavg(),
+        "gpus": 1024,
+        "steps": steps,
+        "samples": steps * 512 * 16,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "seconds_per_1000_steps": seconds * 1000 / steps,
+        "load_average": os.getloadavg(),
         "simulated_samples_per_s": r.samples_per_s(),
-    }  # fmt: skip
+    }
     (RESULTS / "simulate_speed.json").write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out))
 

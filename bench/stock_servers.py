@@ -71,9 +71,14 @@ async def samples_per_s(url: str) -> float:
 
         async def one(i: int) -> int:
             r = await client.openai.completions.create(
-                model=model, prompt=f"{i % 10}+{(i * 7) % 10}=", n=GROUP, max_tokens=TOKENS,
-                temperature=1.0, logprobs=0, extra_body={"return_token_ids": True},
-            )  # fmt: skip
+                model=model,
+                prompt=f"{i % 10}+{(i * 7) % 10}=",
+                n=GROUP,
+                max_tokens=TOKENS,
+                temperature=1.0,
+                logprobs=0,
+                extra_body={"return_token_ids": True},
+            )
             return len(r.choices)
 
         await asyncio.gather(*(one(i) for i in range(PROMPTS)))  # warm-up
@@ -87,8 +92,19 @@ async def samples_per_s(url: str) -> float:
 
 def sglang_server(python: str, model: str, run_dir: Path, port: int) -> subprocess.Popen:
     log = open(run_dir / "sglang.log", "ab")  # noqa: SIM115 (the process keeps it)
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--device", "cpu",
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    cmd = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

@@ -48,10 +48,15 @@ def run_size(workdir: Path, size: str, versions: int, every: int, keep: int = 3)
     server = Server(run_dir, str(model), workdir / "inference.log", "inference.kv_cache_gib=1", cache)
     server.wait_healthy(900)
     sets = [
-        f"run_dir={run_dir}", f"model={model}", f"max_steps={versions}", "trainer.checkpoint.every=0",
-        f"weights.keep={keep}", f"weights.snapshot_every={every}", 'weights.dtype="bfloat16"',
+        f"run_dir={run_dir}",
+        f"model={model}",
+        f"max_steps={versions}",
+        "trainer.checkpoint.every=0",
+        f"weights.keep={keep}",
+        f"weights.snapshot_every={every}",
+        'weights.dtype="bfloat16"',
         f"store.cache_dir={workdir / 'cache-trainer'}",
-    ]  # fmt: skip
+    ]
     trainer = start_trainer(sets, workdir / "trainer.log")
     rundir, rows = RunDir(run_dir), {}
     try:
@@ -90,11 +95,14 @@ def summarize(params: int, versions: int, every: int, rows: dict[int, dict]) -> 
     full = full[1:] or full  # the first version also renders the metadata files
     delta = [r for r in rows.values() if r["delta"]]
     out = {
-        "parameters": params, "versions": versions, "snapshot_every": every,
-        "full_versions": len(full), "delta_versions": len(delta),
+        "parameters": params,
+        "versions": versions,
+        "snapshot_every": every,
+        "full_versions": len(full),
+        "delta_versions": len(delta),
         "full_bytes": statistics.median(r["bytes"] for r in full),
         "full_hand_off_s": statistics.median(r["hand_off_s"] for r in full),
-    }  # fmt: skip
+    }
     if delta:
         out["delta_bytes"] = statistics.median(r["bytes"] for r in delta)
         out["delta_file_bytes"] = statistics.median(r["delta_bytes"] for r in delta)

@@ -228,7 +228,7 @@ class ParserCache:
                     reasoning_parser,
                     list(hints),
                     list(end_ids),
-                ]  # fmt: skip
+                ]
             ).encode()
         ).hexdigest()
         path = self.directory / f"{key}.json"

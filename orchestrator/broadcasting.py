@@ -63,8 +63,9 @@ class BroadcastCoordinator:
             write_handshake(self.rundir, version, Handshake.FALLBACK, fallback)
             log.warning("version %d falls back to files: %s", version, e)
             return
-        answer = Receiving(run_id=self.run_id, version=version, generation=self.generation,
-                           world_size=self.world_size)  # fmt: skip
+        answer = Receiving(
+            run_id=self.run_id, version=version, generation=self.generation, world_size=self.world_size
+        )
         write_handshake(self.rundir, version, Handshake.RECEIVING, answer)
         started = time.monotonic()
         results = await asyncio.gather(*(self.receive(s, version) for s in members), return_exceptions=True)
@@ -73,11 +74,16 @@ class BroadcastCoordinator:
             self.pool.take_out(server, f"broadcast of version {version} failed: {error}")
         if failed:
             self.members = None  # the group is broken: the next update starts a new generation
-            log.warning("broadcast of version %d failed on %d server(s): falling back to files", version,
-                        len(failed))  # fmt: skip
+            log.warning(
+                "broadcast of version %d failed on %d server(s): falling back to files", version, len(failed)
+            )
         else:
-            log.info("version %d broadcast to %d server(s) in %.3f s", version, len(members),
-                     time.monotonic() - started)  # fmt: skip
+            log.info(
+                "version %d broadcast to %d server(s) in %.3f s",
+                version,
+                len(members),
+                time.monotonic() - started,
+            )
 
     async def receive(self, server: Server, version: int) -> None:
         path = self.rundir.weights.relative(version)
@@ -95,9 +101,13 @@ class BroadcastCoordinator:
         world_size, offset = 1 + sum(workers), 1
         for server, count in zip(members, workers, strict=True):
             init = BroadcastInit(
-                host=self.bc.host, port=self.bc.port, generation=generation,
-                world_size=world_size, rank_offset=offset, timeout_s=self.bc.timeout_s,
-            )  # fmt: skip
+                host=self.bc.host,
+                port=self.bc.port,
+                generation=generation,
+                world_size=world_size,
+                rank_offset=offset,
+                timeout_s=self.bc.timeout_s,
+            )
             await server.client.broadcast_init(init)
             offset += count
         self.members, self.generation, self.world_size = [s.url for s in members], generation, world_size

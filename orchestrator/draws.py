@@ -160,7 +160,11 @@ def resume_position(rundir: RunDir, run_id: str, step: int) -> Position:
     where = rundir.rollouts.describe_marker(step)
     raw = getattr(marker, "draws", None) if marker is not None else None
     if raw is None:
-        log.warning("batch %d records no prompt position (%s; written before triad recorded one): "
-                    "the prompts are drawn from the start again", step, where)  # fmt: skip
+        log.warning(
+            "batch %d records no prompt position (%s; written before triad recorded one): "
+            "the prompts are drawn from the start again",
+            step,
+            where,
+        )
         return Position()
     return Position.from_json(raw, where)

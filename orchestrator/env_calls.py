@@ -168,8 +168,12 @@ class EnvThreads:
         if isinstance(job.fn, ThreadLoop):
             job.fn.cancel()
         if stuck == self.max_stuck:
-            log.warning("%d environment calls are stuck, the last %s (orchestrator.max_stuck_calls): "
-                        "new ones fail until some return", stuck, name_of(job.fn))  # fmt: skip
+            log.warning(
+                "%d environment calls are stuck, the last %s (orchestrator.max_stuck_calls): "
+                "new ones fail until some return",
+                stuck,
+                name_of(job.fn),
+            )
 
     def _serve(self) -> None:
         while True:

@@ -225,19 +225,34 @@ class Orchestrator:
         written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
         fields = dict(
-            **stats, **rates(written - last, len(rows), stats["tokens"]),
-            generate_s=generated - last, assemble_s=assembled - generated, write_batch_s=written - assembled,
-            served_version=self.weights.served_version, healthy_servers=len(self.pool.healthy()),
-            **summarize("request_latency_s", self.pool.take_latencies()), **self.pool.take_requests(),
-            **self.loop_lag.take(), **self.guard.take(),
-            samples_dropped=dropped, samples_dropped_total=self.dropped_total, **self.draws.metrics(),
-            groups_filtered=filtered, **self.failures.take(), **env_calls.take_counts(),
-        )  # fmt: skip
+            **stats,
+            **rates(written - last, len(rows), stats["tokens"]),
+            generate_s=generated - last,
+            assemble_s=assembled - generated,
+            write_batch_s=written - assembled,
+            served_version=self.weights.served_version,
+            healthy_servers=len(self.pool.healthy()),
+            **summarize("request_latency_s", self.pool.take_latencies()),
+            **self.pool.take_requests(),
+            **self.loop_lag.take(),
+            **self.guard.take(),
+            samples_dropped=dropped,
+            samples_dropped_total=self.dropped_total,
+            **self.draws.metrics(),
+            groups_filtered=filtered,
+            **self.failures.take(),
+            **env_calls.take_counts(),
+        )
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
             "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
-            step, row["reward_mean"], row["lag_mean"], row["lag_max"], dropped, self.weights.served_version,
-        )  # fmt: skip
+            step,
+            row["reward_mean"],
+            row["lag_mean"],
+            row["lag_max"],
+            dropped,
+            self.weights.served_version,
+        )
 
     async def run_steps(self, evals: asyncio.TaskGroup) -> None:
         last = time.monotonic()

@@ -144,8 +144,12 @@ def simulate_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", default="16k", help="completion length cap (e.g. 8k, 16k)")
     p.add_argument("--batch-size", type=int, default=512, help="prompt groups per step")
     p.add_argument("--group-size", type=int, default=16, help="samples per prompt")
-    p.add_argument("--mode", choices=("keep", "abort"), default="keep",
-                   help="in-flight weight update: pause and keep (triad) or abort and resubmit")  # fmt: skip
+    p.add_argument(
+        "--mode",
+        choices=("keep", "abort"),
+        default="keep",
+        help="in-flight weight update: pause and keep (triad) or abort and resubmit",
+    )
     p.add_argument("--steps", type=int, default=12, help="steps simulated per candidate")
     p.add_argument("--plot", help="write the best candidate's timeline and utilisation to this PNG")
 

@@ -319,9 +319,16 @@ def sample_turns(model, contexts: list[list[int]], max_tokens: int, end: int, pa
     ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
     attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
     out = model.generate(
-        input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-        max_new_tokens=max_tokens, eos_token_id=end, pad_token_id=pad,
-    )  # fmt: skip
+        input_ids=ids,
+        attention_mask=attention,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_tokens,
+        eos_token_id=end,
+        pad_token_id=pad,
+    )
     turns = []
     for row in out[:, width:].tolist():
         turns.append(row[: row.index(end) + 1] if end in row else row)
@@ -407,12 +414,19 @@ def build_chat_model(dest: Path, name: str, recipe: ChatRecipe, seed: int = 0) -
             reward, tool_rate = sampled_reward(model, tokenizer, recipe, seed)
     progress.done()
     build = {
-        "model": f"builtin:{name}", "task": recipe.task,
-        "copy_steps": recipe.copy_steps, "warmup_steps": recipe.warmup_steps,
-        "final_loss": round(loss, 4), "sampled_reward": reward, "tool_call_rate": tool_rate,
-        "target": recipe.target, "check_prompts": recipe.check_prompts, "threads": THREADS,
-        "weights_sha256": weights_digest(model), "build_s": round(time.monotonic() - start, 1),
-    }  # fmt: skip
+        "model": f"builtin:{name}",
+        "task": recipe.task,
+        "copy_steps": recipe.copy_steps,
+        "warmup_steps": recipe.warmup_steps,
+        "final_loss": round(loss, 4),
+        "sampled_reward": reward,
+        "tool_call_rate": tool_rate,
+        "target": recipe.target,
+        "check_prompts": recipe.check_prompts,
+        "threads": THREADS,
+        "weights_sha256": weights_digest(model),
+        "build_s": round(time.monotonic() - start, 1),
+    }
     if reward < recipe.target:
         raise TriadError(
             f"builtin:{name}: the warm-up reached a sampled reward of {reward:.2f} (tool calls in "

@@ -147,9 +147,15 @@ def supervised(
 
 
 def warm_up(
-    model, tokenizer, task_name: str, steps: int, lr: float, seed: int, batch: int = 64,
+    model,
+    tokenizer,
+    task_name: str,
+    steps: int,
+    lr: float,
+    seed: int,
+    batch: int = 64,
     progress: StepProgress | None = None,
-) -> float:  # fmt: skip
+) -> float:
     """Teach the answer format by supervised steps on the task; returns the last loss."""
     from orchestrator.envs import BUILTIN
 
@@ -175,9 +181,14 @@ def build_tiny_model(dest: Path, name: str, recipe: Recipe | ChatRecipe, seed: i
     if isinstance(recipe, ChatRecipe):
         build = build_chat_model(dest, name, recipe, seed)
         log.info(
-            "warm-up on %s: %d+%d steps in %.0f s, sampled reward %.2f (target %.2f)", recipe.task,
-            recipe.copy_steps, recipe.warmup_steps, build["build_s"], build["sampled_reward"], recipe.target,
-        )  # fmt: skip
+            "warm-up on %s: %d+%d steps in %.0f s, sampled reward %.2f (target %.2f)",
+            recipe.task,
+            recipe.copy_steps,
+            recipe.warmup_steps,
+            build["build_s"],
+            build["sampled_reward"],
+            recipe.target,
+        )
         return
     progress = StepProgress(f"building builtin:{name} (once; a few seconds)")
     with progress.during("loading torch and transformers"):

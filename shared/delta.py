@@ -83,8 +83,10 @@ def check_pair(base: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         raise DeltaMismatch(f"the tensors differ (missing {gone[:3]}, added {added[:3]})")
     for name, words in new.items():
         if words.dtype != base[name].dtype or words.size != base[name].size:
-            raise DeltaMismatch(f"tensor {name}: {base[name].size} words of {base[name].dtype} became "
-                                f"{words.size} of {words.dtype}")  # fmt: skip
+            raise DeltaMismatch(
+                f"tensor {name}: {base[name].size} words of {base[name].dtype} became "
+                f"{words.size} of {words.dtype}"
+            )
 
 
 def pack(base: Mapping[str, Any], new: Mapping[str, Any]) -> bytes:
@@ -107,8 +109,11 @@ def pack(base: Mapping[str, Any], new: Mapping[str, Any]) -> bytes:
     value_raw = [_planes(np.concatenate(v), size).reshape(-1) for size, v in sorted(values.items())]
     value_raw = np.concatenate(value_raw) if len(value_raw) > 1 else (value_raw or [np.zeros(0, np.uint8)])[0]
     streams = [_compress(gap_raw), _compress(value_raw)]
-    header = {"tensors": tensors, "codec": CODEC,
-              "sizes": [[len(streams[0]), gap_raw.size], [len(streams[1]), value_raw.size]]}  # fmt: skip
+    header = {
+        "tensors": tensors,
+        "codec": CODEC,
+        "sizes": [[len(streams[0]), gap_raw.size], [len(streams[1]), value_raw.size]],
+    }
     head = json.dumps(header).encode()
     return MAGIC + struct.pack("<Q", len(head)) + head + streams[0] + streams[1]
 

@@ -128,7 +128,7 @@ class CacheTransfers:
             what,
             lambda: pafs.copy_files(
                 source, dest, source_filesystem=source_fs, destination_filesystem=dest_fs, use_threads=True
-            ),  # fmt: skip
+            ),
         )
 
     def fetch(self, key: str, last: str | None = None) -> Path:

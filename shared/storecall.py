@@ -14,8 +14,16 @@ from typing import TypeVar
 from shared.errors import TriadError, WaitTimeout
 
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-PERMANENT = ("NO_SUCH_BUCKET", "ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH",
-             "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")  # fmt: skip
+PERMANENT = (
+    "NO_SUCH_BUCKET",
+    "ACCESS_DENIED",
+    "INVALID_ACCESS_KEY_ID",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "NoSuchBucket",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+)
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.2, 5.0
 CONNECT_TIMEOUT_S, STALL_TIMEOUT_S = 3.0, 5.0
 LOG_EVERY_S = 5.0
@@ -104,8 +112,14 @@ class StoreCall:
                     ) from None
                 if last_log is None or time.monotonic() - last_log >= LOG_EVERY_S:
                     last_log = time.monotonic()
-                    log.warning("waiting for object store %s (%s, %.0f s of %.0f s): %s",
-                                self.url, what, waited, self.timeout_s, short(e))  # fmt: skip
+                    log.warning(
+                        "waiting for object store %s (%s, %.0f s of %.0f s): %s",
+                        self.url,
+                        what,
+                        waited,
+                        self.timeout_s,
+                        short(e),
+                    )
                 time.sleep(min(delay, max(self.timeout_s - waited, 0.0)))
                 delay = min(delay * 2, MAX_BACKOFF_S)
 

@@ -50,11 +50,15 @@ def search(sc: Scenario, mode: str) -> tuple[list[tuple[float, int, int]], dict[
 
 def scenario(args: argparse.Namespace) -> Scenario:
     return Scenario(
-        gpus=args.gpus, params=parse_count(args.model_size), max_tokens=int(parse_count(args.max_tokens)),
-        batch_prompts=args.batch_size, group_size=args.group_size, steps=args.steps,
+        gpus=args.gpus,
+        params=parse_count(args.model_size),
+        max_tokens=int(parse_count(args.max_tokens)),
+        batch_prompts=args.batch_size,
+        group_size=args.group_size,
+        steps=args.steps,
         prompt_tokens=int(parse_count(args.prompt_tokens)),
         active_params=parse_count(args.active_size) if args.active_size else 0.0,
-    )  # fmt: skip
+    )
 
 
 def current(sc: Scenario, args: argparse.Namespace) -> tuple[str, Result]:

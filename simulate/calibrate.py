@@ -111,25 +111,43 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
         [r["tokens"] for r in trainer], [r.get("read_s", 0) + r["train_s"] for r in trainer]
     )
     samples = sum(r["samples"] for r in orch)
-    lengths = fit_lengths(sum(r["tokens"] for r in orch) / samples, mean(r["truncated_frac"] for r in orch),
-                          oc["max_tokens"])  # fmt: skip
+    lengths = fit_lengths(
+        sum(r["tokens"] for r in orch) / samples, mean(r["truncated_frac"] for r in orch), oc["max_tokens"]
+    )
     load_s = median(loads) if loads else 0.0
     publish = mean(r["publish_s"] for r in trainer)
     mfu = 6 * TINY_PARAMS / (CPU_PEAK_FLOPS * per_token) if per_token > 0 else math.inf  # no per-token term
     setup = Setup(
         servers=max(len(cfg.get("inference_urls") or oc.get("inference_urls") or []), 1),
         train_gpus=1,
-        inference=Inference(iter_base_s=0.01, iter_per_seq_s=0.0, iter_per_kv_token_s=0.0,
-                            max_seqs=1 << 20, prefill_tokens_per_s=1e12, load_s=load_s),
-        trainer=Trainer(params=TINY_PARAMS, peak_flops=CPU_PEAK_FLOPS, mfu=mfu, overhead_s=overhead,
-                        handoff_bytes_per_s=1e18, publish_overhead_s=publish),
+        inference=Inference(
+            iter_base_s=0.01,
+            iter_per_seq_s=0.0,
+            iter_per_kv_token_s=0.0,
+            max_seqs=1 << 20,
+            prefill_tokens_per_s=1e12,
+            load_s=load_s,
+        ),
+        trainer=Trainer(
+            params=TINY_PARAMS,
+            peak_flops=CPU_PEAK_FLOPS,
+            mfu=mfu,
+            overhead_s=overhead,
+            handoff_bytes_per_s=1e18,
+            publish_overhead_s=publish,
+        ),
         # the lengths are the rows' tokens per sample, prompt included, which the trainer trains
-        lengths=lengths, prompt_tokens=0, batch_size=oc["batch_size"], group_size=oc["group_size"],
-        max_inflight=oc["max_inflight"], max_async_level=cfg["max_async_level"], max_steps=len(orch) + 10,
+        lengths=lengths,
+        prompt_tokens=0,
+        batch_size=oc["batch_size"],
+        group_size=oc["group_size"],
+        max_inflight=oc["max_inflight"],
+        max_async_level=cfg["max_async_level"],
+        max_steps=len(orch) + 10,
         batch_overhead_s=mean(r["assemble_s"] + r["write_batch_s"] for r in orch),
         trainer_factors=trainer_spread(trainer, overhead, per_token, publish),
         request_factors=request_spread(orch),
-    )  # fmt: skip
+    )
     spans = [d for r in orch for _, d in r.get("request_spans", [])]
     return setup, mean(spans) if spans else mean(r["request_latency_s_p50"] for r in orch)
 
@@ -150,8 +168,12 @@ def measured_outside_per_group(rundir: RunDir) -> tuple[float, float]:
     slot_s = oc["max_inflight"] * (counted[-1]["time"] - rows[k - 1]["time"])
     on_servers = sum(d for r in counted for _, d in r.get("request_spans", []))
     idle = sum(r.get("guard_idle_slot_s", 0.0) for r in counted)
-    groups = sum((r["samples"] + r["samples_dropped"]) / oc["group_size"] + r.get("groups_filtered", 0)
-                 + r.get("groups_failed", 0) for r in counted)  # fmt: skip
+    groups = sum(
+        (r["samples"] + r["samples_dropped"]) / oc["group_size"]
+        + r.get("groups_filtered", 0)
+        + r.get("groups_failed", 0)
+        for r in counted
+    )
     return max(slot_s - idle - on_servers, 0.0) / groups, idle / slot_s
 
 

@@ -19,9 +19,15 @@ from simulate.setup import Inference, Trainer
 
 # (parameters, layers, KV heads, head dim): the Qwen2.5 / Llama-3 shapes nearest each size
 SHAPES = (
-    (0.5e9, 24, 2, 64), (1.5e9, 28, 2, 128), (3e9, 36, 2, 128), (7e9, 28, 4, 128), (8e9, 32, 8, 128),
-    (14e9, 48, 8, 128), (32e9, 64, 8, 128), (70e9, 80, 8, 128),
-)  # fmt: skip
+    (0.5e9, 24, 2, 64),
+    (1.5e9, 28, 2, 128),
+    (3e9, 36, 2, 128),
+    (7e9, 28, 4, 128),
+    (8e9, 32, 8, 128),
+    (14e9, 48, 8, 128),
+    (32e9, 64, 8, 128),
+    (70e9, 80, 8, 128),
+)
 
 
 @dataclass(frozen=True)
@@ -97,10 +103,15 @@ def trainer_for(
 ) -> Trainer:
     """Colocated (one pool of GPUs takes turns) reshards in memory: no transfer to pay."""
     return Trainer(
-        params=params, peak_flops=gpu.peak_flops, mfu=gpu.mfu, overhead_s=1.0,
-        handoff_bytes_per_s=1e15 if colocated else gpu.handoff_bytes_per_s, publish_overhead_s=0.5,
-        logprob_passes=logprob_passes, active_params=active,
-    )  # fmt: skip
+        params=params,
+        peak_flops=gpu.peak_flops,
+        mfu=gpu.mfu,
+        overhead_s=1.0,
+        handoff_bytes_per_s=1e15 if colocated else gpu.handoff_bytes_per_s,
+        publish_overhead_s=0.5,
+        logprob_passes=logprob_passes,
+        active_params=active,
+    )
 
 
 def decode_tokens_per_s_per_gpu(

@@ -22,10 +22,21 @@ def plot(result: Result, out: Path, title: str, last: int = 8) -> Path:
     origin = result.written_at.get(shown[0] - 1, 0.0)
     for step in shown:
         start = result.written_at.get(step - 1, 0.0)
-        ax_t.broken_barh([(start - origin, result.generated_at[step] - start)], (1.6, 0.7),
-                         facecolors=COLOURS["batch"], edgecolor="black", linewidth=0.3)  # fmt: skip
-        ax_t.text((start + result.generated_at[step]) / 2 - origin, 1.95, str(step), ha="center", va="center",
-                  fontsize=7)  # fmt: skip
+        ax_t.broken_barh(
+            [(start - origin, result.generated_at[step] - start)],
+            (1.6, 0.7),
+            facecolors=COLOURS["batch"],
+            edgecolor="black",
+            linewidth=0.3,
+        )
+        ax_t.text(
+            (start + result.generated_at[step]) / 2 - origin,
+            1.95,
+            str(step),
+            ha="center",
+            va="center",
+            fontsize=7,
+        )
     for step, start, trained, published in result.train_spans:
         if step in shown:
             ax_t.broken_barh([(start - origin, trained - start)], (0.6, 0.7), facecolors=COLOURS["train"])

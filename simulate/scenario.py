@@ -46,8 +46,14 @@ class Scenario:
         tp = self.server_gpus()
         return self.setup(self.gpus // tp, self.gpus, 0, "keep", self.batch_prompts, lengths, colocated=True)
 
-    def split(self, inference_gpus: int, eta: int, mode: str = "keep", lengths: Lengths | None = None,
-              inflight: int | None = None) -> Setup:  # fmt: skip
+    def split(
+        self,
+        inference_gpus: int,
+        eta: int,
+        mode: str = "keep",
+        lengths: Lengths | None = None,
+        inflight: int | None = None,
+    ) -> Setup:
         """triad's layout: `inference_gpus` serve, the rest train; `inflight` groups (default: a batch
         for each version the guard lets run ahead)."""
         tp = self.server_gpus()
@@ -58,16 +64,32 @@ class Scenario:
         inflight = inflight or self.batch_prompts * (eta + 1)
         return self.setup(inference_gpus // tp, self.gpus - inference_gpus, eta, mode, inflight, lengths)
 
-    def setup(self, servers: int, train_gpus: int, eta: int, mode: str, inflight: int,
-              lengths: Lengths | None, colocated: bool = False) -> Setup:  # fmt: skip
+    def setup(
+        self,
+        servers: int,
+        train_gpus: int,
+        eta: int,
+        mode: str,
+        inflight: int,
+        lengths: Lengths | None,
+        colocated: bool = False,
+    ) -> Setup:
         lengths = lengths or self.lengths()
         context = self.prompt_tokens + lengths.mean(4000)
         return Setup(
-            servers=servers, train_gpus=train_gpus,
-            inference=inference_for(self.params, self.gpu, self.server_gpus(), context, self.active_params,
-                                    self.shape),
+            servers=servers,
+            train_gpus=train_gpus,
+            inference=inference_for(
+                self.params, self.gpu, self.server_gpus(), context, self.active_params, self.shape
+            ),
             trainer=trainer_for(self.params, self.gpu, colocated, self.logprob_passes, self.active_params),
             lengths=lengths,
-            prompt_tokens=self.prompt_tokens, batch_size=self.batch_prompts, group_size=self.group_size,
-            max_inflight=inflight, max_async_level=eta, max_steps=self.steps, mode=mode, batch_overhead_s=0.5,
-        )  # fmt: skip
+            prompt_tokens=self.prompt_tokens,
+            batch_size=self.batch_prompts,
+            group_size=self.group_size,
+            max_inflight=inflight,
+            max_async_level=eta,
+            max_steps=self.steps,
+            mode=mode,
+            batch_overhead_s=0.5,
+        )

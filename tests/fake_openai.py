@@ -234,8 +234,15 @@ def make_app(state: FakeState) -> Starlette:
             return JSONResponse({"checksums": dict(state.vllm_checksums)})
         return JSONResponse({"message": "ok"})
 
-    rl_routes = ("/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update",
-                 "/update_weights", "/finish_weight_update", "/weight_checker")  # fmt: skip
+    rl_routes = (
+        "/pause",
+        "/resume",
+        "/init_weight_transfer_engine",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+        "/weight_checker",
+    )
     return Starlette(
         routes=[
             *(Route(route, vllm_rl, methods=["POST"]) for route in rl_routes),

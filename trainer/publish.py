@@ -132,9 +132,15 @@ def write_weights(
 
 
 def write_delta(
-    rundir: RunDir, run_id: str, version: int, state: dict[str, torch.Tensor], base: DeltaBase,
-    metadata: Metadata, keep_last: int, protect: frozenset[int] = frozenset(),
-) -> tuple[float, float, dict[str, str]]:  # fmt: skip
+    rundir: RunDir,
+    run_id: str,
+    version: int,
+    state: dict[str, torch.Tensor],
+    base: DeltaBase,
+    metadata: Metadata,
+    keep_last: int,
+    protect: frozenset[int] = frozenset(),
+) -> tuple[float, float, dict[str, str]]:
     """Write `weights/step_V/` as a delta from `base` (config, tokenizer, the packed difference,
     `shared/delta.py`), then its `DONE` naming the base and its digest beside the new version's
     digests; returns the seconds the writing and the digests took, and the digests.
@@ -150,9 +156,15 @@ def write_delta(
     written = time.monotonic() - started
     failpoint(TRAINER_BEFORE_DELTA_MARKER, version)
     rundir.weights.write_marker(
-        version, run_id, version=version, bytes=size, files=True, delta_base=base.version,
-        base_digest=version_digest(base.digests), **digest_fields(digests),
-    )  # fmt: skip
+        version,
+        run_id,
+        version=version,
+        bytes=size,
+        files=True,
+        delta_base=base.version,
+        base_digest=version_digest(base.digests),
+        **digest_fields(digests),
+    )
     rundir.weights.prune(keep_last, done_upto=version, protect=protect)
     return written, seconds, digests
 

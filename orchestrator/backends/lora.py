@@ -43,9 +43,12 @@ class AdapterLoads:
 
     def as_weights(self, held: AdapterInfo) -> WeightsInfo:
         return WeightsInfo(
-            version=held.version, path=held.path.removeprefix(self.prefix), base_path="",
-            digest=held.digest, tensor_digests=held.tensor_digests,
-        )  # fmt: skip
+            version=held.version,
+            path=held.path.removeprefix(self.prefix),
+            base_path="",
+            digest=held.digest,
+            tensor_digests=held.tensor_digests,
+        )
 
     async def load(self, version: int, path: str) -> WeightsInfo:
         if version == 0:  # requests go to the base model; the adapter stays until it idles out

@@ -64,8 +64,10 @@ class VerifiersEnv:
 
     def eval_prompts(self) -> list[Prompt]:
         if self.held_out is None:
-            log.warning("verifiers environment %s has no eval dataset: evaluation uses its training prompts",
-                        self.name)  # fmt: skip
+            log.warning(
+                "verifiers environment %s has no eval dataset: evaluation uses its training prompts",
+                self.name,
+            )
             return [self.prompt_of("train", i) for i in range(len(self.train))]
         return [self.prompt_of("eval", i) for i in range(len(self.held_out))]
 

@@ -31,8 +31,13 @@ KILL_INFERENCE_AT = 18  # a delta the server rebuilds
 
 class DeltaRun(Run):
     def shared_sets(self) -> list[str]:
-        return [f"max_steps={STEPS}", "max_async_level=1", "trainer.checkpoint.every=7",
-                f"weights.snapshot_every={EVERY}", 'weights.dtype="bfloat16"']  # fmt: skip
+        return [
+            f"max_steps={STEPS}",
+            "max_async_level=1",
+            "trainer.checkpoint.every=7",
+            f"weights.snapshot_every={EVERY}",
+            'weights.dtype="bfloat16"',
+        ]
 
     def sets(self) -> list[str]:
         return [*super().sets(), "weights.keep=3", "orchestrator.keep_rollouts=4"]
@@ -70,8 +75,9 @@ def test_deltas_over_30_versions_with_kills_stay_exact(run, monkeypatch):
         os.killpg(run.inference.proc.pid, signal.SIGKILL)  # the engine core it left
     run.inference.log.close()
     time.sleep(2)
-    run.inference = Server(run.run_dir, run.model, run.root / "inference.log", *run.shared_sets(),
-                           port=run.inference.port)  # fmt: skip
+    run.inference = Server(
+        run.run_dir, run.model, run.root / "inference.log", *run.shared_sets(), port=run.inference.port
+    )
     run.inference.wait_healthy()
     run.finish()
     run.check()

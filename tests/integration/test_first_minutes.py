@@ -43,9 +43,12 @@ def test_a_piped_up_prints_a_line_at_least_every_30_s_through_build_and_start(tm
     env = {**os.environ, "TRIAD_CACHE": str(tmp_path / "empty-cache")}  # the model is built first
     start = time.monotonic()
     proc = subprocess.Popen(
-        triad_cmd("up", *[f"--set={s}" for s in sets]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=env, text=True,
-    )  # fmt: skip
+        triad_cmd("up", *[f"--set={s}" for s in sets]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    )
     lines = [(time.monotonic(), line.rstrip("\n")) for line in proc.stdout]
     assert proc.wait(timeout=60) == 0, "\n".join(text for _, text in lines)
     first_step = next(i for i, (_, text) in enumerate(lines) if text.startswith("step    1/2"))

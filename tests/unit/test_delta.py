@@ -118,8 +118,10 @@ def test_the_streams_hold_gaps_and_xors_as_byte_planes_in_the_documented_layout(
     names = sorted(new)
     where = {n: np.flatnonzero(base[n] != new[n]) for n in names}
     expected_gaps = np.concatenate([np.diff(where[n], prepend=0).astype(np.uint32) for n in names])
-    xors = {size: np.concatenate([(base[n] ^ new[n])[where[n]] for n in names if new[n].itemsize == size])
-            for size in (2, 4)}  # fmt: skip
+    xors = {
+        size: np.concatenate([(base[n] ^ new[n])[where[n]] for n in names if new[n].itemsize == size])
+        for size in (2, 4)
+    }
     assert gaps == reference_planes(expected_gaps).tobytes()
     assert values == reference_planes(xors[2]).tobytes() + reference_planes(xors[4]).tobytes()
     assert [t["name"] for t in header["tensors"]] == names

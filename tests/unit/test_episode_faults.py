@@ -65,10 +65,17 @@ def test_a_run_whose_samples_and_environment_fail_in_every_way_reaches_its_last_
         fake.state.max_model_len = CONTEXT
 
         async def run() -> list[dict]:
-            orch = make(tmp_path, [fake.url], f"max_steps={steps}", "max_async_level=100",
-                        "orchestrator.env_timeout_s=0.2", "orchestrator.max_inflight=4", "weights.keep=200",
-                        "orchestrator.max_failed_groups=5",
-                        'orchestrator.env="tests.unit.test_episode_faults:Faulty"')  # fmt: skip
+            orch = make(
+                tmp_path,
+                [fake.url],
+                f"max_steps={steps}",
+                "max_async_level=100",
+                "orchestrator.env_timeout_s=0.2",
+                "orchestrator.max_inflight=4",
+                "weights.keep=200",
+                "orchestrator.max_failed_groups=5",
+                'orchestrator.env="tests.unit.test_episode_faults:Faulty"',
+            )
             orch.pool.servers[0].client.max_model_len = CONTEXT
             producer = asyncio.create_task(orch.produce())
             try:

@@ -250,8 +250,12 @@ def test_options_the_proxy_does_not_honour_get_a_400_that_names_them():
 
     class Answers:
         async def call(self, messages, tools, max_tokens):
-            return {"message": {"role": "assistant", "content": "2"}, "finish_reason": "stop",
-                    "prompt_tokens": 1, "completion_tokens": 1}  # fmt: skip
+            return {
+                "message": {"role": "assistant", "content": "2"},
+                "finish_reason": "stop",
+                "prompt_tokens": 1,
+                "completion_tokens": 1,
+            }
 
         def close(self):
             pass

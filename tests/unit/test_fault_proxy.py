@@ -69,9 +69,14 @@ def test_each_fault_is_what_a_client_sees(tmp_path, fault) -> None:
                 seen = "cut"
         assert httpx.get(f"{proxy.url}/health", timeout=5).status_code == 200  # other routes pass
     expected = {
-        "http_500": 500, "http_503": 503, "http_429": 429, "http_400": 400,
-        "cut_body": "cut", "dropped": "RemoteProtocolError", "stall": "RemoteProtocolError",
-    }  # fmt: skip
+        "http_500": 500,
+        "http_503": 503,
+        "http_429": 429,
+        "http_400": 400,
+        "cut_body": "cut",
+        "dropped": "RemoteProtocolError",
+        "stall": "RemoteProtocolError",
+    }
     assert seen == expected[fault]
     record = json.loads(counts.read_text())
     assert record["injected"] == {fault: 1} and record["by_route"] == {"/v1/completions": 1}

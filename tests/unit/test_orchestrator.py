@@ -301,8 +301,14 @@ def test_the_run_stops_after_max_failed_groups_in_a_row_naming_the_last_cause(tm
         bad.state.mode = "fail"
 
         async def run() -> BaseException:
-            orch = make(tmp_path, [bad.url], "orchestrator.max_failed_groups=5", "orchestrator.max_retries=0",
-                        "orchestrator.max_server_failures=1000", "orchestrator.max_inflight=1")  # fmt: skip
+            orch = make(
+                tmp_path,
+                [bad.url],
+                "orchestrator.max_failed_groups=5",
+                "orchestrator.max_retries=0",
+                "orchestrator.max_server_failures=1000",
+                "orchestrator.max_inflight=1",
+            )
             try:
                 async with asyncio.timeout(10):
                     await orch.produce()

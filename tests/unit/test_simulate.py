@@ -26,14 +26,32 @@ ITER_S, LENGTH = 0.01, 100  # a request of 100 tokens takes 1 s on a server
 def setup(**changes) -> Setup:
     """One server, 100-token completions, a trainer and hand-off that take no time."""
     base = dict(
-        servers=1, train_gpus=1,
-        inference=Inference(iter_base_s=ITER_S, iter_per_seq_s=0.0, iter_per_kv_token_s=0.0, max_seqs=10**6,
-                            prefill_tokens_per_s=1e15, load_s=0.0),
-        trainer=Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
-                        publish_overhead_s=0.0),
-        lengths=Lengths(LENGTH, 1.0, LENGTH, empirical=(LENGTH,)), prompt_tokens=10,
-        batch_size=4, group_size=2, max_inflight=4, max_async_level=1, max_steps=30,
-    )  # fmt: skip
+        servers=1,
+        train_gpus=1,
+        inference=Inference(
+            iter_base_s=ITER_S,
+            iter_per_seq_s=0.0,
+            iter_per_kv_token_s=0.0,
+            max_seqs=10**6,
+            prefill_tokens_per_s=1e15,
+            load_s=0.0,
+        ),
+        trainer=Trainer(
+            params=1.0,
+            peak_flops=1e30,
+            mfu=1.0,
+            overhead_s=0.0,
+            handoff_bytes_per_s=1e30,
+            publish_overhead_s=0.0,
+        ),
+        lengths=Lengths(LENGTH, 1.0, LENGTH, empirical=(LENGTH,)),
+        prompt_tokens=10,
+        batch_size=4,
+        group_size=2,
+        max_inflight=4,
+        max_async_level=1,
+        max_steps=30,
+    )
     base.update(changes)
     return Setup(**base)
 
@@ -49,8 +67,14 @@ def test_one_server_with_fixed_lengths():
 def test_the_trainer_trains_the_prompt_tokens_as_well_as_the_completion():
     # η = 0: generate 1 s, then train 8 samples x (10 prompt + 100 completion) = 880 tokens at 6 FLOPs a
     # token on a GPU of 6 x 880 FLOP/s: 1 s (completion tokens alone would take 800 / 880 s)
-    trainer = Trainer(params=1.0, peak_flops=6.0 * 880, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
-                      publish_overhead_s=0.0)  # fmt: skip
+    trainer = Trainer(
+        params=1.0,
+        peak_flops=6.0 * 880,
+        mfu=1.0,
+        overhead_s=0.0,
+        handoff_bytes_per_s=1e30,
+        publish_overhead_s=0.0,
+    )
     r = simulate(setup(max_async_level=0, trainer=trainer))
     assert r.step_s() == pytest.approx(2.0, rel=1e-6)
     assert r.tokens[5] == 880
@@ -77,8 +101,9 @@ def test_max_seqs_queues_the_rest():
 
 def test_eta_zero_has_no_overlap():
     # generate 1 s, write 0.05 s, train 0.5 s, publish 0.2 s, load 0.1 s: one after the other
-    trainer = Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.5, handoff_bytes_per_s=1e30,
-                      publish_overhead_s=0.2)  # fmt: skip
+    trainer = Trainer(
+        params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.5, handoff_bytes_per_s=1e30, publish_overhead_s=0.2
+    )
     inf = Inference(ITER_S, 0.0, 0.0, 10**6, 1e15, 0.1)
     r = simulate(setup(max_async_level=0, trainer=trainer, inference=inf, batch_overhead_s=0.05))
     assert r.step_s() == pytest.approx(1.85, rel=1e-6)
@@ -110,8 +135,9 @@ def test_groups_that_finish_out_of_order_are_dropped_as_stale():
 
 
 def test_a_slow_trainer_is_the_bound_at_any_eta():
-    trainer = Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=2.0, handoff_bytes_per_s=1e30,
-                      publish_overhead_s=0.0)  # fmt: skip
+    trainer = Trainer(
+        params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=2.0, handoff_bytes_per_s=1e30, publish_overhead_s=0.0
+    )
     for eta in (1, 2, 4):
         r = simulate(setup(max_async_level=eta, max_inflight=16, trainer=trainer))
         assert r.step_s() == pytest.approx(2.0, rel=1e-6)
@@ -121,8 +147,9 @@ def test_a_slow_trainer_is_the_bound_at_any_eta():
 def test_the_trainers_spread_and_the_requests_spread_lengthen_each_step_as_drawn():
     # η = 0: generate 1 s, train 0.5 s, publish 0.2 s, one after the other; a trainer factor of 2
     # doubles train and publish, a request factor of 1.5 makes each request (and so the batch) 1.5 s
-    trainer = Trainer(params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.5, handoff_bytes_per_s=1e30,
-                      publish_overhead_s=0.2)  # fmt: skip
+    trainer = Trainer(
+        params=1.0, peak_flops=1e30, mfu=1.0, overhead_s=0.5, handoff_bytes_per_s=1e30, publish_overhead_s=0.2
+    )
     base = setup(max_async_level=0, trainer=trainer)
     assert simulate(base).step_s() == pytest.approx(1.7, rel=1e-6)
     assert simulate(base.with_(trainer_factors=(2.0,))).step_s() == pytest.approx(2.4, rel=1e-6)
@@ -141,15 +168,23 @@ def test_the_spreads_read_from_a_run():
 
     rows = [{"request_spans": [[0, 1.0], [0, 2.0], [0, 4.0]]}, {"request_spans": [[0, 0.5], [0, 0.5]]}]
     assert request_spread(rows) == (1.0, 1.0, 2.0, 1.0, 1.0)
-    steps = [{"read_s": 0.1, "train_s": 0.5, "publish_s": 0.2, "tokens": 100},
-             {"train_s": 1.5, "publish_s": 0.1, "tokens": 200}]  # fmt: skip
+    steps = [
+        {"read_s": 0.1, "train_s": 0.5, "publish_s": 0.2, "tokens": 100},
+        {"train_s": 1.5, "publish_s": 0.1, "tokens": 200},
+    ]
     assert trainer_spread(steps, 0.2, 0.004, 0.2) == pytest.approx((0.8 / 0.8, 1.6 / 1.2))
 
 
 def test_recomputing_log_probs_adds_a_forward_pass_to_the_step():
     # a batch is 8 samples of 10 + 100 tokens (880 tokens); 6 FLOPs per token train, 2 more per pass
-    slow = dict(params=1.0, peak_flops=880.0, mfu=1.0, overhead_s=0.0, handoff_bytes_per_s=1e30,
-                publish_overhead_s=0.0)  # fmt: skip
+    slow = dict(
+        params=1.0,
+        peak_flops=880.0,
+        mfu=1.0,
+        overhead_s=0.0,
+        handoff_bytes_per_s=1e30,
+        publish_overhead_s=0.0,
+    )
     assert Trainer(**slow).train_s(880, 1) == pytest.approx(6.0)
     assert Trainer(**slow, logprob_passes=1).train_s(880, 2) == pytest.approx(4.0)
     # the trainer is the bound (6 s, then 8 s a step against 1 s of generation), at η = 2
@@ -246,8 +281,23 @@ def test_parse_count():
 
 def test_cli_advice_and_its_errors(tmp_path):
     out = tmp_path / "advice.png"
-    r = run_triad("simulate", "--gpus", "8", "--model-size", "1.5B", "--max-tokens", "2k",
-                  "--batch-size", "8", "--group-size", "4", "--steps", "5", "--plot", str(out))  # fmt: skip
+    r = run_triad(
+        "simulate",
+        "--gpus",
+        "8",
+        "--model-size",
+        "1.5B",
+        "--max-tokens",
+        "2k",
+        "--batch-size",
+        "8",
+        "--group-size",
+        "4",
+        "--steps",
+        "5",
+        "--plot",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "best: max_async_level = " in r.stdout and "trainer's time (critical path): train" in r.stdout
     assert out.stat().st_size > 10_000
@@ -369,8 +419,16 @@ def test_an_end_shorter_than_the_clock_resolution_still_moves_the_clock():
     from simulate.hardware import Gpu
     from simulate.scenario import Scenario
 
-    sc = Scenario(gpus=16, params=7e9, max_tokens=31744, batch_prompts=512, group_size=16, steps=60,
-                  logprob_passes=1, gpu=Gpu(hbm_efficiency=0.83, mfu=0.293))  # fmt: skip
+    sc = Scenario(
+        gpus=16,
+        params=7e9,
+        max_tokens=31744,
+        batch_prompts=512,
+        group_size=16,
+        steps=60,
+        logprob_passes=1,
+        gpu=Gpu(hbm_efficiency=0.83, mfu=0.293),
+    )
     r = simulate(sc.colocated_sync())
     assert r.trained == 60 and 3000 < r.step_s() < 3500
 
@@ -386,15 +444,28 @@ def test_advice_gives_the_gain_over_the_users_setting_and_the_range_the_held_out
     held_out = [r["ratio"] for r in published["rows"] if r["split"] == "held out" and r["kind"] == "ratio"]
     assert (round(min(held_out), 3), round(max(held_out), 3)) == advise.HELD_OUT_RATIO_ERROR
     assert advise.gain_range(2.0, (0.5, 1.25)) == (1.6, 4.0)
-    args = argparse.Namespace(gpus=8, model_size="1.5B", active_size=None, max_tokens="2k",
-                              prompt_tokens="128", batch_size=8, group_size=4, steps=5, mode="keep",
-                              plot=None, current_eta=0, current_inference=4)  # fmt: skip
+    args = argparse.Namespace(
+        gpus=8,
+        model_size="1.5B",
+        active_size=None,
+        max_tokens="2k",
+        prompt_tokens="128",
+        batch_size=8,
+        group_size=4,
+        steps=5,
+        mode="keep",
+        plot=None,
+        current_eta=0,
+        current_inference=4,
+    )
     lines = advise.advise(args)
     sc = advise.scenario(args)
     mine = simulate(dataclasses.replace(sc.split(4, 0, "keep"), max_steps=5)).samples_per_s()
     gain = advise.search(sc, "keep")[0][0][0] / mine
     low, high = advise.gain_range(gain)
-    assert f"against your setting (max_async_level = 0, 4:4, {mine:.2f} samples/s): {gain:.2f}x predicted, " \
-        f"{low:.2f}x to {high:.2f}x" in "\n".join(lines)  # fmt: skip
+    assert (
+        f"against your setting (max_async_level = 0, 4:4, {mine:.2f} samples/s): {gain:.2f}x predicted, "
+        f"{low:.2f}x to {high:.2f}x" in "\n".join(lines)
+    )
     with pytest.raises(TriadError, match="leaves no trainer"):
         advise.advise(argparse.Namespace(**{**vars(args), "current_inference": 8}))

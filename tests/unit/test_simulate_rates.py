@@ -90,12 +90,23 @@ def test_the_published_table_is_the_same_whichever_targets_and_rates_ran_before(
 
     small = replace(published.NEMO, gpus=8, batch_prompts=4, group_size=8, steps=6)
     targets = [
-        published.Target("small sync step", "", 10.0, lambda r: published.nemo_result(
-            r, small, False, published.NEMO_MEAN).step_s(), absolute=True),  # fmt: skip
-        published.Target("prime-rl 4B", "", published.PRIME_4B[2],
-                         lambda r: published.trainer_tokens_per_s(r, *published.PRIME_4B[:2]), True, True),
+        published.Target(
+            "small sync step",
+            "",
+            10.0,
+            lambda r: published.nemo_result(r, small, False, published.NEMO_MEAN).step_s(),
+            absolute=True,
+        ),
+        published.Target(
+            "prime-rl 4B",
+            "",
+            published.PRIME_4B[2],
+            lambda r: published.trainer_tokens_per_s(r, *published.PRIME_4B[:2]),
+            True,
+            True,
+        ),
         published.Target("weight sync", "", 1.0, lambda r: published.verl_sync_s(r, 7e9), True, True),
-    ]  # fmt: skip
+    ]
     fitted = published.Rates()
     guessed = published.Rates(OLD, replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu))
     alone = published.table(fitted, targets)

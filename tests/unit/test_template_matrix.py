@@ -50,10 +50,13 @@ def assistant(content: str, calls: tuple[str, ...] = (), reasoning: str | None =
         message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [
-            {"id": call_id(n), "type": "function",
-             "function": {"name": "calculate", "arguments": json.dumps({"expression": e})}}
+            {
+                "id": call_id(n),
+                "type": "function",
+                "function": {"name": "calculate", "arguments": json.dumps({"expression": e})},
+            }
             for n, e in enumerate(calls)
-        ]  # fmt: skip
+        ]
     return message
 
 
@@ -240,10 +243,14 @@ def planned_ids(cell: Cell, template: Template) -> tuple[list[list[int]], list[l
 
 def tool_results(reply: dict) -> list[dict]:
     return [
-        {"role": "tool", "tool_call_id": c["id"], "name": "calculate",
-         "content": calculate(json.loads(c["function"]["arguments"])["expression"])}
+        {
+            "role": "tool",
+            "tool_call_id": c["id"],
+            "name": "calculate",
+            "content": calculate(json.loads(c["function"]["arguments"])["expression"]),
+        }
         for c in reply["tool_calls"]
-    ]  # fmt: skip
+    ]
 
 
 def refused(cell: Cell) -> str | None:

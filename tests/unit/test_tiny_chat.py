@@ -71,12 +71,13 @@ def test_an_episode_is_the_template_s_rendering_as_the_orchestrator_appends_it(t
     text = tok.decode(ids)
     assert text.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more functions")
     assert text.endswith(
-        "<|im_start|>user\n51*99+55=?<|im_end|>\n<|im_start|>assistant\n" + EMPTY_THINK
+        "<|im_start|>user\n51*99+55=?<|im_end|>\n<|im_start|>assistant\n"
+        + EMPTY_THINK
         + '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*99+55"}}\n</tool_call>'
         "<|im_end|>\n"
         "<|im_start|>user\n<tool_response>\n5104\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n" + EMPTY_THINK + "5104<|im_end|>"
-    )  # fmt: skip
+    )
     trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert trained == (
         '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*99+55"}}\n</tool_call><|im_end|>'
@@ -104,10 +105,12 @@ def test_with_thinking_on_the_model_writes_the_empty_think_block_and_history_dro
     assert trained == EMPTY_THINK + call + "<|im_end|>" + EMPTY_THINK + "5104<|im_end|>"
     assert tok.decode(ids).endswith(
         "<|im_start|>user\n51*99+55=?<|im_end|>\n<|im_start|>assistant\n"
-        + EMPTY_THINK + call + "<|im_end|>\n"
+        + EMPTY_THINK
+        + call
+        + "<|im_end|>\n"
         "<|im_start|>user\n<tool_response>\n5104\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n" + EMPTY_THINK + "5104<|im_end|>"
-    )  # fmt: skip
+    )
     whole = tok.apply_chat_template(
         conversation[:-1], tools=[CALCULATE], add_generation_prompt=True, tokenize=False
     )

@@ -111,12 +111,19 @@ class NoProgress:
     "name, text, line",
     [
         (TRAINER, TORCHRUN_FAILURE, "trainer.lora.target_modules: lm_head shares its weight"),
-        (ORCHESTRATOR, "triad orchestrator: error: unknown environment 'nosuch'; built-ins: [...]\n",
-         "unknown environment 'nosuch'; built-ins: [...]"),
-        (INFERENCE, "INFO loading\n[rank0]: triad inference: error: refusing to expose the admin routes "
-         "without a token\n", "refusing to expose the admin routes without a token"),
+        (
+            ORCHESTRATOR,
+            "triad orchestrator: error: unknown environment 'nosuch'; built-ins: [...]\n",
+            "unknown environment 'nosuch'; built-ins: [...]",
+        ),
+        (
+            INFERENCE,
+            "INFO loading\n[rank0]: triad inference: error: refusing to expose the admin routes "
+            "without a token\n",
+            "refusing to expose the admin routes without a token",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_child_s_one_line_error_is_what_up_reports(tmp_path, name, text, line):
     from services.up import supervise
 

@@ -71,10 +71,10 @@ async def measure(run_dir: Path, url: str, steps: int, in_thread: bool = True) -
     client.model = "fake"
     pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
     orch = Orchestrator(cfg, run.run_id, pool, load_environment("addition"))
-    lag_task = asyncio.create_task(orch.loop_lag.run())
+    lag_task = asyncio.create_task(orch.counters.loop_lag.run())
     producer = asyncio.create_task(orch.produce())
     await orch.assemble(1)  # warm-up: connections open, code paths hot
-    orch.loop_lag.samples.clear()
+    orch.counters.loop_lag.samples.clear()
     wall, cpu = time.perf_counter(), time.process_time()
     samples = 0
     for step in range(2, steps + 1):
@@ -86,7 +86,7 @@ async def measure(run_dir: Path, url: str, steps: int, in_thread: bool = True) -
         )  # as the orchestrator does
         samples += len(rows)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    lags = list(orch.loop_lag.samples)
+    lags = list(orch.counters.loop_lag.samples)
     for task in (producer, lag_task):
         task.cancel()
     await asyncio.gather(producer, lag_task, return_exceptions=True)

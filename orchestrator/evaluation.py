@@ -12,9 +12,10 @@ import asyncio
 import logging
 from math import comb
 
-from orchestrator.environments import Prompt
+from orchestrator.environments import Environment, Prompt, eval_prompts
 from orchestrator.episodes import Episodes
 from orchestrator.pool import RolloutFailed, ServerPool
+from shared.config import TriadConfig
 from shared.metrics import MetricsWriter
 
 log = logging.getLogger("triad.orchestrator")
@@ -56,3 +57,21 @@ async def evaluate_and_log(
     await asyncio.to_thread(writer.log, step, policy_versions=versions, **result)  # off the event loop
     summary = ", ".join(f"{name} {value:.3f}" for name, value in result.items())
     log.info("eval after step %d: %s", step, summary)
+
+
+class EvalSchedule:
+    """Held-out evaluation after every `orchestrator.eval_every` steps and after the last one,
+    each in its own task beside the next steps (none with `eval_every = 0`)."""
+
+    def __init__(
+        self, cfg: TriadConfig, env: Environment, pool: ServerPool, writer: MetricsWriter, episodes: Episodes
+    ) -> None:
+        oc = cfg.orchestrator
+        self.every, self.k, self.max_steps = oc.eval_every, oc.eval_k, cfg.max_steps
+        self.held_out = eval_prompts(env, oc.eval_size) if oc.eval_every else []
+        self.pool, self.writer, self.episodes = pool, writer, episodes
+
+    def after(self, step: int, tasks: asyncio.TaskGroup) -> None:
+        if self.every and (step % self.every == 0 or step == self.max_steps):
+            evaluation = evaluate_and_log(step, self.held_out, self.pool, self.k, self.writer, self.episodes)
+            tasks.create_task(evaluation)

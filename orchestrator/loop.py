@@ -51,16 +51,16 @@ from orchestrator.backends.detection import backend_for
 from orchestrator.batch_builder import BatchBuilder, Group
 from orchestrator.client import InferenceClient
 from orchestrator.draws import Draw, Draws, resume_position
-from orchestrator.environments import Environment, eval_prompts, load_environment, max_turns
+from orchestrator.environments import Environment, load_environment, max_turns
 from orchestrator.episodes import episodes_for
-from orchestrator.evaluation import evaluate_and_log
+from orchestrator.evaluation import EvalSchedule
 from orchestrator.failures import Failures
 from orchestrator.fleet import Fleet
 from orchestrator.pool import RolloutFailed, Server, ServerPool
 from orchestrator.published import TrainerRewound
 from orchestrator.retention import BatchRetention
 from orchestrator.staleness import is_fresh, oldest_allowed_version, step_for_next_group
-from orchestrator.stats import GuardWaits, LoopLag, rates, summarize
+from orchestrator.stats import StepCounters, rates
 from orchestrator.weights import WeightFollower
 from shared.batch import publish_batch
 from shared.config import TriadConfig
@@ -110,15 +110,13 @@ class Orchestrator:
         for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
             self.rundir.metrics.drop_after(kind, self.first_step - 1)
         self.metrics = self.rundir.metrics.writer(ORCHESTRATOR)
-        self.eval_metrics = self.rundir.metrics.writer(EVAL)
+        self.evals = EvalSchedule(cfg, env, pool, self.rundir.metrics.writer(EVAL), self.episodes)
         self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=self.oc.max_inflight)
         self.changed = asyncio.Condition()
         self.step = self.first_step
         self.accepted = 0  # groups accepted into the batch being assembled
         self.pending = 0  # groups generating or queued
-        self.dropped_total = 0
-        self.loop_lag = LoopLag()
-        self.guard = GuardWaits()
+        self.counters = StepCounters(pool, self.draws, self.failures)
 
     # -- shared state -------------------------------------------------------
     async def notify(self) -> None:
@@ -144,7 +142,7 @@ class Orchestrator:
             while not self.may_start_group():
                 target, free = self.next_group_step(), self.oc.max_inflight - self.pending
                 stale = not is_fresh(self.weights.served_version, target, self.cfg.max_async_level)
-                self.guard.observe(
+                self.counters.guard.observe(
                     free > 0 and target <= self.cfg.max_steps and stale, free
                 )  # the guard alone
                 needed = oldest_allowed_version(target, self.cfg.max_async_level)
@@ -156,7 +154,7 @@ class Orchestrator:
                     async with asyncio.timeout(min(RENEW_S, self.oc.weights_stall_s / 4)):
                         await self.changed.wait()
             self.weights.trainer.end_stall()
-            self.guard.observe(False, 0)
+            self.counters.guard.observe(False, 0)
 
     async def produce(self) -> None:
         async with asyncio.TaskGroup() as groups:
@@ -210,7 +208,6 @@ class Orchestrator:
             else:
                 filtered += 1
             await self.notify()
-        self.dropped_total += dropped
         return batch, dropped, filtered
 
     async def finish_step(
@@ -232,16 +229,7 @@ class Orchestrator:
             write_batch_s=written - assembled,
             served_version=self.weights.served_version,
             healthy_servers=len(self.pool.healthy()),
-            **summarize("request_latency_s", self.pool.take_latencies()),
-            **self.pool.take_requests(),
-            **self.loop_lag.take(),
-            **self.guard.take(),
-            samples_dropped=dropped,
-            samples_dropped_total=self.dropped_total,
-            **self.draws.metrics(),
-            groups_filtered=filtered,
-            **self.failures.take(),
-            **env_calls.take_counts(),
+            **self.counters.take(dropped, filtered),
         )
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
         log.info(
@@ -258,17 +246,12 @@ class Orchestrator:
         last = time.monotonic()
         if self.first_step > 1:
             log.info("resuming: batches 1..%d are already published", self.first_step - 1)
-        held_out = eval_prompts(self.env, self.oc.eval_size) if self.oc.eval_every else []
         for step in range(self.first_step, self.cfg.max_steps + 1):
             self.progress.set(step=step)
             batch, dropped, filtered = await self.assemble(step)
             await self.finish_step(step, batch, dropped, filtered, last, time.monotonic())
             last = time.monotonic()
-            if held_out and (step % self.oc.eval_every == 0 or step == self.cfg.max_steps):
-                evaluation = evaluate_and_log(
-                    step, held_out, self.pool, self.oc.eval_k, self.eval_metrics, self.episodes
-                )
-                evals.create_task(evaluation)
+            self.evals.after(step, evals)
 
     # -- the whole run ------------------------------------------------------
     async def run(self) -> None:
@@ -287,7 +270,7 @@ class Orchestrator:
             background = [
                 tg.create_task(self.weights.follow()),
                 tg.create_task(self.pool.watch_health(self.weights.align)),
-                tg.create_task(self.loop_lag.run()),
+                tg.create_task(self.counters.loop_lag.run()),
                 tg.create_task(count_requests(self.pool, self.progress)),
             ]
             async with asyncio.TaskGroup() as evals:
@@ -297,7 +280,9 @@ class Orchestrator:
             await self.weights.wait_for_version(self.cfg.max_steps)
             for task in background:
                 task.cancel()
-        log.info("done: %d steps, %d samples dropped as too stale", self.cfg.max_steps, self.dropped_total)
+        log.info(
+            "done: %d steps, %d samples dropped as too stale", self.cfg.max_steps, self.counters.dropped_total
+        )
 
 
 async def count_requests(pool: ServerPool, progress: Progress) -> None:

@@ -1,10 +1,19 @@
-"""Small measurements for the orchestrator's metrics: percentiles, event-loop lag, and the η guard's waits."""
+"""Small measurements for the orchestrator's metrics: percentiles, event-loop lag, the η guard's
+waits, and the counters a step's row takes."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import env_calls
+
+if TYPE_CHECKING:
+    from orchestrator.draws import Draws
+    from orchestrator.failures import Failures
+    from orchestrator.pool import ServerPool
 
 LAG_PROBE_S = 0.05
 
@@ -79,3 +88,31 @@ class GuardWaits:
         out = {"guard_wait_s": self.wait_s, "guard_idle_slot_s": self.idle_slot_s}
         self.wait_s = self.idle_slot_s = 0.0
         return out
+
+
+class StepCounters:
+    """What a step's metrics row counts since the previous row, from each part of the orchestrator:
+    request latencies and counts (the pool), event-loop lag, the η guard's waits, samples dropped
+    as too stale, draws, failures and environment calls."""
+
+    def __init__(self, pool: ServerPool, draws: Draws, failures: Failures) -> None:
+        self.pool, self.draws, self.failures = pool, draws, failures
+        self.loop_lag = LoopLag()
+        self.guard = GuardWaits()
+        self.dropped_total = 0
+
+    def take(self, dropped: int, filtered: int) -> dict[str, Any]:
+        """The counts since the last `take`; `dropped` and `filtered` are this step's."""
+        self.dropped_total += dropped
+        return dict(
+            **summarize("request_latency_s", self.pool.take_latencies()),
+            **self.pool.take_requests(),
+            **self.loop_lag.take(),
+            **self.guard.take(),
+            samples_dropped=dropped,
+            samples_dropped_total=self.dropped_total,
+            **self.draws.metrics(),
+            groups_filtered=filtered,
+            **self.failures.take(),
+            **env_calls.take_counts(),
+        )

@@ -174,7 +174,7 @@ def test_the_eta_guards_wait_is_recorded_in_the_steps_row(tmp_path):
             orch = make(
                 tmp_path, [fake.url], "orchestrator.max_inflight=10", "max_steps=10", "max_async_level=0"
             )
-            orch.guard = GuardWaits(clock=lambda: clock[0])
+            orch.counters.guard = GuardWaits(clock=lambda: clock[0])
             producer = asyncio.create_task(orch.produce())
             last = time.monotonic()
             batch, dropped, filtered = await orch.assemble(1)

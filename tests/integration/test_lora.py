@@ -135,6 +135,64 @@ def test_an_adapter_name_another_run_owns_is_refused(server: Server, run_dir: Pa
     assert r.status_code in (400, 409) and "run-b" not in str(httpx.get(server.url + "/v1/models").json())
 
 
+def write_untrained_adapter(run_dir: Path, model: str, run_id: str) -> str:
+    """Version 1 of a LoRA adapter (rank 8, as peft starts it) for `model`, published in `run_dir`
+    as the trainer publishes one; its path as a load request names it."""
+    from transformers import AutoModelForCausalLM
+
+    from shared.config import LoraConfig
+    from trainer.lora import adapter_config, adapter_state, wrap_lora
+    from trainer.publish import write_adapter
+
+    wrapped = wrap_lora(AutoModelForCausalLM.from_pretrained(model), LoraConfig(rank=8, alpha=16))
+    state = {k: v.contiguous() for k, v in adapter_state(wrapped, wrapped.state_dict()).items()}
+    rundir = RunDir(run_dir)
+    write_adapter(rundir, run_id, 1, state, adapter_config(wrapped), keep_last=10)
+    return f"{run_dir.name}/{rundir.weights.relative(1)}"
+
+
+@pytest.mark.slow
+def test_a_request_in_flight_keeps_generating_while_another_runs_adapter_loads(
+    server: Server, run_dir: Path, untied_model: str
+):
+    """An adapter load goes through vLLM's model registry without pausing the scheduler (a full
+    weight load pauses it): a streamed request's tokens keep arriving all through the
+    `/admin/adapters` call. With a pause around the load (tried: `pause_keeping_requests` around
+    `AdapterManager._load`) 2 tokens arrived in a 0.5 s load, at its edges."""
+    import threading
+
+    path = write_untrained_adapter(run_dir / "streaming", untied_model, "streaming-run")
+    arrivals: list[float] = []
+    body = dict(model=untied_model, prompt="1+2=", max_tokens=220, ignore_eos=True, stream=True)
+
+    def stream() -> None:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append(time.monotonic())
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while len(arrivals) < 5 and reader.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    r = load_adapter(server, "streaming", "streaming-run", 1, path)
+    ended = time.monotonic()
+    reader.join(120)
+    assert r.status_code == 200, r.text
+    assert arrivals[-1] > ended, "the stream ended before the load did: nothing was in flight"
+    # a pause shows as one gap nearly as long as the load (tokens at its two edges only: the
+    # pause takes effect, and is lifted, inside the request); a load beside generation, as many
+    # short gaps
+    during = [started, *(t for t in arrivals if started < t < ended), ended]
+    longest = max(b - a for a, b in zip(during, during[1:], strict=False))
+    took = ended - started
+    print(f"{len(during) - 2} tokens during the {took:.3f} s adapter load, the longest gap {longest:.3f} s")
+    assert longest < took / 2, f"generation stood still for {longest:.3f} s of the {took:.3f} s load"
+
+
 def adapter_tensors(run_dir: Path, version: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -22,6 +22,7 @@ import torch
 from shared.admin_api import served_adapter_name
 from shared.errors import TriadError
 from shared.rundir import RunDir
+from shared.waiting import wait_for
 from tests.helpers import REPO, Server, trainer_cmd, triad_cmd
 from tests.integration.test_trainer import make_batches, train
 
@@ -174,9 +175,12 @@ def test_a_request_in_flight_keeps_generating_while_another_runs_adapter_loads(
 
     reader = threading.Thread(target=stream)
     reader.start()
-    deadline = time.monotonic() + 120
-    while len(arrivals) < 5 and reader.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def streaming() -> bool | None:
+        assert reader.is_alive() or len(arrivals) >= 5, f"the stream ended after {len(arrivals)} tokens"
+        return len(arrivals) >= 5 or None
+
+    wait_for(streaming, "the streamed request's first 5 tokens", 120, poll=0.01)
     started = time.monotonic()
     r = load_adapter(server, "streaming", "streaming-run", 1, path)
     ended = time.monotonic()
@@ -278,22 +282,22 @@ def loaded_versions(server_dir: Path, runs: dict[str, Path]) -> dict[str, list[i
     return versions
 
 
-def interleave(server_dir: Path, runs: dict[str, Path], procs: dict[str, subprocess.Popen]) -> str:
+def interleave(server_dir: Path, runs: dict[str, Path], procs: dict[str, subprocess.Popen]) -> None:
     """Make the two runs overlap whatever their start-up times: the first run to load a trained
     version has its trainer stopped (SIGSTOP) until the other run loads one too. Each run alone
     takes a few seconds, and on CI's 2 cores one trainer's start-up once took longer than the
-    other's whole run. Returns the run that was held."""
+    other's whole run."""
 
     def trained(name: str) -> bool:
         return any(v >= 1 for v in loaded_versions(server_dir, runs)[name])
 
     def wait(until, what: str) -> None:
-        deadline = time.monotonic() + 600
-        while not until():
+        def done() -> bool | None:
             exited = {n: p.returncode for n, p in procs.items() if p.poll() not in (None, 0)}
             assert not exited, f"waiting for {what}, these exited: {exited}"
-            assert time.monotonic() < deadline, f"no {what} in 600 s"
-            time.sleep(0.2)
+            return until() or None
+
+        wait_for(done, what, 600, poll=0.2)
 
     wait(lambda: any(trained(n) for n in runs), "trained adapter of either run")
     held = next(n for n in runs if trained(n))
@@ -305,7 +309,6 @@ def interleave(server_dir: Path, runs: dict[str, Path], procs: dict[str, subproc
         wait(lambda: trained(other), f"a trained adapter of run {other} while {held} is held")
     finally:
         os.killpg(trainer.pid, signal.SIGCONT)
-    return held
 
 
 def audit(run_dir: Path) -> list[int]:

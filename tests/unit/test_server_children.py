@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from inference.server_children import SERVER_PID_VAR
-from tests.helpers import REPO
+from tests.helpers import REPO, running
 
 SERVER = """
 import multiprocessing, sys, time
@@ -38,13 +38,6 @@ if __name__ == "__main__":
 """
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def engine_after_server_killed(tmp_path: Path, marked: bool) -> bool:
     """Start a server that starts an engine; kill -9 the server; is the engine alive 5 s later?"""
     script = tmp_path / "server.py"
@@ -58,9 +51,9 @@ def engine_after_server_killed(tmp_path: Path, marked: bool) -> bool:
     server.send_signal(signal.SIGKILL)
     server.wait()
     deadline = time.monotonic() + 5
-    while alive(engine) and time.monotonic() < deadline:
+    while running(engine) and time.monotonic() < deadline:
         time.sleep(0.1)
-    survived = alive(engine)
+    survived = running(engine)
     if survived:
         os.kill(engine, signal.SIGKILL)
     return survived

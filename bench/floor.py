@@ -30,9 +30,10 @@ from orchestrator.advantages import group_advantages
 from orchestrator.envs.basic import Addition
 from services.models import resolve_model
 from shared.config import LossConfig
+from tests.reference import token_logprobs
 from trainer.data import collate
 from trainer.host import keep_freed_memory
-from trainer.loss import BatchTotals, policy_loss, token_logprobs
+from trainer.loss import BatchTotals, policy_loss
 
 WARMUP = 5
 DEFAULT = Path(__file__).resolve().parent.parent / "services" / "embedded_default.toml"

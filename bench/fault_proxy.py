@@ -9,7 +9,10 @@ an HTTP 500, 503 or 429 (with Retry-After), a 400, the upstream's body cut in ha
 connection dropped before any answer, or a stall (the answer held back `--stall-s`, then the
 connection dropped). Every other call, and every call on other routes (health, admin, tokenize),
 is forwarded as is. The faults injected so far are written, by kind and route, to `--counts`
-after each one, so a run can be checked against them. Loopback only: the proxy refuses to listen
+after each one, so a run can be checked against them; so are the spoilable calls that failed
+without a fault because the upstream did not answer (`upstream_down`: a server being restarted).
+A fault is counted once it is served: a cut body drawn while the upstream is down is counted as
+`upstream_down`, what the client saw. Loopback only: the proxy refuses to listen
 or forward anywhere else.
 """
 
@@ -34,6 +37,17 @@ SPOILED_ROUTES = (
     "/v1/chat/completions/render",
     "/v1/chat/completions/derender",
 )
+# what the orchestrator counts each fault as (`requests_failed_<kind>`, orchestrator/server_calls.py)
+COUNTED_AS = {
+    "http_500": "http_500",
+    "http_503": "http_503",
+    "http_429": "http_429",
+    "http_400": "http_400",
+    "cut_body": "bad_body",
+    "dropped": "dropped",
+    "stall": "timeout",  # held past the client's request timeout
+    "upstream_down": "dropped",  # the proxy closes the client's connection
+}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host"}
 
@@ -46,24 +60,39 @@ class Faults:
         self.injected: Counter[str] = Counter()
         self.by_route: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
+        self.upstream_down = 0
         self.lock = threading.Lock()
 
     def draw(self, route: str) -> str | None:
+        """The fault to inject into this call, if any."""
         if route not in SPOILED_ROUTES:
             return None
         with self.lock:
             self.calls[route] += 1
             if self.rng.random() >= self.share:
                 return None
-            fault = self.rng.choice(self.kinds)
+            return self.rng.choice(self.kinds)
+
+    def served(self, fault: str, route: str) -> None:
+        with self.lock:
             self.injected[fault] += 1
             self.by_route[route] += 1
             self.save()
-            return fault
+
+    def upstream_failed(self, route: str) -> None:
+        if route in SPOILED_ROUTES:
+            with self.lock:
+                self.upstream_down += 1
+                self.save()
 
     def save(self) -> None:
         if self.path is not None:
-            record = {"injected": self.injected, "by_route": self.by_route, "calls": self.calls}
+            record = {
+                "injected": self.injected,
+                "by_route": self.by_route,
+                "calls": self.calls,
+                "upstream_down": self.upstream_down,
+            }
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1))
             tmp.replace(self.path)
@@ -109,7 +138,10 @@ class Proxy:
             elif isinstance(event, h11.ConnectionClosed):
                 return False
         path = request.target.decode()
-        fault = self.faults.draw(path.split("?")[0])
+        route = path.split("?")[0]
+        fault = self.faults.draw(route)
+        if fault not in (None, "cut_body"):
+            self.faults.served(fault, route)
         if fault in ("dropped", "stall"):
             if fault == "stall":
                 await asyncio.sleep(self.stall_s)
@@ -124,7 +156,10 @@ class Proxy:
         try:
             r = await self.http.request(request.method.decode(), path, headers=headers, content=body)
         except httpx.HTTPError:
+            self.faults.upstream_failed(route)
             return False  # the server is down: so is the proxy's answer
+        if fault == "cut_body":
+            self.faults.served(fault, route)
         content = r.content[: len(r.content) // 2] if fault == "cut_body" else r.content
         kept = [
             (k.encode(), v.encode()) for k, v in r.headers.items() if k.encode().lower() not in HOP_BY_HOP

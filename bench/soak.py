@@ -26,10 +26,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from bench.fault_proxy import COUNTED_AS
 from bench.soak_envs import COUNTS_VAR
 from bench.suite import REPO, RESULTS
 from shared.net import free_port
@@ -164,6 +166,8 @@ class Soak:
             for k in sorted({k for r in rows for k in r})
             if "fail" in k
         }
+        proxy_faults = json.loads(self.proxy_counts.read_text()) if self.proxy_counts.exists() else {}
+        by_kind = requests_by_kind(proxy_faults, failed)
         return {
             "scenario": self.name,
             "steps": self.steps,
@@ -175,7 +179,9 @@ class Soak:
             "batches_checked": self.batch_lags(rundir),
             "tracebacks": tracebacks,
             "inference_restarted_at_step": self.restarts,
-            "proxy_faults": json.loads(self.proxy_counts.read_text()) if self.proxy_counts.exists() else {},
+            "proxy_faults": proxy_faults,
+            "requests_failed_by_kind": by_kind,
+            "requests_counted_one_to_one": all(r["injected"] == r["counted"] for r in by_kind),
             "environment_faults": json.loads(self.env_counts.read_text()) if self.env_counts.exists() else {},
             "orchestrator_failure_counts": failed,
             "wall_s": round(wall_s, 1),
@@ -200,6 +206,18 @@ class Soak:
                 proc.wait()
         if self.server is not None:
             self.server.stop()
+
+
+def requests_by_kind(proxy: dict, failed: dict) -> list[dict]:
+    """Per kind of failed request, the proxy's faults that make it (and its calls the upstream did
+    not answer, around a restart) against the orchestrator's `requests_failed_<kind>`."""
+    injected: Counter[str] = Counter()
+    for fault, n in proxy.get("injected", {}).items():
+        injected[COUNTED_AS[fault]] += n
+    injected[COUNTED_AS["upstream_down"]] += proxy.get("upstream_down", 0)
+    prefix = "requests_failed_"
+    kinds = set(injected) | {k.removeprefix(prefix) for k in failed if k.startswith(prefix)}
+    return [{"kind": k, "injected": injected[k], "counted": failed.get(prefix + k, 0)} for k in sorted(kinds)]
 
 
 def tomllib_model(config: str) -> str:
@@ -229,6 +247,16 @@ def markdown(results: list[dict]) -> str:
             lines.append(f"| {kind} | proxy (generation, render, derender) | {n} |")
         for kind, n in sorted(r["environment_faults"].items()):
             lines.append(f"| {kind} | environment | {n} |")
+        lines += [
+            "",
+            f"Failed requests by kind, one to one: {r['requests_counted_one_to_one']} (the proxy's faults "
+            "and its calls the restarted upstream did not answer, against the orchestrator's "
+            "`requests_failed_<kind>`)",
+            "",
+            "| kind | from the proxy | counted by the orchestrator |",
+            "| --- | --- | --- |",
+        ]
+        lines += [f"| {k['kind']} | {k['injected']} | {k['counted']} |" for k in r["requests_failed_by_kind"]]
         lines += ["", "| counted by the orchestrator | total |", "| --- | --- |"]
         lines += [f"| {k} | {v} |" for k, v in r["orchestrator_failure_counts"].items()]
         lines.append("")

@@ -16,6 +16,7 @@ from orchestrator.server_calls import (
     ServerUnreachable,
     answer_error,
     refused,
+    transport_kind,
 )
 from orchestrator.tool_calls import one_line
 from shared.admin_api import (
@@ -165,12 +166,15 @@ class InferenceClient:
                 extra_body={"return_token_ids": True},
             )
         except openai.APITimeoutError:
-            raise TriadError(f"rollout request to {self.base_url} timed out") from None
+            raise ServerUnreachable(f"rollout request to {self.base_url} timed out", "timeout") from None
         except openai.APIStatusError as e:
             message = f"rollout request to {self.base_url} failed: {e}"
             if refused(e.status_code):
                 message = f"{self.base_url} rejected a rollout request: {e}"
             raise answer_error(e.status_code, e.response.headers, message, "generate") from None
+        except openai.APIConnectionError as e:  # its cause: httpx's error
+            kind = transport_kind(e.__cause__)
+            raise ServerUnreachable(f"rollout request to {self.base_url} failed: {e}", kind) from None
         except (openai.APIError, httpx.HTTPError) as e:
             raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
         except (ValueError, ValidationError) as e:  # a cut or invalid body (json's JSONDecodeError)
@@ -236,7 +240,8 @@ class InferenceClient:
         try:
             return await self.http.request(method, ADMIN_PREFIX + route, **kwargs)
         except httpx.TransportError as e:
-            raise ServerUnreachable(f"{method} {self.base_url}{ADMIN_PREFIX}{route} failed: {e!r}") from None
+            where = f"{method} {self.base_url}{ADMIN_PREFIX}{route}"
+            raise ServerUnreachable(f"{where} failed: {e!r}", transport_kind(e)) from None
         except httpx.HTTPError as e:
             raise TriadError(f"{method} {self.base_url}{ADMIN_PREFIX}{route} failed: {e!r}") from None
 
@@ -331,7 +336,8 @@ class ChatRoutes:
         try:
             return await self.client.http.post(route, json=body)
         except httpx.TransportError as e:
-            raise ServerUnreachable(f"POST {self.client.base_url}{route} failed: {e!r}") from None
+            where = f"POST {self.client.base_url}{route}"
+            raise ServerUnreachable(f"{where} failed: {e!r}", transport_kind(e)) from None
         except httpx.HTTPError as e:
             raise TriadError(f"POST {self.client.base_url}{route} failed: {e!r}") from None
 

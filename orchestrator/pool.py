@@ -6,7 +6,7 @@ one a multi-turn episode already uses). A failed or timed-out request (a 5xx,
 another server after an exponential backoff, or the server's `Retry-After`
 if longer (both bounded by MAX_BACKOFF_S); a refused one (another 4xx) is not.
 A server that fails `max_server_failures` times in a row is taken out of
-rotation with a warning.
+rotation with a warning. Failed attempts are counted by kind in each step's metrics.
 The health watcher polls every server: one that stops answering is taken out,
 one that comes back (a restart, say) is given the run's current weights before
 it serves rollouts again. With no healthy server for `inference_timeout_s` the
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -25,6 +26,7 @@ from typing import TypeVar
 from orchestrator.backends.base import WeightBackend
 from orchestrator.client import Completion, InferenceClient, RequestRejected
 from orchestrator.failures import RolloutFailed
+from orchestrator.server_calls import failure_kind
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 
@@ -62,7 +64,7 @@ class ServerPool:
         self.servers, self.oc = servers, oc
         self.latencies: list[float] = []  # of successful requests since the last `take_latencies`
         self.spans: list[list[float]] = []  # [wall-clock start, seconds] of those requests
-        self.failed = 0  # request attempts that failed since the last `take_latencies`
+        self.failed: Counter[str] = Counter()  # failed request attempts since `take_requests`, by kind
 
     def add(self, server: Server) -> None:
         self.servers.append(server)
@@ -128,12 +130,12 @@ class ServerPool:
             server = await self.pick(prefer)
             try:
                 out = await call(server)
-            except RequestRejected:
-                self.failed += 1
+            except RequestRejected as e:
+                self.failed[failure_kind(e)] += 1
                 raise
             except TriadError as e:
                 error, prefer = e, None
-                self.failed += 1
+                self.failed[failure_kind(e)] += 1
                 server.failures += 1
                 if server.failures >= self.oc.max_server_failures:
                     self.take_out(server, f"{server.failures} failed requests in a row, the last: {e}")
@@ -149,10 +151,12 @@ class ServerPool:
         return out
 
     def take_requests(self) -> dict[str, object]:
-        """Since the last call: the failed request attempts and each successful rollout
-        request's [wall-clock start, seconds]."""
-        out = {"requests_failed": self.failed, "request_spans": self.spans}
-        self.failed, self.spans = 0, []
+        """Since the last call: the failed request attempts, in all and by kind (`failure_kind`),
+        and each successful rollout request's [wall-clock start, seconds]."""
+        out: dict[str, object] = {"requests_failed": self.failed.total()}
+        out |= {f"requests_failed_{kind}": n for kind, n in sorted(self.failed.items())}
+        out["request_spans"] = self.spans
+        self.failed, self.spans = Counter(), []
         return out
 
     async def watch_health(self, realign: Callable[[Server], Awaitable[None]]) -> None:

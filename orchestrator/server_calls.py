@@ -7,6 +7,10 @@
 - `RequestFailed`: an error answer that may pass (5xx, 408, 429, a cut or invalid body): retried,
   after the server's `Retry-After` if it named one;
 - `TriadError`: any other failure, naming the method, the URL and what the server answered.
+
+Each of the three carries the `kind` of failure it was (`failure_kind`), for the step's counts of
+failed requests by kind: `http_<status>`, `bad_body` (a cut or invalid answer), `timeout`,
+`dropped` (the connection closed without an answer) or `refused` (no connection).
 """
 
 from __future__ import annotations
@@ -20,13 +24,31 @@ class RequestRejected(TriadError):
     """The server refused the request itself (4xx): retrying elsewhere will not help. `cause` names
     the request, for the episode it ends (`orchestrator/failures.py`)."""
 
-    def __init__(self, message: str, cause: str = "generate") -> None:
+    def __init__(self, message: str, cause: str = "generate", kind: str = "http_4xx") -> None:
         super().__init__(message)
-        self.cause = cause
+        self.cause, self.kind = cause, kind
 
 
 class ServerUnreachable(TriadError):
     """No answer at all (refused, name not resolved, timed out): the server may come back."""
+
+    def __init__(self, message: str, kind: str = "refused") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def transport_kind(error: BaseException | None) -> str:
+    """The kind of a failure to get any answer: `timeout`, `refused` (no connection) or `dropped`."""
+    if isinstance(error, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(error, httpx.ConnectError):
+        return "refused"
+    return "dropped"
+
+
+def failure_kind(error: BaseException) -> str:
+    """What went wrong with one request, as its error names it; `other` for a failure of no kind."""
+    return getattr(error, "kind", None) or "other"
 
 
 def refused(status: int) -> bool:
@@ -38,9 +60,9 @@ class RequestFailed(TriadError):
     """The server answered with an error that may pass (5xx, 408, 429, a cut or invalid body): the
     pool retries, after `retry_after` seconds if the server named them (`Retry-After`)."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None, kind: str = "bad_body") -> None:
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after, self.kind = retry_after, kind
 
 
 def retry_after(headers: httpx.Headers) -> float | None:
@@ -54,9 +76,10 @@ def retry_after(headers: httpx.Headers) -> float | None:
 def answer_error(status: int, headers: httpx.Headers, message: str, cause: str) -> TriadError:
     """The one mapping of a server's error answer: a refusal (RequestRejected, not retried) or a
     failed request (RequestFailed, retried)."""
+    kind = f"http_{status}"
     if refused(status):
-        return RequestRejected(message, cause)
-    return RequestFailed(message, retry_after(headers))
+        return RequestRejected(message, cause, kind)
+    return RequestFailed(message, retry_after(headers), kind)
 
 
 async def send(http: httpx.AsyncClient, method: str, route: str, **kwargs) -> httpx.Response:
@@ -64,7 +87,7 @@ async def send(http: httpx.AsyncClient, method: str, route: str, **kwargs) -> ht
     try:
         return await http.request(method, route, **kwargs)
     except httpx.TransportError as e:
-        raise ServerUnreachable(f"{method} {url_of(http, route)} failed: {e!r}") from None
+        raise ServerUnreachable(f"{method} {url_of(http, route)} failed: {e!r}", transport_kind(e)) from None
     except httpx.HTTPError as e:
         raise TriadError(f"{method} {url_of(http, route)} failed: {e!r}") from None
 
@@ -73,15 +96,13 @@ def url_of(http: httpx.AsyncClient, route: str) -> str:
     return str(http.base_url).rstrip("/") + route
 
 
-def answered(r: httpx.Response, rejects: bool = False) -> httpx.Response:
-    """`r` if the server answered 200; else TriadError naming the call and the answer
-    (RequestRejected for a 4xx where `rejects`: the request, not the server, was at fault)."""
+def answered(r: httpx.Response) -> httpx.Response:
+    """`r` if the server answered 200; else TriadError naming the call and the answer."""
     if r.status_code == 200:
         return r
     detail = " ".join(r.text[:300].split())
-    error = RequestRejected if rejects and refused(r.status_code) else TriadError
     url = r.request.url.copy_with(query=None)
-    raise error(f"{r.request.method} {url} answered {r.status_code}: {detail}")
+    raise TriadError(f"{r.request.method} {url} answered {r.status_code}: {detail}")
 
 
 async def call(http: httpx.AsyncClient, method: str, route: str, **kwargs) -> httpx.Response:

@@ -3,14 +3,17 @@ that each fault is what a client sees of it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import subprocess
 import sys
 
 import httpx
 import pytest
 
-from bench.fault_proxy import FAULTS
+from bench.fault_proxy import COUNTED_AS, FAULTS
+from shared.config import load_config
 from shared.net import free_port
 from shared.waiting import wait_for
 from tests.fake_openai import FakeServer
@@ -39,6 +42,15 @@ class Proxy:
     def __exit__(self, *exc: object) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def listening(url: str) -> bool | None:
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return None
 
 
 def test_forwards_everything_at_share_zero(tmp_path) -> None:
@@ -82,6 +94,40 @@ def test_each_fault_is_what_a_client_sees(tmp_path, fault) -> None:
     assert record["injected"] == {fault: 1} and record["by_route"] == {"/v1/completions": 1}
 
 
+@pytest.mark.parametrize("route", ["generate", "render"])
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_orchestrator_counts_each_fault_under_its_kind(tmp_path, fault, route) -> None:
+    """The real client and pool through the proxy: one spoiled request, one failure of its kind."""
+    from orchestrator.backends.frozen import Frozen
+    from orchestrator.client import InferenceClient
+    from orchestrator.pool import Server, ServerPool
+    from shared.errors import TriadError
+
+    counts = tmp_path / "c.json"
+    cfg = load_config(None, [f"run_dir={tmp_path}", "orchestrator.max_retries=0"])
+    with FakeServer() as upstream, Proxy(upstream.url, counts, "--share", "1", "--faults", fault) as proxy:
+
+        async def run() -> dict:
+            client = InferenceClient(proxy.url, None, request_timeout=0.15)
+            try:
+                await client.wait_ready(10, None)
+                pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
+                with pytest.raises(TriadError):
+                    if route == "generate":
+                        await pool.complete("1+1=", 2)
+                    else:
+                        chat = [{"role": "user", "content": "1+1="}]
+                        await pool.request(lambda s: s.client.chat.render(chat, None, True, {}), "a render")
+                return pool.take_requests()
+            finally:
+                await client.close()
+
+        taken = asyncio.run(run())
+    assert json.loads(counts.read_text())["injected"] == {fault: 1}
+    failed = {k: v for k, v in taken.items() if k.startswith("requests_failed")}
+    assert failed == {"requests_failed": 1, f"requests_failed_{COUNTED_AS[fault]}": 1}
+
+
 def test_refuses_anything_but_loopback(tmp_path) -> None:
     cmd = [
         sys.executable,
@@ -94,3 +140,42 @@ def test_refuses_anything_but_loopback(tmp_path) -> None:
     ]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "loopback only" in out.stderr
+
+
+def test_a_call_the_upstream_does_not_answer_is_counted_apart_from_the_faults(tmp_path) -> None:
+    """A server being restarted: the proxy drops the call and counts it as `upstream_down`, even
+    where it drew a cut body for it (the client saw a dropped connection, not a cut body)."""
+    counts = tmp_path / "c.json"
+    dead = f"http://127.0.0.1:{free_port()}"
+    proxy = Proxy(dead, counts, "--share", "1", "--faults", "cut_body")
+    try:
+        wait_for(lambda: listening(proxy.url), f"the fault proxy at {proxy.url}", 30, poll=0.05)
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(f"{proxy.url}/v1/completions", json=BODY, timeout=5)
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(f"{proxy.url}/tokenize", json=BODY, timeout=5)  # not a spoilable route
+    finally:
+        proxy.__exit__()
+    record = json.loads(counts.read_text())
+    assert record["injected"] == {} and record["upstream_down"] == 1
+
+
+def test_the_soak_matches_the_proxys_faults_to_the_orchestrators_counts_by_kind() -> None:
+    from bench.soak import requests_by_kind
+
+    proxy = {"injected": {"stall": 2, "cut_body": 1, "dropped": 1, "http_429": 1}, "upstream_down": 3}
+    failed = {
+        "requests_failed": 9,
+        "requests_failed_timeout": 2,
+        "requests_failed_bad_body": 1,
+        "requests_failed_dropped": 4,
+        "requests_failed_refused": 2,
+        "groups_failed": 1,
+    }
+    assert requests_by_kind(proxy, failed) == [
+        {"kind": "bad_body", "injected": 1, "counted": 1},
+        {"kind": "dropped", "injected": 4, "counted": 4},
+        {"kind": "http_429", "injected": 1, "counted": 0},
+        {"kind": "refused", "injected": 0, "counted": 2},
+        {"kind": "timeout", "injected": 2, "counted": 2},
+    ]

@@ -47,13 +47,13 @@ PUBLISH_PHASES = {  # phase: (file suffix, function name) whose cumulative time 
     "pack (diff + compress)": ("shared/delta.py", "pack"),
     "compress": ("shared/delta.py", "_compress"),
     "clear step dir": ("shared/rundir/steps.py", "clear"),
-    "metadata copies": ("trainer/publish.py", "put"),
+    "metadata copies": ("trainer/versions.py", "put"),
     "upload": ("shared/objectcache.py", "writing"),
     "size lookup": ("shared/rundir/steps.py", "size"),
-    "digests": ("trainer/publish.py", "timed_digests"),
+    "digests": ("trainer/versions.py", "timed_digests"),
     "marker": ("shared/rundir/steps.py", "write_marker"),
     "prune": ("shared/rundir/steps.py", "prune"),
-    "keep base words": ("trainer/publish.py", "of"),
+    "keep base words": ("trainer/versions.py", "of"),
 }
 APPLY_PHASES = {
     "download": ("shared/rundir/__init__.py", "pull_step_dir"),
@@ -135,7 +135,7 @@ def child(workdir: Path, size: str, count: int, changed: float) -> dict:
     from shared.delta import changed_words
     from shared.digest import load_cpu_kernel, version_digest
     from shared.rundir import DeltaFiles, RunDir, pull_step_dir
-    from trainer.publish import Metadata, VersionWriter
+    from trainer.versions import Metadata, VersionWriter
 
     rundir = RunDir(f"s3://{BUCKET}/{workdir.name}")
 

@@ -233,13 +233,13 @@ def publish_time(model_dir: Path, workdir: Path, versions: int = 2) -> dict:
         for version in range(1, versions + 1):
             synchronize(trainer.device)
             started = time.perf_counter()
-            trainer.publisher.publish(version, run_id, files=True)
+            published = trainer.publisher.publish(version, run_id, files=True)
             times.append(time.perf_counter() - started)
         return dict(
             publish_s=[round(t, 3) for t in times],
             dtype=str(trainer.publisher.dtype),
-            phases=trainer.publisher.phase_s,
-            digest_s=round(trainer.publisher.digest_s, 3),
+            phases={"gather_s": published.gather_s, "write_s": published.write_s},
+            digest_s=round(published.digest_s, 3),
         )
     finally:
         dist.destroy_process_group()

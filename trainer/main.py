@@ -43,7 +43,7 @@ from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
 from trainer.phases import CHECKPOINT, RESUME, STEP_STATS, TRAIN, collective_phase
-from trainer.publish import Publisher, published_dtype
+from trainer.publish import Publisher, PublishTimes, published_dtype
 from trainer.schedule import lr_at
 
 log = logging.getLogger("triad.trainer")
@@ -101,14 +101,14 @@ def step_metrics(sums: dict[str, float], rows: list[dict], grad_norms: list[floa
 
 
 def step_phases(
-    t0: float, t_read: float, t1: float, t2: float, t3: float, optimizer_s: float, publish: dict[str, float]
+    t0: float, t_read: float, t1: float, t2: float, t3: float, optimizer_s: float, publish: PublishTimes
 ) -> dict[str, float]:
     """An update's phase times (seconds) from its clock readings: waiting for the batch's
     marker (t0..t_read), reading it (..t1), training (..t2: forward/backward, then clipping and
     optimizer steps), publishing (..t3: gathering, writing, then `DONE`, pruning and the
     barrier as `mark_s`). `train_s` and `publish_s` are the sums of their parts."""
     train_s, publish_s = t2 - t1, t3 - t2
-    mark_s = max(publish_s - publish["gather_s"] - publish["write_s"], 0.0)
+    mark_s = max(publish_s - publish.gather_s - publish.write_s, 0.0)
     return dict(
         wait_s=t_read - t0,
         read_s=t1 - t_read,
@@ -116,8 +116,8 @@ def step_phases(
         publish_s=publish_s,
         forward_backward_s=max(train_s - optimizer_s, 0.0),
         optimizer_s=optimizer_s,
-        gather_s=publish["gather_s"],
-        write_s=publish["write_s"],
+        gather_s=publish.gather_s,
+        write_s=publish.write_s,
         mark_s=mark_s,
     )
 
@@ -355,12 +355,12 @@ class Trainer:
             t2 = time.monotonic()
             alarm.observe(step, stats["mismatch_kl"], batch_servers(rows))  # every rank: all stop together
             # checkpointed versions are also written as files: a restarted server loads them
-            self.publisher.publish(step, run_id, files=self.should_checkpoint(step))
+            published = self.publisher.publish(step, run_id, files=self.should_checkpoint(step))
             t3 = time.monotonic()
             # the row before the checkpoint: a resume starts after the checkpoint and keeps its rows
             if self.metrics is not None:
-                phases = step_phases(t0, t_read, t1, t2, t3, self.optimizer_s, self.publisher.phase_s)
-                self.metrics.log(step, **stats, **phases, digest_s=self.publisher.digest_s)
+                phases = step_phases(t0, t_read, t1, t2, t3, self.optimizer_s, published)
+                self.metrics.log(step, **stats, **phases, digest_s=published.digest_s)
                 log.info(
                     "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
                     step,

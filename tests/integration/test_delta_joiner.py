@@ -23,7 +23,7 @@ class Trainer:
     def __init__(self, model_dir: str, rundir: RunDir) -> None:
         from transformers import AutoModelForCausalLM
 
-        from trainer.publish import Metadata, VersionWriter
+        from trainer.versions import Metadata, VersionWriter
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.writer = VersionWriter(rundir, Metadata(rundir, self.model.config.save_pretrained), 10, 3)

@@ -143,12 +143,12 @@ def write_untrained_adapter(run_dir: Path, model: str, run_id: str) -> str:
 
     from shared.config import LoraConfig
     from trainer.lora import adapter_config, adapter_state, wrap_lora
-    from trainer.publish import write_adapter
+    from trainer.versions import Adapter, write_version
 
     wrapped = wrap_lora(AutoModelForCausalLM.from_pretrained(model), LoraConfig(rank=8, alpha=16))
     state = {k: v.contiguous() for k, v in adapter_state(wrapped, wrapped.state_dict()).items()}
     rundir = RunDir(run_dir)
-    write_adapter(rundir, run_id, 1, state, adapter_config(wrapped), keep_last=10)
+    write_version(rundir, run_id, 1, Adapter(state, adapter_config(wrapped)), keep_last=10)
     return f"{run_dir.name}/{rundir.weights.relative(1)}"
 
 

@@ -24,7 +24,8 @@ def perturbed_weights(
     tensors named in `without` left out (the marker vouches for the rest)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.publish import Metadata, export_state_dict, write_weights
+    from trainer.publish import export_state_dict
+    from trainer.versions import FullWeights, Metadata, write_version
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
@@ -39,7 +40,7 @@ def perturbed_weights(
         model.config.save_pretrained(d)
         tokenizer.save_pretrained(d)
 
-    write_weights(rundir, "test-run", version, state, Metadata(rundir, metadata), keep_last=10)
+    write_version(rundir, "test-run", version, FullWeights(state, Metadata(rundir, metadata)), keep_last=10)
     return rundir.weights.path(version)
 
 

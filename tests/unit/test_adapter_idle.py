@@ -59,12 +59,12 @@ class FakeModels:
 @pytest.fixture
 def rundir(tmp_path) -> RunDir:
     """A run directory with adapter versions 1..4 (tiny tensors in PEFT's layout)."""
-    from trainer.publish import write_adapter
+    from trainer.versions import Adapter, write_version
 
     rundir = RunDir(tmp_path)
     for version in range(1, 5):
         state = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.full((2, 4), float(version))}
-        write_adapter(rundir, "r", version, state, {"r": 2, "peft_type": "LORA"}, keep_last=10)
+        write_version(rundir, "r", version, Adapter(state, {"r": 2, "peft_type": "LORA"}), keep_last=10)
     return rundir
 
 
@@ -163,7 +163,7 @@ def test_local_copies_from_an_object_store_go_with_their_version(tmp_path, monke
     unloaded (replaced, or idle) and when its load fails."""
     from shared.storage import open_store
     from tests.s3 import MotoServer
-    from trainer.publish import write_adapter
+    from trainer.versions import Adapter, write_version
 
     moto = MotoServer(tmp_path / "moto.log")
     try:
@@ -174,7 +174,7 @@ def test_local_copies_from_an_object_store_go_with_their_version(tmp_path, monke
         rundir = RunDir(url, open_store(url, tmp_path / "cache"))
         for version in range(1, 5):
             state = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.full((2, 4), float(version))}
-            write_adapter(rundir, "r", version, state, {"r": 2, "peft_type": "LORA"}, keep_last=10)
+            write_version(rundir, "r", version, Adapter(state, {"r": 2, "peft_type": "LORA"}), keep_last=10)
         cached = [rundir.store.local_path(rundir.weights.relative(v)) for v in range(5)]
         clock = Clock()
         models = FakeModels()

@@ -24,7 +24,7 @@ from shared.digest import digesting
 from shared.metrics import MetricsWriter
 from shared.rundir import INFERENCE, DeltaFiles, RunDir
 from shared.tmpname import this_host
-from trainer.publish import Metadata, VersionWriter
+from trainer.versions import Metadata, VersionWriter
 
 RUN_ID = "run-deltas"
 SHAPES = {

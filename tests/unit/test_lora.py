@@ -65,7 +65,8 @@ def test_published_adapter_is_a_peft_directory_giving_the_trainers_logits(tiny_m
     from peft import PeftModel
 
     from trainer.lora import adapter_config, adapter_state, wrap_lora
-    from trainer.publish import export_state_dict, write_adapter
+    from trainer.publish import export_state_dict
+    from trainer.versions import Adapter, write_version
 
     model = wrap_lora(fresh(tiny_model), LoraConfig(rank=2, alpha=4, target_modules=["q_proj", "o_proj"]))
     with torch.no_grad():
@@ -74,7 +75,7 @@ def test_published_adapter_is_a_peft_directory_giving_the_trainers_logits(tiny_m
                 p.normal_(0, 0.5)  # peft starts B at zero: make the adapter change the output
     rundir = RunDir(tmp_path)
     state = export_state_dict(adapter_state(model, model.state_dict()), False, torch.float32)
-    write_adapter(rundir, "run-a", 3, state, adapter_config(model), keep_last=3)
+    write_version(rundir, "run-a", 3, Adapter(state, adapter_config(model)), keep_last=3)
 
     directory = rundir.weights.path(3)
     assert AdapterFiles.is_adapter_at(directory) and RunDir.has_marker_at(directory)

@@ -25,7 +25,8 @@ def base(tiny_model: str) -> torch.nn.Module:
 def publish(rundir: RunDir, tiny_model: str, version: int, seed: int) -> None:
     """A trainer's adapter version with random B (peft starts it at zero, a no-op adapter)."""
     from trainer.lora import adapter_config, adapter_state, wrap_lora
-    from trainer.publish import export_state_dict, write_adapter
+    from trainer.publish import export_state_dict
+    from trainer.versions import Adapter, write_version
 
     model = wrap_lora(base(tiny_model), LoraConfig(rank=4, alpha=8, target_modules=TARGETS))
     generator = torch.Generator().manual_seed(seed)
@@ -35,7 +36,7 @@ def publish(rundir: RunDir, tiny_model: str, version: int, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
     state = export_state_dict(adapter_state(model, model.state_dict()), False, torch.float32)
     run_id = rundir.read_run().run_id
-    write_adapter(rundir, run_id, version, state, adapter_config(model), keep_last=5)
+    write_version(rundir, run_id, version, Adapter(state, adapter_config(model)), keep_last=5)
 
 
 def peft_logits(tiny_model: str, rundir: RunDir, version: int) -> torch.Tensor:

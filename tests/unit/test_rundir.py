@@ -168,7 +168,7 @@ def test_polls_start_at_the_floor_back_off_to_the_cap_and_reset():
 
 
 def test_metadata_files_are_linked_from_the_previous_version(tmp_path):
-    from trainer.publish import Metadata
+    from trainer.versions import Metadata
 
     rundir = RunDir(tmp_path)
     calls = []

@@ -17,7 +17,7 @@ from shared.admin_api import LoadWeightsRequest
 from shared.metrics import MetricsWriter
 from shared.rundir import INFERENCE, RunDir
 from shared.storage import LocalStore
-from trainer.publish import Metadata, write_weights
+from trainer.versions import FullWeights, Metadata, write_version
 
 RUN_ID = "run-1"
 
@@ -76,7 +76,7 @@ def setup(tmp_path):
     metadata = Metadata(rundir, lambda d: None)
     for version in (1, 2):
         state = {"w": torch.full((4, 4), float(version))}
-        write_weights(rundir, RUN_ID, version, state, metadata, keep_last=5)
+        write_version(rundir, RUN_ID, version, FullWeights(state, metadata), keep_last=5)
     engine = Engine()
     metrics = MetricsWriter(store, rundir.metrics.key(INFERENCE, "ab"))
     manager = WeightManager(engine, rundir, "/base", metrics)

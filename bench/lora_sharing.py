@@ -35,7 +35,7 @@ def sets(run_dir: Path, server_url: str) -> list[str]:
         f"max_steps={STEPS}",
         "trainer.checkpoint.every=0",
         "weights.keep=3",
-        "orchestrator.eval_every=0",
+        "orchestrator.eval.every=0",
         f'orchestrator.inference_urls=["{server_url}"]',
         f"trainer.lora.rank={RANK}",
         f"trainer.lora.alpha={2 * RANK}",

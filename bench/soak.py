@@ -81,7 +81,7 @@ class Soak:
             "orchestrator.env_timeout_s=5",
             "orchestrator.request_timeout_s=10",
             "orchestrator.retry_backoff_s=0.2",
-            "orchestrator.eval_every=0",
+            "orchestrator.eval.every=0",
             "trainer.checkpoint.every=50",
         ]
 

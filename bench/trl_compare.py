@@ -69,7 +69,7 @@ def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
         f"run_dir={run_dir}",
         f"model={model}",
         f"max_steps={steps}",
-        "orchestrator.eval_every=0",
+        "orchestrator.eval.every=0",
         f"orchestrator.max_tokens={max_tokens}",
         "trainer.checkpoint.every=0",
         "inference.port=8421",

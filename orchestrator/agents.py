@@ -7,11 +7,11 @@ An agent environment has, instead of (or beside) chat prompts,
 
 `run_agent` runs any program against `base_url` (an OpenAI-compatible
 chat-completions endpoint with tools, served by the orchestrator for that
-episode alone) with `api_key` as its key (`orchestrator.proxy_token`; a
+episode alone) with `api_key` as its key (`orchestrator.agents.proxy_token`; a
 `run_agent` without that parameter is refused at start when a token is set).
 Each episode runs in a thread of its own, an `async def` on an event loop of
 that thread's own (`env_calls.py`): a blocking call in it cannot stall the loop
-that serves the proxy, and `orchestrator.agent_timeout_s` fires. The calls of an
+that serves the proxy, and `orchestrator.agents.timeout_s` fires. The calls of an
 episode prefer the server that answered its last call, whose cache holds the
 conversation so far. `reward` scores the episode: what `run_agent` returned
 (`episode.result`), every call with its reply (`episode.calls`) and the
@@ -223,10 +223,10 @@ def takes_api_key(run: Any) -> bool:
 
 def check_agent(env: Any, oc: OrchestratorConfig) -> None:
     """A proxy with a token answers 401 to an agent that is not given it: refuse such a run at start."""
-    if oc.proxy_token is not None and not takes_api_key(env.run_agent):
+    if oc.agents.proxy_token is not None and not takes_api_key(env.run_agent):
         raise TriadError(
-            f"environment {env.name!r}: orchestrator.proxy_token is set but run_agent takes no api_key: "
-            "make it run_agent(prompt, base_url, model, api_key) and give api_key to its client"
+            f"environment {env.name!r}: orchestrator.agents.proxy_token is set but run_agent takes no "
+            "api_key: make it run_agent(prompt, base_url, model, api_key) and give api_key to its client"
         )
 
 
@@ -246,7 +246,7 @@ class AgentRollouts:
         check_agent(env, oc)
         self.env, self.pool, self.oc, self.tool_parser = env, pool, oc, tool_parser
         self.proxy = AgentProxy(oc)
-        self.api_key = oc.proxy_token.get_secret_value() if oc.proxy_token else NO_TOKEN
+        self.api_key = oc.agents.proxy_token.get_secret_value() if oc.agents.proxy_token else NO_TOKEN
 
     async def start(self, prompt) -> None:
         self.proxy.model = self.pool.servers[0].client.model or self.proxy.model
@@ -260,13 +260,13 @@ class AgentRollouts:
         episode = self.proxy.open(recorder)
         try:
             url, model = self.proxy.base_url(episode), self.proxy.model
-            result = await run_agent(self.env, prompt, url, model, self.api_key, self.oc.agent_timeout_s)
+            result = await run_agent(self.env, prompt, url, model, self.api_key, self.oc.agents.timeout_s)
         except TimeoutError:
             log.warning(
-                "environment %r: an agent episode ran over %g s (orchestrator.agent_timeout_s): "
+                "environment %r: an agent episode ran over %g s (orchestrator.agents.timeout_s): "
                 "scored as it stands",
                 self.env.name,
-                self.oc.agent_timeout_s,
+                self.oc.agents.timeout_s,
             )
             result = None
         except Exception as e:  # the agent program's own failure is part of its episode

@@ -225,7 +225,7 @@ def _settle(done: asyncio.Future[Any], result: Any, error: BaseException | None)
 
 def agent_episodes_at_once(oc: OrchestratorConfig) -> int:
     """Agent episodes that may run at once: the groups in flight, and an evaluation's."""
-    return oc.max_inflight * oc.group_size + oc.eval_size * oc.eval_k
+    return oc.max_inflight * oc.group_size + oc.eval.size * oc.eval.k
 
 
 _DEFAULTS = OrchestratorConfig()

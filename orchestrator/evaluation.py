@@ -60,15 +60,15 @@ async def evaluate_and_log(
 
 
 class EvalSchedule:
-    """Held-out evaluation after every `orchestrator.eval_every` steps and after the last one,
-    each in its own task beside the next steps (none with `eval_every = 0`)."""
+    """Held-out evaluation after every `orchestrator.eval.every` steps and after the last one,
+    each in its own task beside the next steps (none with `every = 0`)."""
 
     def __init__(
         self, cfg: TriadConfig, env: Environment, pool: ServerPool, writer: MetricsWriter, episodes: Episodes
     ) -> None:
         oc = cfg.orchestrator
-        self.every, self.k, self.max_steps = oc.eval_every, oc.eval_k, cfg.max_steps
-        self.held_out = eval_prompts(env, oc.eval_size) if oc.eval_every else []
+        self.every, self.k, self.max_steps = oc.eval.every, oc.eval.k, cfg.max_steps
+        self.held_out = eval_prompts(env, oc.eval.size) if oc.eval.every else []
         self.pool, self.writer, self.episodes = pool, writer, episodes
 
     def after(self, step: int, tasks: asyncio.TaskGroup) -> None:

@@ -23,7 +23,7 @@ Concurrent parts share one asyncio loop:
 - the *health watcher* (`pool.py`) takes out servers that stop answering and
   re-aligns those that come back; the *fleet watcher* (`fleet.py`) admits servers
   that join the run while it goes and removes those whose heartbeat stops;
-  *evaluations* run on a held-out set every `eval_every` steps without holding
+  *evaluations* run on a held-out set every `orchestrator.eval.every` steps without holding
   up training.
 
 A sample records the version served when its request was sent; a weight

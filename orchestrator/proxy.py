@@ -3,7 +3,7 @@
     POST {base}/episodes/{id}/v1/chat/completions    one call of episode `id`
     GET  {base}/episodes/{id}/v1/models              the served model
 
-Served on `orchestrator.proxy_host` (loopback by default) while agent episodes
+Served on `orchestrator.agents.proxy_host` (loopback by default) while agent episodes
 run. The routes are thin: the logic is in `EpisodeRecorder`. A call of an episode
 that is over (finished, timed out, cancelled) is answered 404 at once, one that
 is in flight when its episode ends gets 410, a bad body or a request the
@@ -14,7 +14,7 @@ A request option the proxy does not honour (`stop`, `tool_choice`, `response_for
 (`tool_choice` "auto", `top_p` 1, ..., or null): an option dropped silently would train
 the policy on samples the agent did not ask for.
 Episode ids are unguessable (`secrets`); on an address other than loopback the
-proxy needs `orchestrator.proxy_token` as a bearer token.
+proxy needs `orchestrator.agents.proxy_token` as a bearer token.
 Sampling follows the run's settings: the sampler's temperature must be the one
 the trainer divides its logits by, so a request's `temperature` is ignored, and
 `max_tokens` is capped at `orchestrator.max_tokens`.
@@ -67,6 +67,7 @@ def check_tools(raw: Any) -> list[dict] | None:
 
 
 HONOURED = frozenset({"messages", "model", "tools", "max_tokens", "max_completion_tokens", "n", "stream"})
+TOKEN_REQUIRED = "a bearer token (orchestrator.agents.proxy_token) is required"
 IGNORED = frozenset({"temperature", "user"})  # the run's temperature is the trainer's; `user` is a label
 AS_DONE = {  # options whose value is what the proxy does anyway
     "tool_choice": "auto",
@@ -113,10 +114,10 @@ def check_request(body: Any, max_tokens: int) -> tuple[list[dict], list[dict] | 
 
 
 def check_exposure(oc: OrchestratorConfig) -> None:
-    if oc.proxy_host not in LOOPBACK_HOSTS and oc.proxy_token is None:
+    if oc.agents.proxy_host not in LOOPBACK_HOSTS and oc.agents.proxy_token is None:
         raise TriadError(
-            f"orchestrator.proxy_host is {oc.proxy_host!r} (not loopback) but no orchestrator.proxy_token "
-            "is set: refusing to expose the agent proxy without a token"
+            f"orchestrator.agents.proxy_host is {oc.agents.proxy_host!r} (not loopback) but no "
+            "orchestrator.agents.proxy_token is set: refusing to expose the agent proxy without a token"
         )
 
 
@@ -125,7 +126,7 @@ class AgentProxy:
         check_exposure(oc)
         self.oc = oc
         self.model = "model"  # the served model's name, set once the servers are known
-        self.token = oc.proxy_token.get_secret_value() if oc.proxy_token else None
+        self.token = oc.agents.proxy_token.get_secret_value() if oc.agents.proxy_token else None
         self.episodes: dict[str, Recorder] = {}
         self.port = 0
         self.server = None
@@ -149,7 +150,7 @@ class AgentProxy:
             recorder.close()
 
     def base_url(self, episode: str) -> str:
-        return f"http://{self.oc.proxy_host}:{self.port}/episodes/{episode}/v1"
+        return f"http://{self.oc.agents.proxy_host}:{self.port}/episodes/{episode}/v1"
 
     def authorized(self, request: Request) -> bool:
         if self.token is None:
@@ -159,12 +160,12 @@ class AgentProxy:
 
     async def models(self, request: Request) -> JSONResponse:
         if not self.authorized(request):
-            return error(401, "a bearer token (orchestrator.proxy_token) is required", "authentication_error")
+            return error(401, TOKEN_REQUIRED, "authentication_error")
         return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
     async def chat_completions(self, request: Request) -> JSONResponse:
         if not self.authorized(request):
-            return error(401, "a bearer token (orchestrator.proxy_token) is required", "authentication_error")
+            return error(401, TOKEN_REQUIRED, "authentication_error")
         episode = request.path_params["episode"]
         recorder = self.episodes.get(episode)
         if recorder is None:
@@ -204,12 +205,11 @@ class AgentProxy:
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        host, port = self.oc.agents.proxy_host, self.oc.agents.proxy_port
         try:
-            sock.bind((self.oc.proxy_host, self.oc.proxy_port))
+            sock.bind((host, port))
         except OSError as e:
-            raise TriadError(
-                f"orchestrator.proxy_port: cannot listen on {self.oc.proxy_host}:{self.oc.proxy_port}: {e}"
-            ) from None
+            raise TriadError(f"orchestrator.agents.proxy_port: cannot listen on {host}:{port}: {e}") from None
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
@@ -222,9 +222,9 @@ class AgentProxy:
             return True if self.server.started else None
 
         await async_wait_for(
-            up, f"the agent proxy on {self.oc.proxy_host}:{self.port} to start", START_S, 0.01
+            up, f"the agent proxy on {self.oc.agents.proxy_host}:{self.port} to start", START_S, 0.01
         )
-        log.info("agent proxy at http://%s:%d/episodes/<id>/v1", self.oc.proxy_host, self.port)
+        log.info("agent proxy at http://%s:%d/episodes/<id>/v1", self.oc.agents.proxy_host, self.port)
 
     async def stop(self) -> None:
         for episode in list(self.episodes):

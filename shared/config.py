@@ -97,6 +97,25 @@ class InferenceConfig(Table):
             ) from None
 
 
+class EvalConfig(Table):
+    """`[orchestrator.eval]`: held-out evaluation beside training."""
+
+    every: int = Field(0, ge=0, description="evaluate every N steps and at the end; 0: never")
+    size: int = Field(32, ge=1, description="held-out prompts per evaluation")
+    k: int = Field(4, ge=1, description="samples per prompt: pass@1 and pass@k")
+
+
+class AgentsConfig(Table):
+    """`[orchestrator.agents]`: agent environments and the proxy their OpenAI clients call."""
+
+    timeout_s: float = Field(600, gt=0, description="bound on one agent episode")
+    proxy_host: str = Field("127.0.0.1", description="where agent environments reach the proxy")
+    proxy_port: int = Field(0, ge=0, le=65535, description="the agent proxy's port; 0: any free port")
+    proxy_token: SecretStr | None = Field(
+        None, description="bearer token the agent proxy requires; needed on an address other than loopback"
+    )
+
+
 class OrchestratorConfig(Table):
     inference_urls: list[str] = Field(
         default_factory=list,
@@ -125,14 +144,6 @@ class OrchestratorConfig(Table):
     )
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="options of the chat template, e.g. {enable_thinking = false}"
-    )
-    agent_timeout_s: float = Field(600, gt=0, description="bound on one agent episode (agent environments)")
-    proxy_host: str = Field(
-        "127.0.0.1", description="where agent environments reach the orchestrator's proxy"
-    )
-    proxy_port: int = Field(0, ge=0, le=65535, description="the agent proxy's port; 0: any free port")
-    proxy_token: SecretStr | None = Field(
-        None, description="bearer token the agent proxy requires; needed on an address other than loopback"
     )
     batch_size: int = Field(8, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=1, description="completions per prompt")
@@ -173,9 +184,8 @@ class OrchestratorConfig(Table):
     )
     overlong_buffer: int = Field(8, ge=1, description="penalty ramps over the last N tokens of max_tokens")
     overlong_penalty: float = Field(1.0, ge=0, description="penalty at max_tokens")
-    eval_every: int = Field(0, ge=0, description="evaluate every N steps and at the end; 0: never")
-    eval_size: int = Field(32, ge=1, description="held-out prompts per evaluation")
-    eval_k: int = Field(4, ge=1, description="samples per prompt: pass@1 and pass@k")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
     weights_stall_s: float = Field(
         900, gt=0, description="waiting for weights: stop once the trainer made no progress this long"
     )
@@ -496,6 +506,9 @@ def _moved_keys() -> dict[str, str]:
         "orchestrator.weights_timeout_s": "orchestrator.weights_stall_s",
     }
     moved |= {f"orchestrator.{k}": f"inference.{k}" for k in ("backend", "tool_parser", "reasoning_parser")}
+    moved |= {f"orchestrator.eval_{k}": f"orchestrator.eval.{k}" for k in EvalConfig.model_fields}
+    agents = {"agent_timeout_s": "timeout_s", **{k: k for k in AgentsConfig.model_fields if k != "timeout_s"}}
+    moved |= {f"orchestrator.{old}": f"orchestrator.agents.{new}" for old, new in agents.items()}
     moved |= {f"trainer.broadcast_{k}": f"weights.broadcast.{k}" for k in BroadcastConfig.model_fields}
     return moved
 

@@ -43,7 +43,7 @@ CPU_OVERRIDES = (
     "orchestrator.group_size=2",
     "orchestrator.max_inflight=4",
     "orchestrator.max_tokens=16",
-    "orchestrator.eval_every=0",
+    "orchestrator.eval.every=0",
     "trainer.checkpoint.every=0",
     "trainer.parallel.micro_batch_tokens=1024",
 )

@@ -75,7 +75,7 @@ def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
         "orchestrator.batch_size=4",
         "orchestrator.group_size=4",
         "orchestrator.max_tokens=4",
-        "orchestrator.eval_every=0",
+        "orchestrator.eval.every=0",
         f"trainer.checkpoint.every={EVERY}",
         f"max_async_level={ETA}",
     ]

@@ -102,6 +102,21 @@ def test_override_values_are_toml_typed():
             "config key 'orchestrator.reasoning_parser' is now 'inference.reasoning_parser'",
         ),
         (
+            "[orchestrator]\neval_every = 5\n",
+            [],
+            "config key 'orchestrator.eval_every' is now 'orchestrator.eval.every'",
+        ),
+        (
+            "",
+            ["orchestrator.agent_timeout_s=60"],
+            "config key 'orchestrator.agent_timeout_s' is now 'orchestrator.agents.timeout_s'",
+        ),
+        (
+            "",
+            ["orchestrator.proxy_token=x"],
+            "config key 'orchestrator.proxy_token' is now 'orchestrator.agents.proxy_token'",
+        ),
+        (
             "",
             ["inference.backend=vllm", "weights.snapshot_every=5"],
             r"^bad config: weights.snapshot_every = 5 publishes delta versions, which only triad's launcher "

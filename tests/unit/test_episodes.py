@@ -167,9 +167,9 @@ def test_episode_ids_are_unguessable():
 
 
 def test_a_proxy_off_loopback_needs_a_token_and_then_asks_for_it():
-    with pytest.raises(TriadError, match="not loopback.*no orchestrator.proxy_token"):
-        AgentProxy(load_config(None, ["orchestrator.proxy_host=0.0.0.0"]).orchestrator)
-    cfg = load_config(None, ["orchestrator.proxy_token=s3cret"])
+    with pytest.raises(TriadError, match="not loopback.*no orchestrator.agents.proxy_token"):
+        AgentProxy(load_config(None, ["orchestrator.agents.proxy_host=0.0.0.0"]).orchestrator)
+    cfg = load_config(None, ["orchestrator.agents.proxy_token=s3cret"])
     proxy = AgentProxy(cfg.orchestrator)
 
     async def run():
@@ -231,12 +231,12 @@ class KeyedAgent(Agent):
 def test_the_proxy_token_reaches_the_agent_as_its_api_key():
     agent = KeyedAgent()
     with FakeServer() as fake:
-        samples = run_group(agent, 2, fake, sets=("orchestrator.proxy_token=s3cret",))
+        samples = run_group(agent, 2, fake, sets=("orchestrator.agents.proxy_token=s3cret",))
     assert agent.keys == ["s3cret", "s3cret"] and len(samples) == 4 and not agent.errors
 
 
 def test_an_agent_that_cannot_take_the_token_is_refused_at_start():
-    cfg = load_config(None, ["orchestrator.proxy_token=s3cret"])
+    cfg = load_config(None, ["orchestrator.agents.proxy_token=s3cret"])
     with pytest.raises(
         TriadError, match="proxy_token is set but run_agent takes no api_key: make it run_agent"
     ):
@@ -327,7 +327,7 @@ def test_the_agent_timeout_fires_on_an_async_agent_that_blocks():
     agent = BlockingAgent(sleep=4)
     with FakeServer() as fake:
         started = time.monotonic()
-        (sample,) = run_group(agent, 1, fake, sets=("orchestrator.agent_timeout_s=1",))
+        (sample,) = run_group(agent, 1, fake, sets=("orchestrator.agents.timeout_s=1",))
         took = time.monotonic() - started
     assert took < 3.5 and sample.turns == 2  # scored as it stood at the bound, not when the agent woke
 

@@ -14,10 +14,14 @@ call whose caller gave up before a thread took it never runs.
 
 A thread cannot be stopped. A call whose caller gives up while it runs returns at once, and its
 thread counts as *stuck* until the function returns; then it serves other calls. While
-`orchestrator.max_stuck_calls` threads are stuck, new calls fail at once with one line naming the
-function and the cap, rather than queue behind them. Threads are daemons, so a stuck one does not
-keep the process from exiting (`concurrent.futures` joins its workers at exit, which is why this is
-not a `ThreadPoolExecutor`).
+`orchestrator.max_stuck_calls` threads are stuck, no new thread is started: a new call waits for a
+stuck one to return, within its caller's time limit. A call whose limit passes there never runs,
+and `not_started()` gives its caller the one line that says so, naming the function and the cap.
+(Failing such calls at once instead made a burst of slow calls fail every group in flight within
+a second, and the run stop on `orchestrator.max_failed_groups`, although the calls came back.)
+
+Threads are daemons, so a stuck one does not keep the process from exiting (`concurrent.futures`
+joins its workers at exit, which is why this is not a `ThreadPoolExecutor`).
 
 Agent episodes (`agents.py`) have a pool of their own, sized by the episodes that may run at once,
 and run there whether `run_agent` is a coroutine function or not: an `async def` gets an event loop
@@ -33,6 +37,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +45,20 @@ from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 
 log = logging.getLogger("triad.orchestrator")
+# why the current task's last call never ran, set when its caller gave up while it waited at the cap
+_NOT_STARTED: ContextVar[str | None] = ContextVar("not_started", default=None)
 
 
 class TooManyStuck(TriadError):
-    """The cap on stuck threads is reached: the call was not started."""
+    """The cap on stuck threads held for the whole of a call's time limit: the call never ran."""
+
+
+def not_started() -> str | None:
+    """Why the current task's last call never ran (its time limit passed while it waited at the
+    cap on stuck threads); None if it did run. Read once: a second read gives None."""
+    why = _NOT_STARTED.get()
+    _NOT_STARTED.set(None)
+    return why
 
 
 def name_of(fn: Callable[..., Any]) -> str:
@@ -123,8 +138,10 @@ class EnvThreads:
         self.threads = 0
         self.idle = 0  # threads waiting for a job
         self.queued = 0  # jobs no thread has taken yet
+        self.waiting = 0  # calls waiting for a stuck thread to return (the cap reached)
         self.overran = 0
         self._lock = threading.Lock()
+        self._waiters: list[asyncio.Future[None]] = []
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
 
     def configure(self, size: int, max_stuck: int) -> None:
@@ -133,15 +150,11 @@ class EnvThreads:
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) in a pool thread; a cancelled caller leaves it stuck until it returns."""
+        _NOT_STARTED.set(None)
+        await self._room(fn)
         loop = asyncio.get_running_loop()
         job = _Job(loop, loop.create_future(), fn, args, kwargs)
         with self._lock:
-            if self.stuck >= self.max_stuck:
-                raise TooManyStuck(
-                    f"not calling {name_of(fn)}: {self.stuck} environment calls ran past their time limit "
-                    f"and are still running (orchestrator.max_stuck_calls = {self.max_stuck}); "
-                    "make the reward, tool or agent return in time"
-                )
             start = self.idle <= self.queued and self.threads < self.size
             if start:
                 self.threads += 1
@@ -157,6 +170,32 @@ class EnvThreads:
             self._abandon(job)
             raise
 
+    async def _room(self, fn: Callable[..., Any]) -> None:
+        """Returns once fewer than `max_stuck` threads are stuck; until then the call waits, for as
+        long as its caller's time limit allows."""
+        while True:
+            with self._lock:
+                if self.stuck < self.max_stuck:
+                    return
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                self.waiting += 1
+                why = (
+                    f"did not start {name_of(fn)}: {self.stuck} environment calls ran past their time "
+                    f"limit and none returned within this one's (orchestrator.max_stuck_calls = "
+                    f"{self.max_stuck}); make the reward, tool or agent return in time"
+                )
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                _NOT_STARTED.set(why)
+                raise
+            finally:
+                with self._lock:
+                    self.waiting -= 1
+                    if waiter in self._waiters:
+                        self._waiters.remove(waiter)
+
     def _abandon(self, job: _Job) -> None:
         with self._lock:
             job.abandoned = True
@@ -170,7 +209,7 @@ class EnvThreads:
         if stuck == self.max_stuck:
             log.warning(
                 "%d environment calls are stuck, the last %s (orchestrator.max_stuck_calls): "
-                "new ones fail until some return",
+                "new ones wait until some return",
                 stuck,
                 name_of(job.fn),
             )
@@ -200,18 +239,29 @@ class EnvThreads:
             result = job.fn(*job.args, **job.kwargs)
         except BaseException as e:  # the caller's to handle, whatever it is
             error = e
+        waiters: list[asyncio.Future[None]] = []
         with self._lock:
             job.finished = True
             if job.abandoned:
                 self.stuck -= 1
+                waiters, self._waiters = self._waiters, []
+        for waiter in waiters:  # each looks again: one of them takes the room
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits any more
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
         return result, error
 
     def take(self) -> dict[str, int]:
-        """Now: calls waiting for a thread and stuck threads; since the last call: calls that overran."""
+        """Now: calls waiting for a thread (one of them stuck, at the cap) and stuck threads; since
+        the last call: calls that overran."""
         with self._lock:
-            out = {"queued": self.queued, "stuck": self.stuck, "overran": self.overran}
+            out = {"queued": self.queued + self.waiting, "stuck": self.stuck, "overran": self.overran}
             self.overran = 0
         return out
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _settle(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -248,6 +298,7 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """fn(*args, **kwargs): a coroutine function on the loop, anything else in a thread of the pool
     (a result that is awaitable is then awaited on the loop)."""
     if is_async(fn):
+        _NOT_STARTED.set(None)
         return await fn(*args, **kwargs)
     result = await THREADS.run(fn, *args, **kwargs)
     return await result if inspect.isawaitable(result) else result

@@ -80,14 +80,21 @@ def env_tools(env: Environment) -> list[Callable[..., Any]]:
 
 
 async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -> Any:
-    """fn(*args) through `env_calls` (a sync fn in a pool thread), bounded by `timeout` from now."""
-    async with asyncio.timeout(timeout):
-        try:
-            return await env_calls.call(fn, *args)
-        except (TimeoutError, TooManyStuck):
-            raise
-        except Exception as e:
-            raise TriadError(one_line(f"{what} raised {type(e).__name__}: {e}")) from e
+    """fn(*args) through `env_calls` (a sync fn in a pool thread), bounded by `timeout` from now;
+    TooManyStuck if it never started, every thread it could have had being stuck all that time."""
+    try:
+        async with asyncio.timeout(timeout):
+            try:
+                return await env_calls.call(fn, *args)
+            except TimeoutError:
+                raise
+            except Exception as e:
+                raise TriadError(one_line(f"{what} raised {type(e).__name__}: {e}")) from e
+    except TimeoutError:
+        why = env_calls.not_started()
+        if why is not None:
+            raise TooManyStuck(f"{what}: {why}") from None
+        raise
 
 
 async def _call_or(

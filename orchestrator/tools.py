@@ -164,7 +164,8 @@ class ToolRunner:
                 except (Exception, SystemExit) as e:  # the tool's own errors, its own TimeoutError too
                     return _error(f"{call.name} raised {_describe(e)}")
         except TimeoutError:
-            return _error(f"{call.name} timed out after {self.timeout:g} s")
+            why = env_calls.not_started()
+            return _error(f"{call.name}: {why}" if why else f"{call.name} timed out after {self.timeout:g} s")
 
     def _capped(self, result: str) -> str:
         """A result over `max_result_chars` (orchestrator.max_tool_result_chars) is cut, and says so."""

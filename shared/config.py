@@ -134,7 +134,7 @@ class OrchestratorConfig(Table):
         8192, ge=1, description="a tool's result is cut to this many characters before the model sees it"
     )
     max_stuck_calls: int = Field(
-        32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls fail"
+        32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls wait"
     )
     env_threads: int = Field(
         64, ge=1, description="threads for sync rewards, respond, metrics and tools; more calls wait for one"

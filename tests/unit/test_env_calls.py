@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -10,7 +11,7 @@ import threading
 import pytest
 
 from orchestrator import env_calls
-from orchestrator.env_calls import EnvThreads, TooManyStuck
+from orchestrator.env_calls import EnvThreads
 from orchestrator.environments import score
 from orchestrator.failures import RolloutFailed
 from orchestrator.tools import ToolCall, ToolRunner
@@ -40,26 +41,28 @@ async def times_out(workers: EnvThreads, fn) -> None:
             await workers.run(fn)
 
 
-def test_stuck_workers_are_capped_and_counted_until_they_return():
+def test_at_the_cap_a_call_waits_for_a_stuck_one_to_return_within_its_own_time_limit():
     async def main() -> None:
         workers, gates = EnvThreads(size=8, max_stuck=2), [Gate(), Gate(), Gate()]
         assert await workers.run(lambda: 41 + 1) == 42 and workers.stuck == 0  # a call that returns
         for gate in gates[:2]:
             await times_out(workers, gate.wait_here)
         assert workers.stuck == 2
-        with pytest.raises(TooManyStuck) as refused:
-            await workers.run(gates[2].wait_here)
-        assert gates[2].calls == 0  # refused before it started
-        assert str(refused.value) == (
-            "not calling Gate.wait_here: 2 environment calls ran past their time limit and are still running "
-            "(orchestrator.max_stuck_calls = 2); make the reward, tool or agent return in time"
+        await times_out(workers, gates[2].wait_here)  # its limit passed while it waited at the cap
+        assert gates[2].calls == 0 and workers.threads == 2  # it never ran, and took no thread
+        assert env_calls.not_started() == (
+            "did not start Gate.wait_here: 2 environment calls ran past their time limit and none "
+            "returned within this one's (orchestrator.max_stuck_calls = 2); make the reward, tool or "
+            "agent return in time"
         )
-        gates[0].event.set()  # one stuck call returns: its worker no longer counts
-        await async_wait_for(
-            lambda: asyncio.sleep(0, workers.stuck == 1 or None), "a stuck worker to return", 5, poll=0.01
-        )
+        assert env_calls.not_started() is None  # read once
+        waiting = asyncio.create_task(workers.run(gates[2].wait_here))
+        await async_wait_for(lambda: asyncio.sleep(0, workers.waiting == 1 or None), "a call at the cap", 5)
+        assert workers.take()["queued"] == 1 and gates[2].calls == 0
+        gates[0].event.set()  # one stuck call returns: the waiting call starts in its thread
         gates[2].event.set()
-        assert await workers.run(gates[2].wait_here) == "opened" and workers.stuck == 1
+        assert await asyncio.wait_for(waiting, 5) == "opened" and gates[2].calls == 1
+        assert workers.stuck == 1 and workers.waiting == 0 and env_calls.not_started() is None
         gates[1].event.set()
         await async_wait_for(
             lambda: asyncio.sleep(0, workers.stuck == 0 or None), "the last stuck worker", 5, poll=0.01
@@ -147,7 +150,7 @@ def test_errors_reach_the_caller_and_a_sync_result_that_is_awaitable_is_awaited(
     asyncio.run(main())
 
 
-def test_at_the_cap_a_reward_fails_in_one_line_and_a_tool_is_answered_with_it(monkeypatch):
+def test_at_the_cap_a_reward_that_never_starts_fails_in_one_line_and_a_tool_is_answered_with_it(monkeypatch):
     monkeypatch.setattr(env_calls, "THREADS", EnvThreads(size=4, max_stuck=1))
     gate = Gate()
 
@@ -167,13 +170,13 @@ def test_at_the_cap_a_reward_fails_in_one_line_and_a_tool_is_answered_with_it(mo
     async def main() -> None:
         with pytest.raises(RolloutFailed, match="took over"):  # timed out (its group dropped): now stuck
             await score(Hung(), None, "x", timeout=0.05)
-        with pytest.raises(  # its group is dropped, counted under `reward`
-            RolloutFailed, match=r"not calling .*reward: 1 environment calls .*max_stuck_calls = 1"
+        with pytest.raises(  # waited its limit at the cap: its group is dropped, counted under `reward`
+            RolloutFailed, match=r"reward: did not start .*reward: 1 environment calls .*max_stuck_calls = 1"
         ) as e:
             await score(Hung(), None, "x", timeout=0.05)
         assert e.value.cause == "reward"
-        message = await ToolRunner([calc], timeout=1).run(ToolCall("call_0", "calc", {"expression": "1"}))
-        assert message["content"].startswith("error: calc raised TooManyStuck: not calling ")
+        message = await ToolRunner([calc], timeout=0.2).run(ToolCall("call_0", "calc", {"expression": "1"}))
+        assert re.match(r"error: calc: did not start \S*calc: 1 environment calls ", message["content"])
         gate.event.set()
 
     asyncio.run(main())

@@ -48,7 +48,7 @@ class ContextFull(RequestRejected):
     """The ids so far leave no room in the model's context for another token."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, "context")
+        super().__init__(message, "context", kind="context_full")  # refused here, before any request
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@
 
 Each of the three carries the `kind` of failure it was (`failure_kind`), for the step's counts of
 failed requests by kind: `http_<status>`, `bad_body` (a cut or invalid answer), `timeout`,
-`dropped` (the connection closed without an answer) or `refused` (no connection).
+`dropped` (the connection closed without an answer), `refused` (no connection) or
+`context_full` (`client.ContextFull`: no room left for a token, so never sent).
 """
 
 from __future__ import annotations

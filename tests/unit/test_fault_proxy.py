@@ -36,7 +36,11 @@ class Proxy:
             return None
 
     def __enter__(self) -> Proxy:
-        wait_for(self.up, f"the fault proxy at {self.url}", 30, poll=0.05)
+        try:
+            wait_for(self.up, f"the fault proxy at {self.url}", 30, poll=0.05)
+        except BaseException:
+            self.__exit__()  # a proxy that never came up is not left running
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -179,3 +183,15 @@ def test_the_soak_matches_the_proxys_faults_to_the_orchestrators_counts_by_kind(
         {"kind": "refused", "injected": 0, "counted": 2},
         {"kind": "timeout", "injected": 2, "counted": 2},
     ]
+
+
+def test_a_request_error_names_its_kind_and_a_context_full_one_is_no_http_answer() -> None:
+    from orchestrator.client import ContextFull
+    from orchestrator.server_calls import failure_kind, transport_kind
+    from shared.errors import TriadError
+
+    assert transport_kind(httpx.ReadTimeout("t")) == "timeout"
+    assert transport_kind(httpx.ConnectError("c")) == "refused"
+    assert transport_kind(httpx.RemoteProtocolError("r")) == "dropped"
+    assert failure_kind(ContextFull("900 ids fill the model's context of 900")) == "context_full"
+    assert failure_kind(TriadError("anything else")) == "other"

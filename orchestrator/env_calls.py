@@ -251,8 +251,8 @@ class EnvThreads:
         return result, error
 
     def take(self) -> dict[str, int]:
-        """Now: calls waiting for a thread (one of them stuck, at the cap) and stuck threads; since
-        the last call: calls that overran."""
+        """Now: calls waiting for a thread (a free one, or at the cap a stuck one to return) and
+        stuck threads; since the last call: calls that overran."""
         with self._lock:
             out = {"queued": self.queued + self.waiting, "stuck": self.stuck, "overran": self.overran}
             self.overran = 0

@@ -279,7 +279,8 @@ def main() -> None:
         finally:
             soak.stop()
         print(json.dumps(results[-1]), flush=True)
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "share": args.share}
+    command = " ".join(["python -m bench.soak", *sys.argv[1:]])
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": command, "share": args.share}
     (RESULTS / "soak.json").write_text(json.dumps({**record, "results": results}, indent=1))
     (RESULTS / "soak.md").write_text(markdown(results))
     print(markdown(results))

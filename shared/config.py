@@ -507,8 +507,8 @@ def _moved_keys() -> dict[str, str]:
     }
     moved |= {f"orchestrator.{k}": f"inference.{k}" for k in ("backend", "tool_parser", "reasoning_parser")}
     moved |= {f"orchestrator.eval_{k}": f"orchestrator.eval.{k}" for k in EvalConfig.model_fields}
-    agents = {"agent_timeout_s": "timeout_s", **{k: k for k in AgentsConfig.model_fields if k != "timeout_s"}}
-    moved |= {f"orchestrator.{old}": f"orchestrator.agents.{new}" for old, new in agents.items()}
+    moved |= {f"orchestrator.proxy_{k}": f"orchestrator.agents.proxy_{k}" for k in ("host", "port", "token")}
+    moved["orchestrator.agent_timeout_s"] = "orchestrator.agents.timeout_s"
     moved |= {f"trainer.broadcast_{k}": f"weights.broadcast.{k}" for k in BroadcastConfig.model_fields}
     return moved
 

@@ -130,6 +130,33 @@ def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple
     ]
 
 
+def server_tracebacks(log: str) -> list[str]:
+    """The tracebacks in an inference server's log, each as its last line, less the one vLLM 0.32
+    itself may log on a graceful stop: its client's shutdown ends the output task with
+    EngineDeadError while AsyncLLM's output handler still waits on it, and the handler logs
+    "AsyncLLM output_handler failed." (vllm-project/vllm#48745, a race: seen once in CI, and
+    every time when the server alone gets the SIGTERM)."""
+    lines = log.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" not in line:
+            continue
+        prefix = line[: line.index("Traceback")]
+        end = i + 1  # past the frames (indented) to the exception's line
+        while end < len(lines) - 1 and lines[end][len(prefix) :].startswith(" "):
+            end += 1
+        last = lines[end][len(prefix) :] if end < len(lines) else ""
+        shutting_down = any("[shutdown] MPClient: complete" in x for x in lines[:i])
+        vllm_race = (
+            shutting_down
+            and lines[i - 1].endswith("AsyncLLM output_handler failed.")
+            and last.startswith("vllm.v1.engine.exceptions.EngineDeadError")
+        )
+        if not vllm_race:
+            found.append(last)
+    return found
+
+
 class Server:
     """`triad inference` (or with `plain`, vLLM's own server; with `join`, `triad inference --join`)
     in a subprocess, logging to a file."""

@@ -22,7 +22,7 @@ from orchestrator.pool import ServerPool
 from orchestrator.turns import TurnParser, pool_renderer
 from shared.config import load_config
 from shared.families import chat_template_of, family_of
-from tests.helpers import Server
+from tests.helpers import Server, server_tracebacks
 from tests.templates import family_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -131,7 +131,7 @@ def test_auto_serves_a_family_no_table_lists_with_the_parsers_that_read_its_temp
     finally:
         server.stop()
     log = (tmp_path / "inference.log").read_text(errors="replace")
-    assert "Traceback" not in log
+    assert server_tracebacks(log) == []
     assert [p.read_text() for p in (tmp_path / "cache-server" / "parsers").glob("*.json")] == [
         '{"tool_parser": "seed_oss", "reasoning_parser": "seed_oss"}'
     ]

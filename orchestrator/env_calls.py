@@ -140,6 +140,8 @@ class EnvThreads:
         self.queued = 0  # jobs no thread has taken yet
         self.waiting = 0  # calls waiting for a stuck thread to return (the cap reached)
         self.overran = 0
+        self.waited = 0  # calls that found the cap reached and waited for a stuck one to return
+        self.not_started = 0  # calls whose time limit passed in that wait
         self._lock = threading.Lock()
         self._waiters: list[asyncio.Future[None]] = []
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
@@ -173,6 +175,7 @@ class EnvThreads:
     async def _room(self, fn: Callable[..., Any]) -> None:
         """Returns once fewer than `max_stuck` threads are stuck; until then the call waits, for as
         long as its caller's time limit allows."""
+        counted = False
         while True:
             with self._lock:
                 if self.stuck < self.max_stuck:
@@ -180,6 +183,8 @@ class EnvThreads:
                 waiter = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
                 self.waiting += 1
+                self.waited += not counted
+                counted = True
                 why = (
                     f"did not start {name_of(fn)}: {self.stuck} environment calls ran past their time "
                     f"limit and none returned within this one's (orchestrator.max_stuck_calls = "
@@ -189,6 +194,8 @@ class EnvThreads:
                 await waiter
             except asyncio.CancelledError:
                 _NOT_STARTED.set(why)
+                with self._lock:
+                    self.not_started += 1
                 raise
             finally:
                 with self._lock:
@@ -252,10 +259,17 @@ class EnvThreads:
 
     def take(self) -> dict[str, int]:
         """Now: calls waiting for a thread (a free one, or at the cap a stuck one to return) and
-        stuck threads; since the last call: calls that overran."""
+        stuck threads; since the last call: calls that overran, that waited at the cap, and that
+        did not start within their time limit there."""
         with self._lock:
-            out = {"queued": self.queued + self.waiting, "stuck": self.stuck, "overran": self.overran}
-            self.overran = 0
+            out = {
+                "queued": self.queued + self.waiting,
+                "stuck": self.stuck,
+                "overran": self.overran,
+                "waited": self.waited,
+                "not_started": self.not_started,
+            }
+            self.overran = self.waited = self.not_started = 0
         return out
 
 
@@ -289,7 +303,8 @@ def configure(oc: OrchestratorConfig) -> None:
 
 
 def take_counts() -> dict[str, int]:
-    """The step's metrics of both pools: `env_calls_queued`, `env_calls_stuck`, `env_calls_overran`."""
+    """The step's metrics of both pools: `env_calls_queued`, `env_calls_stuck`, `env_calls_overran`,
+    `env_calls_waited`, `env_calls_not_started` (`EnvThreads.take`)."""
     calls, agents = THREADS.take(), AGENT_THREADS.take()
     return {f"env_calls_{key}": calls[key] + agents[key] for key in calls}
 

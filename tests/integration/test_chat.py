@@ -434,7 +434,7 @@ import time
 from orchestrator.environments import Prompt
 from orchestrator.envs import calculator
 
-KINDS = ("fine", "too_long", "reward_raises", "fine", "respond_raises")
+KINDS = ("fine", "too_long", "reward_raises", "fine", "respond_raises", "reward_hangs")
 CALLS = itertools.count()
 
 
@@ -466,6 +466,8 @@ class Faulty(calculator.ChatCalculator):
     def reward(self, prompt, conversation):
         if prompt.meta["kind"] == "reward_raises":
             raise ValueError("odd output")
+        if prompt.meta["kind"] == "reward_hangs":  # the group's rewards, at once, past env_timeout_s
+            time.sleep(3.5)
         return super().reward(prompt, conversation)
 
     def respond(self, prompt, conversation):
@@ -479,11 +481,17 @@ def test_a_run_whose_prompts_rewards_tools_and_replies_fail_reaches_its_last_ste
     tmp_path, chat_model, chat_server
 ):
     """The orchestrator of a real run (vLLM, torchrun) whose environment's prompt is over the context
-    (render 400), reward raises, respond raises, and tool returns 1 MB (the next render is over the
-    context) or hangs past env_timeout_s: every step is trained, no traceback, each fault counted.
-    Before: the render's 400 ended the orchestrator (`... render answered 400`)."""
+    (render 400), reward raises or hangs, respond raises, and tool returns 1 MB (the next render is
+    over the context) or hangs past env_timeout_s: every step is trained, no traceback, each fault
+    counted. With one call allowed stuck, calls then wait for it to return: before, they failed at
+    once (a soak lost its run to 50 such groups in a row). Before that, the render's 400 ended the
+    orchestrator (`... render answered 400`)."""
     (tmp_path / "faulty_envs.py").write_text(FAULTY_ENV)
-    limits = ("orchestrator.env_timeout_s=2", "orchestrator.max_tool_result_chars=2000000")
+    limits = (
+        "orchestrator.env_timeout_s=2",
+        "orchestrator.max_tool_result_chars=2000000",
+        "orchestrator.max_stuck_calls=1",
+    )
     cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "faulty_envs:Faulty", *limits)
     env = {"PYTHONPATH": f"{tmp_path}:{REPO}"}
     with open(tmp_path / "trainer.log", "w") as out:
@@ -508,4 +516,6 @@ def test_a_run_whose_prompts_rewards_tools_and_replies_fail_reaches_its_last_ste
     # episodes at the next render, a final answer's respond raises
     cut = total("episodes_truncated_render") + total("episodes_truncated_respond")
     assert cut >= 1, rows
+    # hung rewards and tools were given up and left stuck, and calls that came then waited
+    assert total("env_calls_overran") >= 1 and total("env_calls_waited") >= 1, rows
     assert [r["step"] for r in RunDir(cfg.run_dir).metrics.rows("trainer")] == list(range(1, STEPS + 1))

@@ -58,11 +58,13 @@ def test_at_the_cap_a_call_waits_for_a_stuck_one_to_return_within_its_own_time_l
         assert env_calls.not_started() is None  # read once
         waiting = asyncio.create_task(workers.run(gates[2].wait_here))
         await async_wait_for(lambda: asyncio.sleep(0, workers.waiting == 1 or None), "a call at the cap", 5)
-        assert workers.take()["queued"] == 1 and gates[2].calls == 0
+        taken = workers.take()  # the first call that waited, and the second, which waits now
+        assert (taken["queued"], taken["waited"], taken["not_started"]) == (1, 2, 1) and gates[2].calls == 0
         gates[0].event.set()  # one stuck call returns: the waiting call starts in its thread
         gates[2].event.set()
         assert await asyncio.wait_for(waiting, 5) == "opened" and gates[2].calls == 1
         assert workers.stuck == 1 and workers.waiting == 0 and env_calls.not_started() is None
+        assert workers.take() == {"queued": 0, "stuck": 1, "overran": 0, "waited": 0, "not_started": 0}
         gates[1].event.set()
         await async_wait_for(
             lambda: asyncio.sleep(0, workers.stuck == 0 or None), "the last stuck worker", 5, poll=0.01
@@ -86,7 +88,7 @@ def test_threads_are_reused_and_bounded_however_many_call_at_once():
         gate.event.set()
         assert await asyncio.gather(*calls) == ["opened"] * 200
         assert workers.threads == 4 and len(set(gate.entered)) == 4 and workers.stuck == 0
-        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0}
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0, "waited": 0, "not_started": 0}
 
     asyncio.run(main())
 
@@ -106,7 +108,7 @@ def test_a_time_limit_counts_from_the_call_not_from_when_it_got_a_thread():
         assert await holder == "opened"
         assert await workers.run(lambda: "next") == "next"
         assert queued.calls == 0  # a call given up before a thread took it never runs
-        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0}
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0, "waited": 0, "not_started": 0}
 
     asyncio.run(main())
 
@@ -115,14 +117,20 @@ def test_a_call_that_hangs_holds_its_thread_counted_until_it_returns():
     async def main() -> None:
         workers, gate = EnvThreads(size=2, max_stuck=2), Gate()
         await times_out(workers, gate.wait_here)
-        assert workers.take() == {"queued": 0, "stuck": 1, "overran": 1}
+        assert workers.take() == {"queued": 0, "stuck": 1, "overran": 1, "waited": 0, "not_started": 0}
         assert await workers.run(lambda: "the other thread") == "the other thread"
-        assert workers.threads == 2 and workers.take() == {"queued": 0, "stuck": 1, "overran": 0}
+        assert workers.threads == 2 and workers.take() == {
+            "queued": 0,
+            "stuck": 1,
+            "overran": 0,
+            "waited": 0,
+            "not_started": 0,
+        }
         gate.event.set()
         await async_wait_for(
             lambda: asyncio.sleep(0, workers.stuck == 0 or None), "the hung call to return", 5, poll=0.01
         )
-        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0}
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 0, "waited": 0, "not_started": 0}
 
     asyncio.run(main())
 
@@ -218,7 +226,7 @@ def test_an_episode_runs_on_a_loop_of_its_own_and_is_cancelled_when_its_caller_g
         await async_wait_for(
             lambda: asyncio.sleep(0, workers.stuck == 0 or None), "the episode's thread to be free", 5, 0.01
         )
-        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 1}
+        assert workers.take() == {"queued": 0, "stuck": 0, "overran": 1, "waited": 0, "not_started": 0}
 
     asyncio.run(main())
     assert seen == ["episode on triad-agent-1", "cancelled"]

@@ -36,7 +36,7 @@ from bench.soak_envs import COUNTS_VAR
 from bench.suite import REPO, RESULTS
 from shared.net import free_port
 from shared.rundir import ORCHESTRATOR, TRAINER, RunDir
-from tests.helpers import CHAT_VLLM_ARGS, Server, trainer_cmd, triad_cmd
+from tests.helpers import CHAT_VLLM_ARGS, Server, server_tracebacks, trainer_cmd, triad_cmd
 
 SCENARIOS = {
     "default": {
@@ -53,6 +53,7 @@ SCENARIOS = {
     },
 }
 COUNTED = ("requests_failed", "groups_failed", "episodes_truncated", "episodes_dropped", "env_calls_overran")
+ENV_CALLS = ("env_calls_overran", "env_calls_waited", "env_calls_not_started")
 STALL_S = 600.0  # no trained step for this long: the soak has failed (a wedged run)
 ETA = 1
 
@@ -160,7 +161,7 @@ class Soak:
         rows = rundir.metrics.rows(ORCHESTRATOR)
         lag_max = max(r["lag_max"] for r in rows) if rows else None
         logs = sorted(self.root.glob("*.log"))
-        tracebacks = {p.name: p.read_text(errors="replace").count("Traceback") for p in logs}
+        tracebacks = {p.name: count_tracebacks(p) for p in logs}
         failed = {
             k: sum(r.get(k, 0) or 0 for r in rows)
             for k in sorted({k for r in rows for k in r})
@@ -184,6 +185,7 @@ class Soak:
             "requests_counted_one_to_one": all(r["injected"] == r["counted"] for r in by_kind),
             "environment_faults": json.loads(self.env_counts.read_text()) if self.env_counts.exists() else {},
             "orchestrator_failure_counts": failed,
+            "env_calls": {k: sum(r.get(k, 0) or 0 for r in rows) for k in ENV_CALLS},
             "wall_s": round(wall_s, 1),
             "step_s_median": statistics.median(r["step_time_s"] for r in rows[5:]) if len(rows) > 5 else None,
         }
@@ -208,6 +210,13 @@ class Soak:
             self.server.stop()
 
 
+def count_tracebacks(log: Path) -> int:
+    """Tracebacks in a service's log; in inference's, less vLLM's own on a graceful stop
+    (tests/helpers.py `server_tracebacks`)."""
+    text = log.read_text(errors="replace")
+    return len(server_tracebacks(text)) if log.name == "inference.log" else text.count("Traceback")
+
+
 def requests_by_kind(proxy: dict, failed: dict) -> list[dict]:
     """Per kind of failed request, the proxy's faults that make it (and its calls the upstream did
     not answer, around a restart) against the orchestrator's `requests_failed_<kind>`."""
@@ -227,13 +236,15 @@ def tomllib_model(config: str) -> str:
 
 
 def markdown(results: list[dict]) -> str:
-    lines = [f"# Fault soak, {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    lines = ["# Fault soak", ""]
     for r in results:
         ok = r["trained_once"] and r["within_eta"] and not any(r["tracebacks"].values())
         ok = ok and all(code == 0 for code in r["exit_codes"].values())
         lines += [
             f"## {r['scenario']}: {r['trained_steps']} of {r['steps']} steps, "
             f"{'survived' if ok else 'FAILED'} ({r['wall_s']:.0f} s)",
+            "",
+            f"{r['date']}, `{r['command']}`, {r['share']:.0%} of calls spoiled",
             "",
             f"- exit codes {r['exit_codes']}; trained each step once: {r['trained_once']}; "
             f"lag max {r['lag_max']} (η {ETA}), kept batches {r['batches_checked']}",
@@ -259,7 +270,9 @@ def markdown(results: list[dict]) -> str:
         lines += [f"| {k['kind']} | {k['injected']} | {k['counted']} |" for k in r["requests_failed_by_kind"]]
         lines += ["", "| counted by the orchestrator | total |", "| --- | --- |"]
         lines += [f"| {k} | {v} |" for k, v in r["orchestrator_failure_counts"].items()]
-        lines.append("")
+        if "env_calls" in r:
+            lines += [f"| {k} | {v} |" for k, v in r["env_calls"].items()]
+        lines += ["", r["note"], ""] if r.get("note") else [""]
     return "\n".join(lines)
 
 
@@ -271,19 +284,29 @@ def main() -> None:
     parser.add_argument("--share", type=float, default=0.03)
     args = parser.parse_args()
     steps = {k: int(v) for k, v in (s.split("=") for s in args.steps)}
+    command = " ".join(["python -m bench.soak", *sys.argv[1:]])
     results = []
     for name in args.only:
         soak = Soak(args.workdir / name, name, steps.get(name, SCENARIOS[name]["steps"]), args.share)
         try:
-            results.append(soak.run())
+            outcome = soak.run()
         finally:
             soak.stop()
+        results.append({"date": time.strftime("%Y-%m-%d %H:%M"), "command": command, "share": args.share})
+        results[-1].update(outcome)
         print(json.dumps(results[-1]), flush=True)
-    command = " ".join(["python -m bench.soak", *sys.argv[1:]])
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": command, "share": args.share}
-    (RESULTS / "soak.json").write_text(json.dumps({**record, "results": results}, indent=1))
-    (RESULTS / "soak.md").write_text(markdown(results))
+    merged = merge(results, RESULTS / "soak.json")
+    (RESULTS / "soak.json").write_text(json.dumps({"results": merged}, indent=1))
+    (RESULTS / "soak.md").write_text(markdown(merged))
     print(markdown(results))
+
+
+def merge(results: list[dict], path: Path) -> list[dict]:
+    """These scenarios' results in place of their earlier ones; the other scenarios' kept."""
+    kept = json.loads(path.read_text())["results"] if path.exists() else []
+    new = {r["scenario"]: r for r in results}
+    merged = {r["scenario"]: r for r in kept if r["scenario"] not in new} | new
+    return [merged[name] for name in SCENARIOS if name in merged]
 
 
 if __name__ == "__main__":

@@ -146,12 +146,12 @@ def soak_entries(r: dict) -> list[Entry]:
         survived = run["trained_once"] and run["within_eta"] and not any(run["tracebacks"].values())
         survived = survived and all(code == 0 for code in run["exit_codes"].values())
         row = (
-            f"fault soak, {run['scenario']}: {r['share']:.0%} of calls spoiled, inference killed twice",
+            f"fault soak, {run['scenario']}: {run['share']:.0%} of calls spoiled, inference killed twice",
             f"{run['trained_steps']} of {run['steps']} steps; {injected} faults injected",
             f"requests_failed {run['orchestrator_failure_counts'].get('requests_failed', 0)}",
             "survived" if survived else "FAILED",
         )
-        rows.append((row, r["date"], r["command"]))
+        rows.append((row, run["date"], run["command"]))
     return rows
 
 

@@ -51,18 +51,17 @@ class BatchBuilder:
     """Rows and statistics of one batch, as the orchestrator's config says."""
 
     def __init__(self, oc: OrchestratorConfig, env_name: str, turn_budget: int) -> None:
-        self.oc, self.env_name = oc, env_name
+        self.shaping, self.env_name = oc.shaping, env_name
         self.token_budget = oc.max_tokens * turn_budget  # the most tokens a sample may sample
 
     def shaped_reward(self, sample: Sample) -> float:
-        if self.oc.overlong != "penalty":
+        if self.shaping.overlong != "penalty":
             return sample.reward
-        return sample.reward + overlong_penalty(
-            sample.completion_tokens, self.token_budget, self.oc.overlong_buffer, self.oc.overlong_penalty
-        )
+        buffer, penalty = self.shaping.overlong_buffer, self.shaping.overlong_penalty
+        return sample.reward + overlong_penalty(sample.completion_tokens, self.token_budget, buffer, penalty)
 
     def loss_mask(self, sample: Sample) -> list[bool]:
-        if self.oc.overlong == "mask" and sample.truncated:
+        if self.shaping.overlong == "mask" and sample.truncated:
             return [False] * len(sample.loss_mask)
         return sample.loss_mask
 
@@ -70,7 +69,7 @@ class BatchBuilder:
         rows = []
         for group in batch:
             shaped = [self.shaped_reward(s) for s in group.samples]
-            advantages = group_advantages(shaped, self.oc.advantage)
+            advantages = group_advantages(shaped, self.shaping.advantage)
             for i, (s, reward, adv) in enumerate(zip(group.samples, shaped, advantages, strict=True)):
                 rows.append(
                     dict(

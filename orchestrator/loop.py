@@ -182,8 +182,8 @@ class Orchestrator:
         """Why the group is not taken into batch `step`, or None if it is."""
         if not self.weights.frozen and not is_fresh(group.version, step, self.cfg.max_async_level):
             return "stale"
-        if self.oc.dynamic_sampling and not has_signal(group.rewards):
-            if filtered < self.oc.max_filtered_groups:
+        if self.oc.shaping.dynamic_sampling and not has_signal(group.rewards):
+            if filtered < self.oc.shaping.max_filtered_groups:
                 return "no_signal"
             log.warning("step %d: %d equal-reward groups skipped; keeping the rest", step, filtered)
         return None

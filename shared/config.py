@@ -105,6 +105,19 @@ class EvalConfig(Table):
     k: int = Field(4, ge=1, description="samples per prompt: pass@1 and pass@k")
 
 
+class ShapingConfig(Table):
+    """`[orchestrator.shaping]`: from a group's rewards to what it trains on."""
+
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal")
+    max_filtered_groups: int = Field(64, ge=0, description="per step; then equal-reward groups are kept")
+    overlong: Literal["none", "mask", "penalty"] = Field(
+        "none", description="truncated samples: train as is, mask out, or DAPO's soft length penalty"
+    )
+    overlong_buffer: int = Field(8, ge=1, description="penalty ramps over the last N tokens of max_tokens")
+    overlong_penalty: float = Field(1.0, ge=0, description="penalty at max_tokens")
+
+
 class AgentsConfig(Table):
     """`[orchestrator.agents]`: agent environments and the proxy their OpenAI clients call."""
 
@@ -149,7 +162,6 @@ class OrchestratorConfig(Table):
     group_size: int = Field(4, ge=1, description="completions per prompt")
     max_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     max_inflight: int = Field(16, ge=1, description="prompt groups generating at once")
     inference_timeout_s: float = Field(600, gt=0, description="wait for inference to answer")
     request_timeout_s: float = Field(120, gt=0)
@@ -177,13 +189,7 @@ class OrchestratorConfig(Table):
     heartbeat_timeout_s: float = Field(
         15, gt=0, description="a joined server whose registry record stays unchanged this long is taken out"
     )
-    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal")
-    max_filtered_groups: int = Field(64, ge=0, description="per step; then equal-reward groups are kept")
-    overlong: Literal["none", "mask", "penalty"] = Field(
-        "none", description="truncated samples: train as is, mask out, or DAPO's soft length penalty"
-    )
-    overlong_buffer: int = Field(8, ge=1, description="penalty ramps over the last N tokens of max_tokens")
-    overlong_penalty: float = Field(1.0, ge=0, description="penalty at max_tokens")
+    shaping: ShapingConfig = Field(default_factory=ShapingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
     weights_stall_s: float = Field(
@@ -507,6 +513,7 @@ def _moved_keys() -> dict[str, str]:
     }
     moved |= {f"orchestrator.{k}": f"inference.{k}" for k in ("backend", "tool_parser", "reasoning_parser")}
     moved |= {f"orchestrator.eval_{k}": f"orchestrator.eval.{k}" for k in EvalConfig.model_fields}
+    moved |= {f"orchestrator.{k}": f"orchestrator.shaping.{k}" for k in ShapingConfig.model_fields}
     moved |= {f"orchestrator.proxy_{k}": f"orchestrator.agents.proxy_{k}" for k in ("host", "port", "token")}
     moved["orchestrator.agent_timeout_s"] = "orchestrator.agents.timeout_s"
     moved |= {f"trainer.broadcast_{k}": f"weights.broadcast.{k}" for k in BroadcastConfig.model_fields}

@@ -117,6 +117,16 @@ def test_override_values_are_toml_typed():
             "config key 'orchestrator.proxy_token' is now 'orchestrator.agents.proxy_token'",
         ),
         (
+            '[orchestrator]\nadvantage = "rloo"\n',
+            [],
+            "config key 'orchestrator.advantage' is now 'orchestrator.shaping.advantage'",
+        ),
+        (
+            "",
+            ["orchestrator.dynamic_sampling=true"],
+            "config key 'orchestrator.dynamic_sampling' is now 'orchestrator.shaping.dynamic_sampling'",
+        ),
+        (
             "",
             ["inference.backend=vllm", "weights.snapshot_every=5"],
             r"^bad config: weights.snapshot_every = 5 publishes delta versions, which only triad's launcher "

@@ -498,9 +498,8 @@ def samples(rewards: list[float], version: int = 0) -> list[Sample]:
 
 
 def test_dynamic_sampling_skips_equal_reward_groups(tmp_path):
-    orch = make(
-        tmp_path, ["http://127.0.0.1:9"], "orchestrator.dynamic_sampling=true", "orchestrator.batch_size=2"
-    )
+    sets = ("orchestrator.shaping.dynamic_sampling=true", "orchestrator.batch_size=2")
+    orch = make(tmp_path, ["http://127.0.0.1:9"], *sets)
 
     async def run():
         for rewards in ([1, 1], [0, 1], [0, 0], [1, 0]):
@@ -522,14 +521,15 @@ def test_overlong_mask_and_penalty(tmp_path):
     )
     short = Sample(input_ids=[1] * 4, loss_mask=[False] * 2 + [True] * 2, logprobs=[0.0] * 4, reward=1.0)
     group = Group("g", Prompt("p", "a"), [long, short])
-    masked = make(tmp_path, ["http://127.0.0.1:9"], 'orchestrator.overlong="mask"').builder.rows(1, [group])
+    mask = 'orchestrator.shaping.overlong="mask"'
+    masked = make(tmp_path, ["http://127.0.0.1:9"], mask).builder.rows(1, [group])
     assert masked[0]["loss_mask"] == [False] * 10 and masked[1]["loss_mask"] == short.loss_mask
     penalised = make(
         tmp_path,
         ["http://127.0.0.1:9"],
-        'orchestrator.overlong="penalty"',
+        'orchestrator.shaping.overlong="penalty"',
         "orchestrator.max_tokens=8",
-        "orchestrator.overlong_buffer=4",
+        "orchestrator.shaping.overlong_buffer=4",
     )
     penalised = penalised.builder.rows(1, [group])
     assert [r["reward"] for r in penalised] == [0.0, 1.0]  # 8 tokens: the full penalty of 1

@@ -135,7 +135,8 @@ def server_tracebacks(log: str) -> list[str]:
     itself may log on a graceful stop: its client's shutdown ends the output task with
     EngineDeadError while AsyncLLM's output handler still waits on it, and the handler logs
     "AsyncLLM output_handler failed." (vllm-project/vllm#48745, a race: seen once in CI, and
-    every time when the server alone gets the SIGTERM)."""
+    every time when the server alone gets the SIGTERM). A stop has begun once vLLM logged a
+    `[shutdown]` line (the engine's "trigger received signal", the server's "shutdown triggered")."""
     lines = log.splitlines()
     found = []
     for i, line in enumerate(lines):
@@ -146,7 +147,7 @@ def server_tracebacks(log: str) -> list[str]:
         while end < len(lines) - 1 and lines[end][len(prefix) :].startswith(" "):
             end += 1
         last = lines[end][len(prefix) :] if end < len(lines) else ""
-        shutting_down = any("[shutdown] MPClient: complete" in x for x in lines[:i])
+        shutting_down = any("[shutdown] " in x for x in lines[:i])  # vLLM's stop had begun
         vllm_race = (
             shutting_down
             and lines[i - 1].endswith("AsyncLLM output_handler failed.")

@@ -240,6 +240,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
 
     from inference.adapters import AdapterManager
     from inference.admin import WeightManager, add_admin_routes
+    from inference.model_output_log import parser_errors_in_one_line
     from inference.vllm_api import check_engine
 
     token = cfg.inference.token()
@@ -252,6 +253,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         restore_root_levels(saved_levels)
+        parser_errors_in_one_line()  # on the handlers vLLM's engine client configured
         manager = WeightManager(engine, RunDir.of(cfg), args.model, metrics, token)
         adapters = AdapterManager(engine, RunDir.of(cfg), metrics)
         add_admin_routes(app, manager, token, adapters)

@@ -44,12 +44,16 @@ SCENARIOS = {
         "env": "bench.soak_envs:faulty_addition",
         "steps": 1000,
         "vllm_args": (),
+        "request_timeout_s": 10,
     },
     "chat": {
         "config": "configs/tiny-tools.toml",
         "env": "bench.soak_envs:faulty_calculator",
         "steps": 60,
         "vllm_args": CHAT_VLLM_ARGS,
+        # 100 chat requests in flight on 2 cores: p90 9-10 s, so 10 s timed out healthy requests
+        # by the hundred a step (soak of 2026-11-27, stopped at step 25 of 60)
+        "request_timeout_s": 60,
     },
 }
 COUNTED = ("requests_failed", "groups_failed", "episodes_truncated", "episodes_dropped", "env_calls_overran")
@@ -80,7 +84,7 @@ class Soak:
             f'orchestrator.inference_urls=["http://127.0.0.1:{self.proxy_port}"]',
             f"inference.port={self.server_port}",
             "orchestrator.env_timeout_s=5",
-            "orchestrator.request_timeout_s=10",
+            f"orchestrator.request_timeout_s={self.spec['request_timeout_s']}",
             "orchestrator.retry_backoff_s=0.2",
             "orchestrator.eval.every=0",
             "trainer.checkpoint.every=50",
@@ -128,7 +132,8 @@ class Soak:
             "--counts",
             str(self.proxy_counts),
         ]
-        self.start("proxy", [*proxy, "--stall-s", "20"])
+        stall_s = 2 * self.spec["request_timeout_s"]  # a stall outlasts the request bound: a timeout
+        self.start("proxy", [*proxy, "--stall-s", str(stall_s)])
         env = {COUNTS_VAR: str(self.env_counts), "TRIAD_SOAK_SHARE": str(self.share)}
         self.start("orchestrator", triad_cmd("orchestrator", *self.flags()), env)
         self.start("trainer", trainer_cmd(*self.flags()))

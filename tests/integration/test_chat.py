@@ -217,10 +217,12 @@ class CalculatorAgent:
         return float(bool(answers) and prompt.answer in answers[0])
 
 
-def answered_turns(row: dict, tok, url: str, tools: list[dict] | None = None) -> list[dict]:
+def answered_turns(
+    row: dict, tok, url: str, tools: list[dict] | None = None, template_kwargs: dict | None = None
+) -> list[dict]:
     """Each model turn of a row as vLLM's parsers read it (`/v1/chat/completions/derender`, the turn's
-    end-of-turn token left out, `tools` offered, the calculator's by default): the assistant message
-    the proxy answered with."""
+    end-of-turn token left out, `tools` offered, the calculator's by default, and the run's
+    `chat_template_kwargs`): the assistant message the proxy answered with."""
     from orchestrator.tool_calls import assistant_message, turn_from_message
 
     tools = [tool_schema(calculate)] if tools is None else tools
@@ -228,7 +230,8 @@ def answered_turns(row: dict, tok, url: str, tools: list[dict] | None = None) ->
     async def derender(client: InferenceClient, ids: list[int], prompt: list[int]) -> dict:
         if not ids:
             return {"content": ""}
-        return await client.chat.derender(ids, "stop", [{"role": "user", "content": "."}], tools, {}, prompt)
+        user = [{"role": "user", "content": "."}]
+        return await client.chat.derender(ids, "stop", user, tools, template_kwargs or {}, prompt)
 
     async def replies() -> list[dict]:
         client = InferenceClient(url, None, 60)

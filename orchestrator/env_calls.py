@@ -183,8 +183,9 @@ class EnvThreads:
                 waiter = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
                 self.waiting += 1
-                self.waited += not counted
-                counted = True
+                if not counted:  # once per call, however often it is woken
+                    self.waited += 1
+                    counted = True
                 why = (
                     f"did not start {name_of(fn)}: {self.stuck} environment calls ran past their time "
                     f"limit and none returned within this one's (orchestrator.max_stuck_calls = "

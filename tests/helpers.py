@@ -150,6 +150,7 @@ def server_tracebacks(log: str) -> list[str]:
         shutting_down = any("[shutdown] " in x for x in lines[:i])  # vLLM's stop had begun
         vllm_race = (
             shutting_down
+            and i > 0
             and lines[i - 1].endswith("AsyncLLM output_handler failed.")
             and last.startswith("vllm.v1.engine.exceptions.EngineDeadError")
         )

@@ -8,6 +8,7 @@ tied Qwen2 one (`tiny_model`) on its inner linears."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -157,14 +158,22 @@ def test_a_request_in_flight_keeps_generating_while_another_runs_adapter_loads(
     server: Server, run_dir: Path, untied_model: str
 ):
     """An adapter load goes through vLLM's model registry without pausing the scheduler (a full
-    weight load pauses it): a streamed request's tokens keep arriving all through the
-    `/admin/adapters` call. With a pause around the load (tried: `pause_keeping_requests` around
-    `AdapterManager._load`) 2 tokens arrived in a 0.5 s load, at its edges."""
+    weight load pauses it): a streamed request stays in flight through the `/admin/adapters`
+    call and gets every token it asked for.
+
+    How long generation stands still is not asserted: vLLM's engine core adds the adapter
+    between two steps, and on a warm server that is most of the call (measured: 0.128 s of a
+    0.177 s load here, 0.085 s of 0.095 s in CI), so a pause around the whole call would look
+    the same. The server's first load is long on the API side (1.35 s here, 46 tokens during
+    it); `tests/unit/test_adapter_idle.py` asserts that no load pauses the engine."""
     import threading
 
     path = write_untrained_adapter(run_dir / "streaming", untied_model, "streaming-run")
     arrivals: list[float] = []
-    body = dict(model=untied_model, prompt="1+2=", max_tokens=220, ignore_eos=True, stream=True)
+    tokens: list[int] = []
+    body = dict(
+        model=untied_model, prompt="1+2=", max_tokens=220, ignore_eos=True, stream=True, return_token_ids=True
+    )
 
     def stream() -> None:
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
@@ -172,6 +181,7 @@ def test_a_request_in_flight_keeps_generating_while_another_runs_adapter_loads(
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     arrivals.append(time.monotonic())
+                    tokens.extend(json.loads(line.removeprefix("data: "))["choices"][0]["token_ids"] or [])
 
     reader = threading.Thread(target=stream)
     reader.start()
@@ -187,14 +197,11 @@ def test_a_request_in_flight_keeps_generating_while_another_runs_adapter_loads(
     reader.join(120)
     assert r.status_code == 200, r.text
     assert arrivals[-1] > ended, "the stream ended before the load did: nothing was in flight"
-    # a pause shows as one gap nearly as long as the load (tokens at its two edges only: the
-    # pause takes effect, and is lifted, inside the request); a load beside generation, as many
-    # short gaps
+    assert len(tokens) == 220, f"the request in flight got {len(tokens)} of its 220 tokens"
     during = [started, *(t for t in arrivals if started < t < ended), ended]
     longest = max(b - a for a, b in zip(during, during[1:], strict=False))
     took = ended - started
     print(f"{len(during) - 2} tokens during the {took:.3f} s adapter load, the longest gap {longest:.3f} s")
-    assert longest < took / 2, f"generation stood still for {longest:.3f} s of the {took:.3f} s load"
 
 
 def adapter_tensors(run_dir: Path, version: int) -> dict[str, torch.Tensor]:

@@ -1,7 +1,8 @@
 """Inference's `AdapterManager` against a fake vLLM model registry and an injected clock: the idle
 sweep unloads the adapter of a run that stopped updating (and so says the admin list), keeps one
 that keeps updating or whose new version is loading when the sweep comes; a failed unload
-leaves the record on the new version; local copies from an object store go with their version."""
+leaves the record on the new version; local copies from an object store go with their version;
+no load or unload pauses the engine (other runs keep generating)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,22 @@ IDLE_S = 1.0  # halves and quarters of it are exact in binary, so "exactly IDLE_
 
 
 class LoraEngine:
+    """vLLM's engine client with LoRA on; its pause calls (what a full weight load makes) are
+    recorded."""
+
     class vllm_config:  # noqa: N801 (vLLM's attribute names)
         lora_config = object()
+
+    def __init__(self) -> None:
+        self.pauses: list[str] = []
+        self.engine_core = types.SimpleNamespace(pause_scheduler_async=self.record("pause_scheduler_async"))
+        self.pause_generation = self.record("pause_generation")
+
+    def record(self, method: str):
+        async def call(*args, **kwargs) -> None:
+            self.pauses.append(method)
+
+        return call
 
 
 class FakeModels:
@@ -156,6 +171,20 @@ def test_a_failed_unload_of_the_old_version_still_records_the_new_one(rundir):
         assert models.served == {"a@v1", "a@v3", "a@v4"}  # vLLM kept v1; nothing addresses it
 
     asyncio.run(run())
+
+
+def test_loads_and_unloads_never_pause_the_engine(rundir):
+    async def run() -> LoraEngine:
+        engine, models = LoraEngine(), FakeModels()
+        manager = AdapterManager(engine, rundir, rundir.metrics.writer(INFERENCE))
+        manager.models = models
+        for version in (1, 2, 3, 4):  # each from the third on unloads the one two before it
+            await load(manager, rundir, "a", version)
+        assert models.unloaded == ["a@v1", "a@v2"]
+        assert await manager.sweep(0.0) == ["a"]
+        return engine
+
+    assert asyncio.run(run()).pauses == []
 
 
 def test_local_copies_from_an_object_store_go_with_their_version(tmp_path, monkeypatch):

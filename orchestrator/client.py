@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -64,37 +64,65 @@ class Completion:
 FINISHED = ("stop", "length")  # vLLM's other finish reasons (abort, error) end no turn
 
 
-def parse_choice(choice: openai.types.CompletionChoice, sent: str | list[int]) -> Completion:
-    """Token ids and sampler logprobs exactly as the server produced them, for the prompt `sent`.
-    A sample the server did not finish (`abort`, `error`, none) or whose prompt ids are not the ids
-    sent is a failed request (TriadError: retried)."""
-    extra = choice.model_extra or {}
-    prompt_ids, token_ids = extra.get("prompt_token_ids"), extra.get("token_ids")
-    if prompt_ids is None or token_ids is None:
-        raise TriadError(
-            "the inference server did not return token ids (`return_token_ids`); "
-            "triad needs a vLLM-compatible server that does"
+STREAM_INTERVAL = 16  # tokens per streamed chunk of a sample (vLLM's `stream_interval`)
+
+
+@dataclass
+class StreamedSample:
+    """One sample's streamed chunks (vLLM sends its prompt ids with the first, its finish reason with
+    the last), joined."""
+
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    prompt_ids: list[int] | None = None
+    finish_reason: str | None = None
+    without_ids: bool = False  # a chunk came without `token_ids`
+    without_logprobs: bool = False
+
+    def add(self, choice: openai.types.CompletionChoice) -> None:
+        extra = choice.model_extra or {}
+        if self.prompt_ids is None and extra.get("prompt_token_ids") is not None:
+            self.prompt_ids = list(extra["prompt_token_ids"])
+        if extra.get("token_ids") is None:
+            self.without_ids = True
+        else:
+            self.token_ids.extend(extra["token_ids"])
+        if choice.logprobs is None or choice.logprobs.token_logprobs is None:
+            self.without_logprobs = True
+        else:
+            self.logprobs.extend(choice.logprobs.token_logprobs)
+        self.texts.append(choice.text or "")
+        self.finish_reason = choice.finish_reason or self.finish_reason
+
+    def completion(self, sent: str | list[int]) -> Completion:
+        """Token ids and sampler logprobs exactly as the server produced them, for the prompt `sent`.
+        A sample the server did not finish (`abort`, `error`) or whose prompt ids are not the ids
+        sent is a failed request (TriadError: retried)."""
+        if self.prompt_ids is None or self.without_ids:
+            raise TriadError(
+                "the inference server did not return token ids (`return_token_ids`); "
+                "triad needs a vLLM-compatible server that does"
+            )
+        if self.finish_reason not in FINISHED:
+            raise TriadError(f"the inference server ended a sample with finish_reason {self.finish_reason!r}")
+        if isinstance(sent, list) and self.prompt_ids != sent:
+            pairs = enumerate(zip(self.prompt_ids, sent, strict=False))
+            at = next((i for i, (a, b) in pairs if a != b), min(len(sent), len(self.prompt_ids)))
+            raise TriadError(
+                f"the inference server's prompt_token_ids differ from the {len(sent)} ids sent, at index "
+                f"{at} ({len(self.prompt_ids)} came back)"
+            )
+        if self.without_logprobs or len(self.logprobs) != len(self.token_ids) or None in self.logprobs:
+            raise TriadError("the inference server did not return one logprob per sampled token")
+        return Completion(
+            prompt_ids=self.prompt_ids,
+            token_ids=self.token_ids,
+            logprobs=[float(x) for x in self.logprobs],
+            text="".join(self.texts),
+            truncated=self.finish_reason == "length",
+            finish_reason=self.finish_reason,
         )
-    if choice.finish_reason not in FINISHED:
-        raise TriadError(f"the inference server ended a sample with finish_reason {choice.finish_reason!r}")
-    if isinstance(sent, list) and list(prompt_ids) != sent:
-        pairs = enumerate(zip(prompt_ids, sent, strict=False))
-        at = next((i for i, (a, b) in pairs if a != b), min(len(sent), len(prompt_ids)))
-        raise TriadError(
-            f"the inference server's prompt_token_ids differ from the {len(sent)} ids sent, at index {at} "
-            f"({len(prompt_ids)} came back)"
-        )
-    logprobs = choice.logprobs.token_logprobs if choice.logprobs else None
-    if logprobs is None or len(logprobs) != len(token_ids):
-        raise TriadError("the inference server did not return one logprob per sampled token")
-    return Completion(
-        prompt_ids=list(prompt_ids),
-        token_ids=list(token_ids),
-        logprobs=[float(x) for x in logprobs],
-        text=choice.text,
-        truncated=choice.finish_reason == "length",
-        finish_reason=choice.finish_reason,
-    )
 
 
 class InferenceClient:
@@ -153,18 +181,26 @@ class InferenceClient:
         self, prompt: str | list[int], n: int, max_tokens: int, temperature: float, model: str | None = None
     ) -> list[Completion]:
         """`n` samples of `prompt` (text, or token ids to continue exactly), from `model` (a LoRA
-        adapter's served name) or the served model."""
+        adapter's served name) or the served model. Streamed: the read timeout bounds the wait for
+        each chunk, so the request fails once no token of it came for `request_timeout` (the first
+        included), however long a healthy generation takes."""
         self.inflight += 1
+        samples: dict[int, StreamedSample] = {}
         try:
-            response = await self.openai.completions.create(
+            stream = await self.openai.completions.create(
                 model=model or self.model,
                 prompt=prompt,
                 n=n,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 logprobs=0,
-                extra_body={"return_token_ids": True},
+                stream=True,
+                extra_body={"return_token_ids": True, "stream_interval": STREAM_INTERVAL},
             )
+            async with stream:  # closed on any exit: a request given up is aborted by the server
+                async for chunk in stream:
+                    for choice in chunk.choices:
+                        samples.setdefault(choice.index, StreamedSample()).add(choice)
         except openai.APITimeoutError:
             raise ServerUnreachable(f"rollout request to {self.base_url} timed out", "timeout") from None
         except openai.APIStatusError as e:
@@ -175,14 +211,26 @@ class InferenceClient:
         except openai.APIConnectionError as e:  # its cause: httpx's error
             kind = transport_kind(e.__cause__)
             raise ServerUnreachable(f"rollout request to {self.base_url} failed: {e}", kind) from None
-        except (openai.APIError, httpx.HTTPError) as e:
+        except openai.APIError as e:  # an error event in the stream: vLLM's, with the status it stands for
+            code = e.body.get("code") if isinstance(e.body, dict) else None
+            message = f"rollout request to {self.base_url} failed mid-stream: {e.message}"
+            raise answer_error(
+                code if isinstance(code, int) else 500, httpx.Headers(), message, "generate"
+            ) from None
+        except httpx.HTTPError as e:
             raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
-        except (ValueError, ValidationError) as e:  # a cut or invalid body (json's JSONDecodeError)
+        except (ValueError, ValidationError) as e:  # a cut or invalid chunk (json's JSONDecodeError)
             why = one_line(f"{type(e).__name__}: {e}", 200)
             raise RequestFailed(f"rollout request to {self.base_url} answered no completion: {why}") from None
         finally:
             self.inflight -= 1
-        return [parse_choice(c, prompt) for c in response.choices]
+        unfinished = [i for i in range(n) if samples.get(i) is None or samples[i].finish_reason is None]
+        if unfinished:
+            raise RequestFailed(
+                f"rollout request to {self.base_url}: its stream ended before sample {unfinished[0]} of {n} "
+                "finished"
+            )
+        return [samples[i].completion(prompt) for i in range(n)]
 
     async def healthy(self) -> bool:
         return bool(await self._healthy())

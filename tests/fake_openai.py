@@ -9,13 +9,14 @@ time out), or report unhealthy.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from dataclasses import dataclass, field
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from shared.net import free_port
@@ -27,6 +28,10 @@ class FakeState:
     mode: str = "ok"  # ok | fail | hang
     healthy: bool = True
     delay: float = 0.01
+    token_delay: float = 0.0  # between a streamed answer's chunks (a token each, the samples' interleaved)
+    stream_error: int | None = None  # the next streamed answer ends, after its first chunk, on vLLM's
+    # error event with this status
+    stream_cut: bool = False  # the next streamed answer stops after its first chunk, with no [DONE]
     answer: str = "2"
     inflight: int = 0
     peak: int = 0
@@ -141,41 +146,68 @@ def make_app(state: FakeState) -> Starlette:
             return JSONResponse({"error": {"message": message}}, status_code=400)
         if state.fail_after is not None and state.requests > state.fail_after:
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-        track(+1)
-        try:
-            if state.mode == "fail":
-                return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-            await asyncio.sleep(3600 if state.mode == "hang" else state.delay)
-            while state.gate is not None and not state.gate.acquire(blocking=False):
-                await asyncio.sleep(0.002)
-        finally:
-            track(-1)
-        prompt = body["prompt"]
+        if state.mode == "fail":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         prompt_ids = prompt if isinstance(prompt, list) else encode(prompt)
         if state.prompt_ids_cut > 0:
             state.prompt_ids_cut -= 1
             prompt_ids = prompt_ids[:-1]
         finish = state.finish_reasons.pop(0) if state.finish_reasons else "stop"
+        samples = range(body.get("n", 1))
+        if body.get("stream"):
+            return StreamingResponse(streamed(samples, prompt_ids, finish), media_type="text/event-stream")
+        track(+1)
+        try:
+            await generating()
+        finally:
+            track(-1)
         ids = encode(state.answer)
-        choices = [
-            {
-                "index": i,
-                "text": state.answer,
-                "finish_reason": finish,
-                "logprobs": {
-                    "tokens": list(state.answer),
-                    "token_logprobs": [-0.5] * len(ids),
-                    "top_logprobs": None,
-                    "text_offset": list(range(len(ids))),
-                },
-                "prompt_token_ids": prompt_ids,
-                "token_ids": ids,
-            }
-            for i in range(body.get("n", 1))
-        ]
+        choices = [{**piece(i, state.answer, ids, finish), "prompt_token_ids": prompt_ids} for i in samples]
         return JSONResponse(
             {"id": "x", "object": "text_completion", "created": 0, "model": "fake", "choices": choices}
         )
+
+    async def generating() -> None:
+        await asyncio.sleep(3600 if state.mode == "hang" else state.delay)
+        while state.gate is not None and not state.gate.acquire(blocking=False):
+            await asyncio.sleep(0.002)
+
+    def piece(index: int, text: str, ids: list[int], finish: str | None) -> dict:
+        logprobs = {
+            "tokens": list(text),
+            "token_logprobs": [-0.5] * len(ids),
+            "top_logprobs": None,
+            "text_offset": list(range(len(ids))),
+        }
+        return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs, "token_ids": ids}
+
+    async def streamed(samples: range, prompt_ids: list[int], finish: str | None):
+        """As vLLM streams (headers first, then chunks: a sample's prompt ids with its first, its
+        finish reason with its last; the samples interleaved), a token a chunk; a request whose
+        client went away ends (the generator is cancelled)."""
+        track(+1)
+        try:
+            await generating()
+            last = len(state.answer) - 1
+            for at, char in enumerate(state.answer):
+                for i in samples:
+                    chunk = piece(i, char, encode(char), finish if at == last else None)
+                    if at == 0:
+                        chunk["prompt_token_ids"] = prompt_ids
+                    data = {"id": "x", "object": "text_completion", "created": 0, "model": "fake"}
+                    yield f"data: {json.dumps({**data, 'choices': [chunk]})}\n\n"
+                    if state.stream_cut:
+                        state.stream_cut = False
+                        return
+                    if state.stream_error is not None:
+                        error = {"message": "Internal server error", "type": "InternalServerError"}
+                        yield f"data: {json.dumps({'error': {**error, 'code': state.stream_error}})}\n\n"
+                        state.stream_error = None
+                        return
+                await asyncio.sleep(state.token_delay)
+            yield "data: [DONE]\n\n"
+        finally:
+            track(-1)
 
     async def model_info(request: Request) -> JSONResponse:
         if state.sglang_model is None:

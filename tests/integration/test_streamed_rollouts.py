@@ -1,0 +1,65 @@
+"""Rollout requests are streamed (`InferenceClient.complete`, for a bound on each token rather
+than on the whole generation): against a real vLLM server, the streamed chunks, joined, are the
+token ids, logprobs, text and finish reason vLLM answers the same request with unstreamed, and
+each sample of a request gets its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from orchestrator.client import InferenceClient
+from tests.helpers import Server
+
+pytestmark = pytest.mark.integration
+
+
+def unstreamed(server: Server, model: str, prompt: str | list[int], n: int, max_tokens: int) -> list[dict]:
+    body = dict(
+        model=model,
+        prompt=prompt,
+        n=n,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        logprobs=0,
+        return_token_ids=True,
+    )
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"]
+
+
+def complete(server: Server, prompt: str | list[int], n: int, temperature: float):
+    async def streamed():
+        client = InferenceClient(server.url, None, 60)
+        try:
+            await client.wait_ready(60, None)
+            return client.model, await client.complete(prompt, n, 40, temperature)
+        finally:
+            await client.close()
+
+    return asyncio.run(streamed())
+
+
+def test_a_streamed_sample_is_what_vllm_answers_unstreamed(chat_server: Server):
+    """The chat model's greedy answer to a plain prompt runs to `max_tokens`: several chunks."""
+    model, (got,) = complete(chat_server, "1+2=", 1, 0.0)  # greedy: vLLM asks n = 1
+    (want,) = unstreamed(chat_server, model, "1+2=", 1, 40)
+    assert len(got.token_ids) == 40 and got.finish_reason == "length"
+    assert got.prompt_ids == want["prompt_token_ids"]
+    assert got.token_ids == want["token_ids"]
+    assert got.text == want["text"]
+    assert got.logprobs == pytest.approx(want["logprobs"]["token_logprobs"], abs=1e-5)
+    _, (again,) = complete(chat_server, got.prompt_ids, 1, 0.0)  # ids to continue, as multi-turn sends
+    assert (again.prompt_ids, again.token_ids) == (got.prompt_ids, got.token_ids)
+
+
+def test_samples_streamed_together_each_get_their_own_chunks(chat_server: Server):
+    """Joined chunks of the same request stay apart: every sample holds one logprob per token, and
+    (sampled at temperature 1) the samples differ."""
+    _, samples = complete(chat_server, "Hello, ", 4, 1.0)
+    assert len({tuple(s.token_ids) for s in samples}) > 1
+    assert {tuple(s.prompt_ids) for s in samples} == {tuple(samples[0].prompt_ids)}
+    assert all(len(s.logprobs) == len(s.token_ids) > 0 for s in samples)

@@ -2,7 +2,8 @@
 HTTP, which streams as vLLM does): a generation longer than `request_timeout` finishes while its
 tokens keep coming, its samples' chunks joined; a request fails once no token of it came for the
 bound, and one given up is closed so the server stops generating it; a stream that ends early or
-on an error event fails with the kind of failure it stands for."""
+on an error event fails with the kind of failure it stands for. A request for no more tokens than
+one chunk holds is answered whole, with the same samples."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ import time
 
 import pytest
 
-from orchestrator.client import InferenceClient
+from orchestrator.client import STREAM_INTERVAL, InferenceClient
 from orchestrator.server_calls import RequestFailed, RequestRejected, ServerUnreachable
 from tests.fake_openai import FakeServer, encode
 
 BOUND_S = 0.25
 
 
-def complete(url: str, n: int = 2, prompt: str | list[int] = "1+1=") -> tuple[float, object]:
+def complete(
+    url: str, n: int = 2, prompt: str | list[int] = "1+1=", max_tokens: int = 64
+) -> tuple[float, object]:
     """`n` samples of `prompt`, or the error they failed with; and how long the call took."""
 
     async def run():
@@ -26,7 +29,7 @@ def complete(url: str, n: int = 2, prompt: str | list[int] = "1+1=") -> tuple[fl
         client.model = "fake"
         started = time.monotonic()
         try:
-            out = await client.complete(prompt, n, 16, 1.0)
+            out = await client.complete(prompt, n, max_tokens, 1.0)
         except Exception as e:  # noqa: BLE001 (the test asserts which)
             out = e
         finally:
@@ -90,7 +93,7 @@ def test_a_caller_that_gives_up_closes_the_request():
         async def run() -> None:
             client = InferenceClient(server.url, None, 60)
             client.model = "fake"
-            task = asyncio.create_task(client.complete("1+1=", 1, 4, 1.0))
+            task = asyncio.create_task(client.complete("1+1=", 1, 64, 1.0))
             while server.state.inflight == 0:
                 await asyncio.sleep(0.01)
             task.cancel()
@@ -104,3 +107,12 @@ def test_a_caller_that_gives_up_closes_the_request():
 
         asyncio.run(run())
         assert server.state.inflight == 0
+
+
+def test_a_request_for_one_chunk_of_tokens_is_answered_whole_with_the_same_samples():
+    with FakeServer() as server:
+        server.state.answer = "12345"
+        _, whole = complete(server.url, max_tokens=STREAM_INTERVAL)
+        _, streamed = complete(server.url, max_tokens=STREAM_INTERVAL + 1)
+    assert server.state.streams == [False, True]
+    assert whole == streamed and [c.text for c in whole] == ["12345"] * 2

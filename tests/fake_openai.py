@@ -3,7 +3,8 @@
 Tokens are the prompt's bytes (as with the tiny models' byte-level tokenizer).
 Each server's behaviour is switched through its `state`: answer normally after
 `delay` (or once a test opens its `gate`), fail with 500, hang (to make clients
-time out), or report unhealthy.
+time out), or report unhealthy. A completion asked as a stream is streamed as vLLM
+streams one, and can be cut or end on vLLM's error event.
 """
 
 from __future__ import annotations

@@ -193,28 +193,8 @@ class InferenceClient:
         for no more than one chunk's tokens is answered whole (streamed, the embedded default's 8-token
         requests made its step 12% slower, `bench/quick.py`)."""
         self.inflight += 1
-        samples: dict[int, StreamedSample] = {}
-        streamed = max_tokens > STREAM_INTERVAL
         try:
-            answer = await self.openai.completions.create(
-                model=model or self.model,
-                prompt=prompt,
-                n=n,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                logprobs=0,
-                stream=streamed,
-                extra_body={
-                    "return_token_ids": True,
-                    **({"stream_interval": STREAM_INTERVAL} if streamed else {}),
-                },
-            )
-            if not streamed:
-                join(samples, answer)
-            else:
-                async with answer:  # closed on any exit: a request given up is aborted by the server
-                    async for chunk in answer:
-                        join(samples, chunk)
+            samples = await self._samples(prompt, n, max_tokens, temperature, model)
         except openai.APITimeoutError:
             raise ServerUnreachable(f"rollout request to {self.base_url} timed out", "timeout") from None
         except openai.APIStatusError as e:
@@ -245,6 +225,33 @@ class InferenceClient:
                 "finished"
             )
         return [samples[i].completion(prompt) for i in range(n)]
+
+    async def _samples(
+        self, prompt: str | list[int], n: int, max_tokens: int, temperature: float, model: str | None
+    ) -> dict[int, StreamedSample]:
+        """The answer's samples by index, read from its stream or whole."""
+        samples: dict[int, StreamedSample] = {}
+        streamed = max_tokens > STREAM_INTERVAL
+        answer = await self.openai.completions.create(
+            model=model or self.model,
+            prompt=prompt,
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            logprobs=0,
+            stream=streamed,
+            extra_body={
+                "return_token_ids": True,
+                **({"stream_interval": STREAM_INTERVAL} if streamed else {}),
+            },
+        )
+        if not streamed:
+            join(samples, answer)
+            return samples
+        async with answer:  # closed on any exit: a request given up is aborted by the server
+            async for chunk in answer:
+                join(samples, chunk)
+        return samples
 
     async def healthy(self) -> bool:
         return bool(await self._healthy())

@@ -165,7 +165,10 @@ class OrchestratorConfig(Table):
     max_inflight: int = Field(16, ge=1, description="prompt groups generating at once")
     inference_timeout_s: float = Field(600, gt=0, description="wait for inference to answer")
     request_timeout_s: float = Field(
-        120, gt=0, description="a streamed rollout request fails once no token of it came for this long"
+        120,
+        gt=0,
+        description="a rollout request fails once no token of it came for this long (one for at most 16 "
+        "tokens is answered whole: once no answer came)",
     )
     max_retries: int = Field(3, ge=0, description="retries of a failed request, on another server")
     retry_backoff_s: float = Field(0.5, ge=0, description="first backoff; doubles per retry")

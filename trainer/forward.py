@@ -10,17 +10,23 @@ number of real tokens, so no compute goes to padding. Either way the result is
 returned in the padded [B, T] layout, so the losses
 are the same functions on the same shapes.
 
-The output layer runs only where its logits predict a loss token (the model's
-`logits_to_keep`); the result is 0 where no loss token is (every use of it is masked
-by the loss mask). With a vocabulary of 151,936 rows and a small model, the output layer
-over a chat episode's prompt and tool results is most of a step's compute.
+The output layer runs only where its logits predict a loss token; the result is 0 where no loss
+token is (every use of it is masked by the loss mask). With a vocabulary of 151,936 rows and a
+small model, the output layer over a chat episode's prompt and tool results is most of a step's
+compute. For model types whose output is that layer on the final hidden states and nothing more
+(`PLAIN_HEAD_TYPES`), the layer runs with the log-softmax, chunk by chunk, each chunk recomputed in
+the backward pass: the logits of a long micro-batch and their gradient are never whole in memory
+(at 64K tokens of Qwen3-0.6B, 18 GiB each in bf16). Other types (which soft-cap or scale their
+logits) run their own forward, with `logits_to_keep`.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import torch
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.utils.checkpoint import checkpoint
 
 from trainer.data import MicroBatch
@@ -30,6 +36,12 @@ Forward = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 # logits (positions x vocabulary) whose float32 log-softmax is taken at once: 1 GiB
 LOGIT_CHUNK_ELEMENTS = 2**28
+# causal-LM types whose forward is `lm_head(final hidden states)` and nothing more at the pinned
+# transformers (no soft-capping or scaling of the logits); test_forward checks each against its
+# own forward
+PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+# the method FSDP2 gathers the root's parameters for, as for `forward` (`attach_kept_logprobs`)
+KEPT_LOGPROBS = "triad_kept_logprobs"
 
 
 def predicting(loss: torch.Tensor) -> torch.Tensor:
@@ -52,34 +64,113 @@ def chunk_logprobs(
     return picked, distribution_entropy(log_probs.detach())
 
 
-def chunked_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+def in_chunks(
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    vocabulary: int,
+    *args,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`chunk_logprobs` over positions in chunks of about `LOGIT_CHUNK_ELEMENTS` logits, each
-    recomputed in the backward pass rather than kept: the float32 log-softmax of a long
-    micro-batch (63K positions x 151,936 tokens: 38 GB) is never whole in memory."""
-    per_chunk = max(1, LOGIT_CHUNK_ELEMENTS // (logits.shape[0] * logits.shape[2]))
-    if logits.shape[1] <= per_chunk:
-        return chunk_logprobs(logits, targets, temperature, with_entropy)
-    parts = []
-    for a in range(0, logits.shape[1], per_chunk):
-        chunk = (logits[:, a : a + per_chunk], targets[:, a : a + per_chunk])
-        parts.append(checkpoint(chunk_logprobs, *chunk, temperature, with_entropy, use_reentrant=False))
+    """`fn(inputs, targets, *args)` over positions (dimension 1) in chunks of about
+    `LOGIT_CHUNK_ELEMENTS` logits, each recomputed in the backward pass rather than kept (one
+    chunk is kept). The results are new tensors, not views (which FSDP2 warns of)."""
+    per_chunk = max(1, LOGIT_CHUNK_ELEMENTS // (inputs.shape[0] * vocabulary))
+    if inputs.shape[1] <= per_chunk:
+        parts = [fn(inputs, targets, *args)]
+    else:
+        parts = []
+        for a in range(0, inputs.shape[1], per_chunk):
+            chunk = (inputs[:, a : a + per_chunk], targets[:, a : a + per_chunk])
+            parts.append(checkpoint(fn, *chunk, *args, use_reentrant=False))
     return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
 
+def chunked_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`chunk_logprobs` of [B, K, V] logits in chunks: the float32 log-softmax of a long
+    micro-batch (63K positions x 151,936 tokens: 38 GB) is never whole in memory."""
+    return in_chunks(chunk_logprobs, logits, targets, logits.shape[2], temperature, with_entropy)
+
+
+def head_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`chunk_logprobs` of the output layer `head` on [B, C, H] final hidden states."""
+    return chunk_logprobs(head(hidden), targets, temperature, with_entropy)
+
+
+def base_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face causal LM (of the one peft wraps)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def has_plain_head(model: torch.nn.Module) -> bool:
+    return base_of(model).config.model_type in PLAIN_HEAD_TYPES
+
+
+def hidden_logprobs(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    keep: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a model of `PLAIN_HEAD_TYPES`: the decoder's final hidden states at positions `keep`,
+    through the output layer and the log-softmax in chunks, to the [B, K] logprobs of `targets`
+    (and the entropies)."""
+    base = base_of(model)
+    hidden = base.model(**inputs, use_cache=False).last_hidden_state[:, keep]
+    head = base.get_output_embeddings()
+    return in_chunks(head_logprobs, hidden, targets, head.weight.shape[0], head, temperature, with_entropy)
+
+
+def attach_kept_logprobs(model: torch.nn.Module) -> None:
+    """Give the FSDP-sharded `model` `hidden_logprobs` as a method that FSDP2 treats as a forward
+    (it gathers the root's parameters, the output layer's among them, and registers the backward
+    hooks), so that the output layer may run outside the model's own forward."""
+    if isinstance(model, FSDPModule) and has_plain_head(model):
+        setattr(model, KEPT_LOGPROBS, types.MethodType(hidden_logprobs, model))
+        register_fsdp_forward_method(model, KEPT_LOGPROBS)
+
+
+def target_logprobs(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    keep: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [B, K] logprobs of `targets` predicted at positions `keep` (and the entropies)."""
+    if not has_plain_head(model):
+        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
+        return chunked_logprobs(logits, targets, temperature, with_entropy)
+    method = getattr(model, KEPT_LOGPROBS, None)
+    if method is None:
+        if isinstance(model, FSDPModule):
+            raise RuntimeError(
+                f"{type(model).__name__} is sharded by FSDP but has no {KEPT_LOGPROBS}: "
+                "call trainer.forward.attach_kept_logprobs(model) after fully_shard"
+            )
+        return hidden_logprobs(model, inputs, keep, targets, temperature, with_entropy)
+    return method(inputs, keep, targets, temperature, with_entropy)
+
+
 def kept_logprobs(
-    logits: torch.Tensor,
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
     input_ids: torch.Tensor,
     loss: torch.Tensor,
-    keep: torch.Tensor,
     temperature: float,
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B, K, V] logits at positions `keep` to the [B, T] logprobs of the loss tokens they
-    predict (and the entropies), 0 where no loss token is."""
+    """The [B, T] logprobs of the loss tokens of `input_ids` (and the entropies), 0 where no
+    loss token is, from the logits only at the positions that predict one."""
+    keep = predicting(loss)
     targets = (keep + 1).clamp(max=input_ids.shape[1] - 1)  # clamped only for predicting()'s masked 0
-    picked, entropies = chunked_logprobs(logits, input_ids[:, targets], temperature, with_entropy)
+    picked, entropies = target_logprobs(model, inputs, keep, input_ids[:, targets], temperature, with_entropy)
     zeros = torch.zeros(input_ids.shape, dtype=picked.dtype, device=input_ids.device)
     logprobs = zeros.index_copy(1, targets, picked) * loss
     if not with_entropy:
@@ -90,11 +181,8 @@ def kept_logprobs(
 def padded_forward(
     model, batch: MicroBatch, temperature: float, with_entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    keep = predicting(batch.loss_mask)
-    logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep, use_cache=False
-    ).logits
-    return kept_logprobs(logits, batch.input_ids, batch.loss_mask, keep, temperature, with_entropy)
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return kept_logprobs(model, inputs, batch.input_ids, batch.loss_mask, temperature, with_entropy)
 
 
 def packing_layout(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,9 +203,8 @@ def packed_forward(
     positions, row_start = packing_layout(batch.attention_mask)
     # a row's first token would be "predicted" from the previous row's last: never a loss token
     loss = (batch.loss_mask[real] & ~row_start)[None]
-    keep = predicting(loss)
-    logits = model(input_ids=ids, position_ids=positions, logits_to_keep=keep, use_cache=False).logits
-    logprobs, entropy = kept_logprobs(logits, ids, loss, keep, temperature, with_entropy)
+    inputs = dict(input_ids=ids, position_ids=positions)
+    logprobs, entropy = kept_logprobs(model, inputs, ids, loss, temperature, with_entropy)
     zeros = torch.zeros(batch.input_ids.shape, dtype=logprobs.dtype, device=ids.device)
     if entropy is None:
         return zeros.masked_scatter(real, logprobs[0]), None

@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from shared.net import free_port
+from trainer.forward import attach_kept_logprobs
 
 
 def init_distributed(device: str, timeout_s: float) -> tuple[torch.device, DeviceMesh]:
@@ -39,7 +40,8 @@ def apply_fsdp(
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
 ) -> None:
-    """Shard each decoder block, then the root (embeddings, final norm, head).
+    """Shard each decoder block, then the root (embeddings, final norm, head), and register the
+    forward's method that runs the head outside the model's own forward (`trainer/forward.py`).
 
     With one rank and no mixed precision there is nothing for FSDP to do, and its
     per-op DTensor bookkeeping would cost time: the model stays a plain module."""
@@ -49,6 +51,7 @@ def apply_fsdp(
     for block in decoder_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    attach_kept_logprobs(model)
 
 
 def full_tensor(param: torch.Tensor) -> torch.Tensor:

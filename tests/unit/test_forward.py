@@ -146,3 +146,133 @@ def test_packed_micro_batches_count_real_tokens():
     lengths = [10, 9, 3, 2]
     assert micro_batches(lengths, [[0, 1, 2, 3]], token_budget=19) == [[[0], [1, 2], [3]]]
     assert micro_batches(lengths, [[0, 1, 2, 3]], token_budget=19, packed=True) == [[[0, 1], [2, 3]]]
+
+
+def tiny_of_type(model_type: str, **extra):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        num_experts=4,  # the mixtures of experts' (the others ignore these)
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        **extra,
+    )
+    return AutoModelForCausalLM.from_config(config).float()
+
+
+def own_forward_logprobs(model, batch, temperature: float):
+    """The logprobs from the model's own forward (its output layer and whatever follows it)."""
+    keep = forward_module.predicting(batch.loss_mask)
+    targets = batch.input_ids[:, (keep + 1).clamp(max=batch.input_ids.shape[1] - 1)]
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
+    return chunk_logprobs(logits, targets, temperature, with_entropy=True)
+
+
+def step_of(model, forward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    picked, entropies = forward(model)
+    (picked.sum() + entropies.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return torch.cat([picked, entropies]), grads
+
+
+@pytest.mark.parametrize("model_type", sorted(forward_module.PLAIN_HEAD_TYPES))
+def test_each_plain_head_type_s_logits_are_its_head_on_the_final_hidden_states(model_type, monkeypatch):
+    """The list is right for the pinned transformers: the head run in chunks outside the model's
+    forward gives the model's own forward's logprobs and gradients."""
+    batch = collate(rows(1), pad_id=0)
+    model = tiny_of_type(model_type)
+    keep = forward_module.predicting(batch.loss_mask)
+    targets = batch.input_ids[:, (keep + 1).clamp(max=batch.input_ids.shape[1] - 1)]
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    own, own_grads = step_of(model, lambda m: own_forward_logprobs(m, batch, 0.7))
+    monkeypatch.setattr(forward_module, "LOGIT_CHUNK_ELEMENTS", 3 * 64)  # chunks of 3 positions
+    mine, grads = step_of(
+        model, lambda m: forward_module.target_logprobs(m, inputs, keep, targets, 0.7, with_entropy=True)
+    )
+    torch.testing.assert_close(mine, own)
+    assert grads.keys() == own_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], own_grads[name])
+
+
+def test_a_model_that_soft_caps_its_logits_runs_its_own_forward():
+    """Gemma 2 soft-caps the output layer's logits in its forward: its logprobs are the capped
+    logits', not the bare layer's."""
+    model = tiny_of_type("gemma2", final_logit_softcapping=2.0)
+    assert not forward_module.has_plain_head(model)
+    batch = collate(rows(2), pad_id=0)
+    logprobs, _ = padded_forward(model, batch, 1.0)
+    reference, _ = whole_vocabulary_forward(model, batch, 1.0)
+    mask = batch.loss_mask
+    torch.testing.assert_close(logprobs, reference * mask)
+    keep = forward_module.predicting(mask)
+    targets = batch.input_ids[:, keep + 1]
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    bare, _ = forward_module.hidden_logprobs(model, inputs, keep, targets, 1.0, with_entropy=False)
+    assert not torch.allclose(bare, logprobs[:, keep + 1])  # the bare layer would be wrong here
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    from shared.net import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_under_fsdp_the_head_outside_the_forward_gets_the_forward_s_values_and_gradients(one_rank_group):
+    """FSDP2 gathers the root's parameters (the output layer's among them) for the registered
+    method as for `forward`, and reduces the gradients it gives them."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainer.parallel import apply_fsdp
+
+    batch = collate(rows(4), pad_id=0)
+    keep = forward_module.predicting(batch.loss_mask)
+    targets = batch.input_ids[:, (keep + 1).clamp(max=batch.input_ids.shape[1] - 1)]
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    mesh = init_device_mesh("cpu", (1,))
+    results = []
+    for forward in (
+        lambda m: own_forward_logprobs(m, batch, 1.0),  # every kept position's logits held
+        lambda m: forward_module.target_logprobs(m, inputs, keep, targets, 1.0, with_entropy=True),
+    ):
+        model = tiny_model()
+        apply_fsdp(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        assert hasattr(model, forward_module.KEPT_LOGPROBS)
+        picked, entropies = forward(model)
+        (picked.sum() + entropies.sum()).backward()
+        grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+        results.append((torch.cat([picked, entropies]), grads))
+    (own, own_grads), (mine, grads) = results
+    torch.testing.assert_close(mine, own)
+    assert grads.keys() == own_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], own_grads[name])
+    assert own_grads["lm_head.weight"].abs().max() > 0
+
+
+def test_a_sharded_model_without_the_registered_method_is_refused(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny_model()
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    with pytest.raises(RuntimeError, match="attach_kept_logprobs"):
+        padded_forward(model, collate(rows(), pad_id=0), 1.0)

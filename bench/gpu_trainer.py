@@ -4,7 +4,7 @@
 
 What runs is the trainer's own code, not a copy of it: `trainer.main.Trainer` (FSDP2 with bf16
 parameters on CUDA, activation checkpointing and compiled blocks as configured), its
-`train_step` (the packed forward with `logits_to_keep`, the loss of `trainer/loss.py`, AdamW after
+`train_step` (the packed forward with the output layer in chunks, the loss of `trainer/loss.py`, AdamW after
 clipping) and its `Publisher` (a version as bf16 safetensors). The model is Qwen3-0.6B's own
 config with seeded random weights (`tests/realsize.py`); `--size toy` shrinks its widths and
 depth for a CPU test.
@@ -377,8 +377,9 @@ def run_job(
 
 
 def report(results: Path) -> str:
-    """bench/results/gpu_trainer.md: the GPU run (`gpu_trainer.json`) and the CPU run
-    (`gpu_trainer_cpu.json`) of this bench, each table with its device, date and command."""
+    """bench/results/gpu_trainer.md: the GPU run (`gpu_trainer.json`), the commit before it in the
+    same device calls (`gpu_trainer_before.json`) and the CPU run (`gpu_trainer_cpu.json`) of this
+    bench, each table with its device, date, command and commit."""
     parts = [
         "# The trainer alone on one device: triad's update at Qwen3-0.6B's shape",
         "",
@@ -389,12 +390,16 @@ def report(results: Path) -> str:
     ]
     for name, title in (
         ("gpu_trainer.json", "On the GPU"),
+        ("gpu_trainer_before.json", "On the GPU, in the same device calls, before the chunked output layer"),
         ("gpu_trainer_cpu.json", "On this machine's CPU"),
     ):
         path = results / name
         if path.is_file():
             r = json.loads(path.read_text())
-            parts += ["", f"## {title}: {r['date']}, `{r['command']}`", "", table(r)]
+            parts += ["", f"## {title}: {r['date']}, `{r['command']}`", ""]
+            if "commit" in r:
+                parts += [f"commit: {r['commit']}", ""]
+            parts.append(table(r))
             for again in r.get("reruns", []):
                 device = {k: r[k] for k in ("size", "cuda_device", "cpus", "torch", "transformers")}
                 parts += ["", f"### Again: {again['date']}, `{again['command']}`", "", table(device | again)]

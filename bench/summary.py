@@ -201,14 +201,13 @@ def gpu_trainer_entries(r: dict) -> list[Entry]:
             continue
         row = ran[-1]
         mfu = "-" if row["mfu"] is None else f"MFU {100 * row['mfu']:.1f}%"
-        reference = "prime-rl, one H100, one 64K sequence, FA3: 10,147 tokens/s, MFU 26.8%"
+        reference = "prime-rl, one H100, one 64K sequence, FA3: 10,147 tokens/s, MFU 26.8%, 19.6 GiB"
         figure = (
             f"trainer alone, Qwen3-0.6B shape, {entry['setting']}, {row['tokens']} tokens, "
-            f"{device} (bench.gpu_trainer)"
+            f"{device} (bench.gpu_trainer{', at ' + r['commit'] if 'commit' in r else ''})"
         )
-        out.append(
-            ((figure, f"{row['tokens_per_s']:,.0f} tokens/s", reference, mfu), r["date"], r["command"])
-        )
+        value = f"{row['tokens_per_s']:,.0f} tokens/s, peak {row['peak_gib']} GiB"
+        out.append(((figure, value, reference, mfu), r["date"], r["command"]))
     return out
 
 
@@ -225,6 +224,7 @@ READERS: dict[str, Callable[[dict], list[Entry]]] = {
     "simulate_rates.json": simulate_rates_entries,
     "simulate_speed.json": simulate_speed_entries,
     "gpu_trainer.json": gpu_trainer_entries,
+    "gpu_trainer_before.json": gpu_trainer_entries,
     "gpu_trainer_cpu.json": gpu_trainer_entries,
 }
 

@@ -22,8 +22,8 @@ def init_distributed(device: str, timeout_s: float) -> tuple[torch.device, Devic
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_cuda:
         # Before CUDA's first allocation. Without it, Qwen3-0.6B's 64K-token update on an H100
-        # ran out of memory as its first update (twice of two runs) and fit after shorter ones
-        # (bench/results/gpu_trainer.md): the 18 GiB of kept logits need one free block.
+        # ran out of memory as its first update (twice of two runs, when the 18 GiB of kept
+        # logits were whole and needed one free block) and fit after shorter ones.
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(dev)

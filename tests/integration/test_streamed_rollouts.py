@@ -1,7 +1,7 @@
 """Rollout requests are streamed (`InferenceClient.complete`, for a bound on each token rather
 than on the whole generation): against a real vLLM server, the streamed chunks, joined, are the
 token ids, logprobs, text and finish reason vLLM answers the same request with unstreamed, and
-each sample of a request gets its own."""
+each sample of a request gets its own tokens and their own logprobs."""
 
 from __future__ import annotations
 
@@ -56,10 +56,31 @@ def test_a_streamed_sample_is_what_vllm_answers_unstreamed(chat_server: Server):
     assert (again.prompt_ids, again.token_ids) == (got.prompt_ids, got.token_ids)
 
 
+def rescored(server: Server, model: str, ids: list[int]) -> list[float | None]:
+    """vLLM's logprob of each token of `ids` given the ones before it (one prefill)."""
+    body = dict(model=model, prompt=ids, max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    positions = r.json()["choices"][0]["prompt_logprobs"]
+    return [None if p is None else p[str(t)]["logprob"] for p, t in zip(positions, ids, strict=True)]
+
+
+# sampled logprobs (decode steps) against one prefill of the same tokens: equal (0.0) on the chat
+# model here, as the greedy test's 1e-5 allows; a sample joined with another's chunks is off by
+# whole units
+RESCORE_TOLERANCE = 1e-5
+
+
 def test_samples_streamed_together_each_get_their_own_chunks(chat_server: Server):
-    """Joined chunks of the same request stay apart: every sample holds one logprob per token, and
-    (sampled at temperature 1) the samples differ."""
-    _, samples = complete(chat_server, "Hello, ", 4, 1.0)
+    """Joined chunks of the same request stay apart: (sampled at temperature 1) the samples differ,
+    and each sample's logprobs are vLLM's own for its tokens, rescored in one prefill."""
+    model, samples = complete(chat_server, "Hello, ", 4, 1.0)
     assert len({tuple(s.token_ids) for s in samples}) > 1
     assert {tuple(s.prompt_ids) for s in samples} == {tuple(samples[0].prompt_ids)}
-    assert all(len(s.logprobs) == len(s.token_ids) > 0 for s in samples)
+    worst = 0.0
+    for s in samples:
+        assert len(s.logprobs) == len(s.token_ids) > 0
+        expected = rescored(chat_server, model, s.prompt_ids + s.token_ids)[len(s.prompt_ids) :]
+        worst = max(worst, *(abs(a - b) for a, b in zip(s.logprobs, expected, strict=True)))
+    print(f"largest difference from the rescored logprobs: {worst:.2e}")
+    assert worst <= RESCORE_TOLERANCE

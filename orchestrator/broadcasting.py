@@ -88,7 +88,7 @@ class BroadcastCoordinator:
     async def receive(self, server: Server, version: int) -> None:
         path = self.rundir.weights.relative(version)
         async with server.loading:
-            info = await server.client.broadcast_receive(version, path, timeout=2 * self.bc.timeout_s)
+            info = await server.client.admin.broadcast_receive(version, path, timeout=2 * self.bc.timeout_s)
             if info.version != version:
                 raise TriadError(f"{server.url} received version {version} but serves {info.version}")
             server.version = version
@@ -96,7 +96,7 @@ class BroadcastCoordinator:
     async def new_generation(self, members: list[Server]) -> None:
         if any(s.backend.kind != "triad" for s in members):
             raise TriadError("weight broadcast needs triad's admin routes on every server")
-        workers = [(await s.client.broadcast_state()).workers for s in members]
+        workers = [(await s.client.admin.broadcast_state()).workers for s in members]
         generation = time.time_ns() // 1_000_000 % 2**31  # unique across orchestrator restarts
         world_size, offset = 1 + sum(workers), 1
         for server, count in zip(members, workers, strict=True):
@@ -108,7 +108,7 @@ class BroadcastCoordinator:
                 rank_offset=offset,
                 timeout_s=self.bc.timeout_s,
             )
-            await server.client.broadcast_init(init)
+            await server.client.admin.broadcast_init(init)
             offset += count
         self.members, self.generation, self.world_size = [s.url for s in members], generation, world_size
         log.info("broadcast group generation %d: trainer + %s", generation, ", ".join(self.members))

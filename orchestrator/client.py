@@ -65,6 +65,7 @@ FINISHED = ("stop", "length")  # vLLM's other finish reasons (abort, error) end 
 
 
 STREAM_INTERVAL = 16  # tokens per streamed chunk of a sample (vLLM's `stream_interval`)
+HEALTH_TIMEOUT_S = 5.0  # one /health probe; a server that answers nothing else either is taken out
 
 
 @dataclass
@@ -131,6 +132,13 @@ def join(samples: dict[int, StreamedSample], chunk: openai.types.Completion) -> 
         samples.setdefault(choice.index, StreamedSample()).add(choice)
 
 
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    why: str = ""  # why not ok
+    slow: bool = False  # no answer in time, not a refusal: a busy server's API process can be that slow
+
+
 class InferenceClient:
     def __init__(self, base_url: str, admin_token: str | None, request_timeout: float) -> None:
         self.base_url = base_url
@@ -143,10 +151,11 @@ class InferenceClient:
         self.max_model_len: int | None = None  # the served model's context, as /v1/models says
         self.inflight = 0
         self.chat = ChatRoutes(self)
+        self.admin = AdminRoutes(self)
 
     async def _healthy(self) -> bool | None:
         try:
-            r = await self.http.get("/health", timeout=5)
+            r = await self.http.get("/health", timeout=HEALTH_TIMEOUT_S)
             return True if r.status_code == 200 else None
         except httpx.HTTPError:
             return None
@@ -188,8 +197,9 @@ class InferenceClient:
     ) -> list[Completion]:
         """`n` samples of `prompt` (text, or token ids to continue exactly), from `model` (a LoRA
         adapter's served name) or the served model. The read timeout bounds the wait for each chunk
-        of `STREAM_INTERVAL` tokens, so the request fails once no token of it came for
-        `request_timeout` (the first included), however long a healthy generation takes; a request
+        (vLLM sends a sample's first token at once, then every `STREAM_INTERVAL` tokens), so the
+        request fails once no chunk of it came for `request_timeout`, however long a healthy
+        generation takes; a request
         for no more than one chunk's tokens is answered whole (streamed, the embedded default's 8-token
         requests made its step 12% slower, `bench/quick.py`)."""
         self.inflight += 1
@@ -253,8 +263,17 @@ class InferenceClient:
                 join(samples, chunk)
         return samples
 
-    async def healthy(self) -> bool:
-        return bool(await self._healthy())
+    async def health(self) -> Health:
+        """One /health probe, bounded by `HEALTH_TIMEOUT_S`."""
+        try:
+            r = await self.http.get("/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.TimeoutException:
+            return Health(False, f"its /health does not answer in {HEALTH_TIMEOUT_S:g} s", slow=True)
+        except httpx.HTTPError as e:
+            return Health(False, f"its /health does not answer ({type(e).__name__})")
+        if r.status_code != 200:
+            return Health(False, f"its /health answered {r.status_code}")
+        return Health(True)
 
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as the server's tokenizer makes them (no special tokens)."""
@@ -270,64 +289,72 @@ class InferenceClient:
             )
         return list(r.json()["tokens"])
 
-    async def admin_weights(self) -> WeightsInfo | None:
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.openai.close()
+
+
+class AdminRoutes:
+    """triad's `/admin` routes of one server (`inference/admin.py`): the weights it serves and loads,
+    broadcast groups, and LoRA adapters."""
+
+    def __init__(self, client: InferenceClient) -> None:
+        self.client = client
+
+    async def weights(self) -> WeightsInfo | None:
         """What the server serves, or None if it has no triad admin routes."""
-        r = await self._admin("GET")
+        r = await self._call("GET")
         if r.status_code == 404:
             return None
         return self._parse(r, "GET")
 
     async def load_weights(self, version: int, path: str, timeout: float) -> WeightsInfo:
         body = LoadWeightsRequest(version=version, path=path).model_dump()
-        return self._parse(await self._admin("POST", json=body, timeout=timeout), "POST")
+        return self._parse(await self._call("POST", json=body, timeout=timeout), "POST")
 
     async def broadcast_state(self) -> BroadcastState:
-        r = await self._admin("GET", route=BROADCAST_INIT_ROUTE)
+        r = await self._call("GET", route=BROADCAST_INIT_ROUTE)
         return self._parse(r, "GET", BroadcastState, BROADCAST_INIT_ROUTE)
 
     async def broadcast_init(self, body: BroadcastInit) -> BroadcastState:
-        r = await self._admin("POST", route=BROADCAST_INIT_ROUTE, json=body.model_dump())
+        r = await self._call("POST", route=BROADCAST_INIT_ROUTE, json=body.model_dump())
         return self._parse(r, "POST", BroadcastState, BROADCAST_INIT_ROUTE)
 
     async def broadcast_receive(self, version: int, path: str, timeout: float) -> WeightsInfo:
         body = BroadcastReceive(version=version, path=path).model_dump()
-        r = await self._admin("POST", route=BROADCAST_RECEIVE_ROUTE, json=body, timeout=timeout)
+        r = await self._call("POST", route=BROADCAST_RECEIVE_ROUTE, json=body, timeout=timeout)
         return self._parse(r, "POST", WeightsInfo, BROADCAST_RECEIVE_ROUTE)
 
-    async def admin_adapters(self) -> AdaptersInfo | None:
+    async def adapters(self) -> AdaptersInfo | None:
         """The server's LoRA adapters, or None if it has no `/admin/adapters` route."""
-        r = await self._admin("GET", route=ADAPTERS_ROUTE)
+        r = await self._call("GET", route=ADAPTERS_ROUTE)
         if r.status_code == 404:
             return None
         return self._parse(r, "GET", AdaptersInfo, ADAPTERS_ROUTE)
 
     async def load_adapter(self, body: LoadAdapterRequest, timeout: float) -> AdapterInfo:
-        r = await self._admin("POST", route=ADAPTERS_ROUTE, json=body.model_dump(), timeout=timeout)
+        r = await self._call("POST", route=ADAPTERS_ROUTE, json=body.model_dump(), timeout=timeout)
         return self._parse(r, "POST", AdapterInfo, ADAPTERS_ROUTE)
 
-    async def _admin(self, method: str, route: str = WEIGHTS_ROUTE, **kwargs) -> httpx.Response:
+    async def _call(self, method: str, route: str = WEIGHTS_ROUTE, **kwargs) -> httpx.Response:
         try:
-            return await self.http.request(method, ADMIN_PREFIX + route, **kwargs)
+            return await self.client.http.request(method, ADMIN_PREFIX + route, **kwargs)
         except httpx.TransportError as e:
-            where = f"{method} {self.base_url}{ADMIN_PREFIX}{route}"
+            where = f"{method} {self.client.base_url}{ADMIN_PREFIX}{route}"
             raise ServerUnreachable(f"{where} failed: {e!r}", transport_kind(e)) from None
         except httpx.HTTPError as e:
-            raise TriadError(f"{method} {self.base_url}{ADMIN_PREFIX}{route} failed: {e!r}") from None
+            raise TriadError(f"{method} {self.client.base_url}{ADMIN_PREFIX}{route} failed: {e!r}") from None
 
     def _parse(
         self, r: httpx.Response, method: str, model: type[M] = WeightsInfo, route: str = WEIGHTS_ROUTE
     ) -> M:
-        url = f"{self.base_url}{ADMIN_PREFIX}{route}"
+        url = f"{self.client.base_url}{ADMIN_PREFIX}{route}"
         if r.status_code != 200:
             raise TriadError(f"{method} {url} answered {r.status_code}: {r.text[:300]}")
         try:
             return model.model_validate_json(r.content)
         except ValidationError:
             raise TriadError(f"{method} {url} answered something that is not triad's admin API") from None
-
-    async def close(self) -> None:
-        await self.http.aclose()
-        await self.openai.close()
 
 
 class ChatRoutes:

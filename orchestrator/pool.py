@@ -82,6 +82,11 @@ class ServerPool:
     def healthy(self) -> list[Server]:
         return [s for s in self.servers if s.healthy]
 
+    def answered_lately(self, server: Server) -> bool:
+        """Whether `server` finished a request within `request_timeout_s`: the bound on a request's
+        lack of progress also bounds a server's."""
+        return server.answered_at is not None and time.time() - server.answered_at < self.oc.request_timeout_s
+
     def take_out(self, server: Server, why: str) -> None:
         why = f"{why}; {last_answer(server)}"
         if server.healthy:
@@ -166,8 +171,13 @@ class ServerPool:
             await asyncio.gather(*(self._check(s, realign) for s in self.servers))
 
     async def _check(self, server: Server, realign: Callable[[Server], Awaitable[None]]) -> None:
-        if not await server.client.healthy():
-            self.take_out(server, "its /health does not answer")
+        health = await server.client.health()
+        if not health.ok and health.slow and self.answered_lately(server):
+            why = f"{health.why}, but {last_answer(server)}"
+            log.debug("inference server %s is busy, not stuck: %s", server.url, why)
+            return
+        if not health.ok:
+            self.take_out(server, health.why)
             return
         server.answered_at = time.time()
         if server.loading.locked():

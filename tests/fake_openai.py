@@ -28,6 +28,7 @@ from shared.waiting import wait_for
 class FakeState:
     mode: str = "ok"  # ok | fail | hang
     healthy: bool = True
+    health_delay: float = 0.0  # before /health answers (a busy API process)
     delay: float = 0.01
     token_delay: float = 0.0  # between a streamed answer's chunks (a token each, the samples' interleaved)
     stream_error: int | None = None  # the next streamed answer ends, after its first chunk, on vLLM's
@@ -101,6 +102,7 @@ def make_app(state: FakeState) -> Starlette:
         state.peak = max(state.peak, state.inflight)
 
     async def health(request: Request) -> JSONResponse:
+        await asyncio.sleep(state.health_delay)
         return JSONResponse({}, status_code=200 if state.healthy else 503)
 
     async def models(request: Request) -> JSONResponse:

@@ -14,13 +14,13 @@ class TriadAdmin:
         self.client, self.timeout = client, timeout
 
     async def current(self) -> WeightsInfo:
-        info = await self.client.admin_weights()
+        info = await self.client.admin.weights()
         if info is None:
             raise TriadError(f"{self.client.base_url} has no /admin/weights route: it cannot load weights")
         return info
 
     async def load(self, version: int, path: str) -> WeightsInfo:
-        await self.client.load_weights(version, path, self.timeout)
+        await self.client.admin.load_weights(version, path, self.timeout)
         info = await self.current()
         if info.version != version:
             served = f"version {info.version} from {info.path!r}"

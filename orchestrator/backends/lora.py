@@ -28,7 +28,7 @@ class AdapterLoads:
         return served_adapter_name(self.name, version) if version else None
 
     async def current(self) -> WeightsInfo:
-        listed = await self.client.admin_adapters()
+        listed = await self.client.admin.adapters()
         if listed is None:
             raise TriadError(f"{self.client.base_url} has no /admin/adapters route: it cannot load adapters")
         held = next((a for a in listed.adapters if a.name == self.name), None)
@@ -55,7 +55,7 @@ class AdapterLoads:
             return WeightsInfo(version=0, path="", base_path="")
         path = self.prefix + path
         body = LoadAdapterRequest(name=self.name, run_id=self.run_id, version=version, path=path)
-        held = await self.client.load_adapter(body, self.timeout)
+        held = await self.client.admin.load_adapter(body, self.timeout)
         if held.version != version:
             raise TriadError(
                 f"{self.client.base_url} was told to load adapter version {version} "
@@ -93,7 +93,7 @@ async def adapter_backend(client: InferenceClient, cfg: TriadConfig, run_id: str
     url, oc, kind = client.base_url, cfg.orchestrator, cfg.inference.backend
     if kind not in ("auto", "triad"):
         raise TriadError(f"inference.backend = {kind!r} cannot load LoRA adapters: use 'triad'")
-    listed = await client.admin_adapters()
+    listed = await client.admin.adapters()
     if listed is None:
         raise TriadError(
             f"{url} has no /admin/adapters route: a LoRA run (trainer.lora.rank > 0) needs "

@@ -20,12 +20,13 @@ URL = "http://10.0.0.7:8000"
 
 
 class FakeAdminClient:
-    """`InferenceClient`'s adapter calls, over a list like the server's `GET /admin/adapters`."""
+    """`InferenceClient.admin`'s adapter calls, over a list like the server's `GET /admin/adapters`."""
 
     def __init__(self, listed: AdaptersInfo | None) -> None:
         self.base_url, self.listed, self.loads = URL, listed, []
+        self.admin = self  # the routes of `InferenceClient.admin`
 
-    async def admin_adapters(self) -> AdaptersInfo | None:
+    async def adapters(self) -> AdaptersInfo | None:
         return self.listed
 
     async def load_adapter(self, body, timeout: float) -> AdapterInfo:

@@ -13,6 +13,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+import orchestrator.client as client_module
 from orchestrator.backends.admin_routes import TriadAdmin
 from orchestrator.batch_builder import Group
 from orchestrator.client import Completion, InferenceClient, ServerUnreachable
@@ -363,12 +364,45 @@ def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_pa
             await asyncio.sleep(0.15)  # answers its health checks
             fake.state.healthy = False
             await asyncio.sleep(0.3)
-            assert not server.healthy and "its /health does not answer; it last answered " in server.why_out
+            assert not server.healthy and "its /health answered 503; it last answered " in server.why_out
             assert re.search(r"answered 0 s ago \(at \d\d:\d\d:\d\d UTC\)$", server.why_out)
             server.version = 3  # what it served before it went away
             fake.state.healthy = True
             await asyncio.sleep(0.3)
             assert server.healthy and server.version == 7 and realigned == [3]
+            await stop(watcher)
+            await close(orch)
+
+        asyncio.run(run())
+
+
+def test_a_server_whose_health_is_slow_stays_in_while_its_requests_finish(tmp_path, monkeypatch):
+    """A busy server's API process can take longer than a probe to answer /health (the chat soak of
+    2026-11-27: 100 requests on 2 cores): it stays in rotation while it finishes requests, and is
+    taken out once it finished none for `request_timeout_s`."""
+    monkeypatch.setattr(client_module, "HEALTH_TIMEOUT_S", 0.05)
+    with FakeServer() as fake:
+
+        async def run() -> None:
+            orch = make(
+                tmp_path,
+                [fake.url],
+                "orchestrator.health_interval_s=0.05",
+                "orchestrator.request_timeout_s=0.6",
+            )
+            server = orch.pool.servers[0]
+
+            async def realign(s: Server) -> None:
+                pass
+
+            fake.state.health_delay = 0.2
+            watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            for _ in range(8):  # 0.5 s of slow probes, a request finished every 0.06 s
+                await orch.pool.complete("1+1=", 1)
+                await asyncio.sleep(0.05)
+            assert server.healthy
+            await asyncio.sleep(0.9)  # no request finished for longer than the bound
+            assert not server.healthy and "its /health does not answer in 0.05 s" in server.why_out
             await stop(watcher)
             await close(orch)
 

@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import trainer.forward as forward_module
 from shared.config import LossConfig
@@ -16,18 +15,31 @@ from trainer.forward import chunk_logprobs, chunked_logprobs, packed_forward, pa
 from trainer.loss import BatchTotals, policy_loss
 
 
-def tiny_model() -> Qwen2ForCausalLM:
+def tiny_of_type(model_type: str, **extra):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     torch.manual_seed(0)
-    config = Qwen2Config(
+    config = AutoConfig.for_model(
+        model_type,
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=2,
+        head_dim=16,
         max_position_embeddings=64,
+        num_experts=4,  # the mixtures of experts' (the others ignore these)
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        **extra,
     )
-    return Qwen2ForCausalLM(config).float()
+    return AutoModelForCausalLM.from_config(config).float()
+
+
+def tiny_model():
+    return tiny_of_type("qwen2")
 
 
 def rows(seed: int = 0) -> list[dict]:
@@ -146,29 +158,6 @@ def test_packed_micro_batches_count_real_tokens():
     lengths = [10, 9, 3, 2]
     assert micro_batches(lengths, [[0, 1, 2, 3]], token_budget=19) == [[[0], [1, 2], [3]]]
     assert micro_batches(lengths, [[0, 1, 2, 3]], token_budget=19, packed=True) == [[[0, 1], [2, 3]]]
-
-
-def tiny_of_type(model_type: str, **extra):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-        num_experts=4,  # the mixtures of experts' (the others ignore these)
-        num_experts_per_tok=2,
-        moe_intermediate_size=16,
-        shared_expert_intermediate_size=16,
-        **extra,
-    )
-    return AutoModelForCausalLM.from_config(config).float()
 
 
 def own_forward_logprobs(model, batch, temperature: float):

@@ -38,7 +38,7 @@ from shared.watch import DirWatch
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
 from trainer.drift import DriftAlarm, batch_servers
-from trainer.forward import Forward, packed_forward, padded_forward
+from trainer.forward import PLAIN_HEAD_TYPES, Forward, base_of, has_plain_head, packed_forward, padded_forward
 from trainer.host import keep_freed_memory
 from trainer.loss import BatchTotals, policy_loss
 from trainer.parallel import apply_fsdp, decoder_blocks, full_tensor, init_distributed
@@ -167,6 +167,13 @@ def load_policy(tc, model_path: str, device: torch.device, mesh, dtype: torch.dt
         for block in decoder_blocks(model):
             block.compile()
     apply_fsdp(model, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
+    if not has_plain_head(model):
+        log.info(
+            "model type %r is not one of %s: its output layer runs in its own forward, and the logits of "
+            "every position that predicts a loss token are held at once (more memory on long micro-batches)",
+            base_of(model).config.model_type,
+            ", ".join(sorted(PLAIN_HEAD_TYPES)),
+        )
     return model
 
 

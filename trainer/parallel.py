@@ -11,7 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from shared.net import free_port
-from trainer.forward import attach_kept_logprobs
+from trainer.forward import attach_kept_logprobs, base_of
 
 
 def init_distributed(device: str, timeout_s: float) -> tuple[torch.device, DeviceMesh]:
@@ -61,8 +61,7 @@ def full_tensor(param: torch.Tensor) -> torch.Tensor:
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks of a Hugging Face causal LM (or of the one peft wraps)."""
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
+    model = base_of(model)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:

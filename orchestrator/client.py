@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -65,7 +66,7 @@ FINISHED = ("stop", "length")  # vLLM's other finish reasons (abort, error) end 
 
 
 STREAM_INTERVAL = 16  # tokens per streamed chunk of a sample (vLLM's `stream_interval`)
-HEALTH_TIMEOUT_S = 5.0  # one /health probe; a server that answers nothing else either is taken out
+HEALTH_TIMEOUT_S = 5.0  # bound on one /health probe (one not answered alone takes no busy server out)
 
 
 @dataclass
@@ -150,15 +151,12 @@ class InferenceClient:
         self.model: str | None = None
         self.max_model_len: int | None = None  # the served model's context, as /v1/models says
         self.inflight = 0
+        self.progressed_at = 0.0  # wall clock of the last rollout answer or chunk this server sent
         self.chat = ChatRoutes(self)
         self.admin = AdminRoutes(self)
 
     async def _healthy(self) -> bool | None:
-        try:
-            r = await self.http.get("/health", timeout=HEALTH_TIMEOUT_S)
-            return True if r.status_code == 200 else None
-        except httpx.HTTPError:
-            return None
+        return True if (await self.health()).ok else None
 
     async def wait_ready(self, timeout: float, model_name: str | None) -> None:
         # on the launch's critical path: vLLM answers within a quarter second of being up
@@ -199,9 +197,9 @@ class InferenceClient:
         adapter's served name) or the served model. The read timeout bounds the wait for each chunk
         (vLLM sends a sample's first token at once, then every `STREAM_INTERVAL` tokens), so the
         request fails once no chunk of it came for `request_timeout`, however long a healthy
-        generation takes; a request
-        for no more than one chunk's tokens is answered whole (streamed, the embedded default's 8-token
-        requests made its step 12% slower, `bench/quick.py`)."""
+        generation takes; a request for no more than one chunk's tokens is answered whole
+        (streamed, the embedded default's 8-token requests made its step 12% slower,
+        `bench/quick.py`)."""
         self.inflight += 1
         try:
             samples = await self._samples(prompt, n, max_tokens, temperature, model)
@@ -255,11 +253,13 @@ class InferenceClient:
                 **({"stream_interval": STREAM_INTERVAL} if streamed else {}),
             },
         )
+        self.progressed_at = time.time()
         if not streamed:
             join(samples, answer)
             return samples
         async with answer:  # closed on any exit: a request given up is aborted by the server
             async for chunk in answer:
+                self.progressed_at = time.time()
                 join(samples, chunk)
         return samples
 

@@ -83,9 +83,11 @@ class ServerPool:
         return [s for s in self.servers if s.healthy]
 
     def answered_lately(self, server: Server) -> bool:
-        """Whether `server` finished a request within `request_timeout_s`: the bound on a request's
-        lack of progress also bounds a server's."""
-        return server.answered_at is not None and time.time() - server.answered_at < self.oc.request_timeout_s
+        """Whether `server` made progress (a rollout answer or chunk, a finished request, a /health
+        answer) within `request_timeout_s`: the bound on a request's lack of progress also bounds
+        a server's."""
+        last = max(server.answered_at or 0.0, server.client.progressed_at)
+        return time.time() - last < self.oc.request_timeout_s
 
     def take_out(self, server: Server, why: str) -> None:
         why = f"{why}; {last_answer(server)}"

@@ -378,8 +378,9 @@ def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_pa
 
 def test_a_server_whose_health_is_slow_stays_in_while_its_requests_finish(tmp_path, monkeypatch):
     """A busy server's API process can take longer than a probe to answer /health (the chat soak of
-    2026-11-27: 100 requests on 2 cores): it stays in rotation while it finishes requests, and is
-    taken out once it finished none for `request_timeout_s`."""
+    2026-11-27: 100 requests on 2 cores): it stays in rotation while its requests progress (each
+    streamed chunk counts, so a generation longer than the bound does too), and is taken out
+    once none did for `request_timeout_s`."""
     monkeypatch.setattr(client_module, "HEALTH_TIMEOUT_S", 0.05)
     with FakeServer() as fake:
 
@@ -401,7 +402,11 @@ def test_a_server_whose_health_is_slow_stays_in_while_its_requests_finish(tmp_pa
                 await orch.pool.complete("1+1=", 1)
                 await asyncio.sleep(0.05)
             assert server.healthy
-            await asyncio.sleep(0.9)  # no request finished for longer than the bound
+            fake.state.answer, fake.state.token_delay = "2" * 32, 0.04  # 32 streamed tokens: 1.3 s
+            started = time.monotonic()
+            await orch.pool.complete("1+1=", 1)
+            assert time.monotonic() - started > 1.0 and server.healthy
+            await asyncio.sleep(0.9)  # no request progressed for longer than the bound
             assert not server.healthy and "its /health does not answer in 0.05 s" in server.why_out
             await stop(watcher)
             await close(orch)

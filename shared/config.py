@@ -169,7 +169,7 @@ class OrchestratorConfig(Table):
         gt=0,
         description="a rollout request fails once no chunk of it came for this long (streamed: a sample's "
         "first token, then every 16; one for at most 16 tokens is answered whole: once no answer came); "
-        "also a server whose /health is slow is taken out once it finished no request this long",
+        "also a server whose /health is slow is taken out once no answer or chunk of it came this long",
     )
     max_retries: int = Field(3, ge=0, description="retries of a failed request, on another server")
     retry_backoff_s: float = Field(0.5, ge=0, description="first backoff; doubles per retry")

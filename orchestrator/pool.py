@@ -43,20 +43,27 @@ class Server:
     healthy: bool = True
     failures: int = 0  # consecutive
     why_out: str = ""
-    answered_at: float | None = None  # wall clock of its last answer: its last sign of life
+    answered_at: float | None = None  # wall clock of its last finished request or /health answer
     loading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight load at a time
 
     @property
     def url(self) -> str:
         return self.client.base_url
 
+    @property
+    def alive_at(self) -> float | None:
+        """Its last sign of life: a finished request, a /health answer or a streamed chunk."""
+        seen = [t for t in (self.answered_at, self.client.progressed_at) if t]
+        return max(seen) if seen else None
+
 
 def last_answer(server: Server, now: float | None = None) -> str:
-    if server.answered_at is None:
+    alive = server.alive_at
+    if alive is None:
         return "it has not answered yet"
     now = time.time() if now is None else now
-    at = time.strftime("%H:%M:%S UTC", time.gmtime(server.answered_at))
-    return f"it last answered {max(now - server.answered_at, 0):.0f} s ago (at {at})"
+    at = time.strftime("%H:%M:%S UTC", time.gmtime(alive))
+    return f"it last answered {max(now - alive, 0):.0f} s ago (at {at})"
 
 
 class ServerPool:
@@ -86,8 +93,8 @@ class ServerPool:
         """Whether `server` made progress (a rollout answer or chunk, a finished request, a /health
         answer) within `request_timeout_s`: the bound on a request's lack of progress also bounds
         a server's."""
-        last = max(server.answered_at or 0.0, server.client.progressed_at)
-        return time.time() - last < self.oc.request_timeout_s
+        alive = server.alive_at
+        return alive is not None and time.time() - alive < self.oc.request_timeout_s
 
     def take_out(self, server: Server, why: str) -> None:
         why = f"{why}; {last_answer(server)}"

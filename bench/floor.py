@@ -46,7 +46,7 @@ def settings() -> dict:
         model=cfg["model"],
         batch_size=oc["batch_size"],
         group_size=oc["group_size"],
-        max_tokens=oc["max_tokens"],
+        max_tokens=oc["sampling"]["max_tokens"],
         lr=cfg["trainer"]["optim"]["lr"],
     )
 

@@ -36,7 +36,7 @@ def sets(run_dir: Path, server_url: str) -> list[str]:
         "trainer.checkpoint.every=0",
         "weights.keep=3",
         "orchestrator.eval.every=0",
-        f'orchestrator.inference_urls=["{server_url}"]',
+        f'orchestrator.servers.urls=["{server_url}"]',
         f"trainer.lora.rank={RANK}",
         f"trainer.lora.alpha={2 * RANK}",
         f"trainer.lora.target_modules={TARGETS}",

@@ -80,7 +80,7 @@ async def measure(run_dir: Path, url: str, steps: int, in_thread: bool = True) -
     for step in range(2, steps + 1):
         batch, _, _ = await orch.assemble(step)
         rows = orch.builder.rows(step, batch)
-        publish = (publish_batch, orch.rundir, orch.run_id, step, rows, orch.oc.temperature)
+        publish = (publish_batch, orch.rundir, orch.run_id, step, rows, orch.oc.sampling.temperature)
         await asyncio.to_thread(*publish) if in_thread else publish[0](
             *publish[1:]
         )  # as the orchestrator does

@@ -7,7 +7,7 @@ would, with three kinds of trouble at once:
 (a) `bench/fault_proxy.py` in front of vLLM spoils `--share` of generation, render and derender
     calls (500, 503, 429, 400, a cut body, a dropped connection, a stall past the request bound);
 (b) the environment (`bench/soak_envs.py`) makes its reward, respond and tool hang past
-    `orchestrator.env_timeout_s`, raise, or return a megabyte, on `--share` of calls;
+    `orchestrator.environment.timeout_s`, raise, or return a megabyte, on `--share` of calls;
 (c) inference is killed (kill -9, engine and worker included) and restarted twice, at a third and
     two thirds of the steps.
 Scenarios: `default`, the embedded default (addition on the 0.5M model), and `chat`, the chat
@@ -84,12 +84,12 @@ class Soak:
             f"run_dir={self.run_dir}",
             f"max_steps={self.steps}",
             f"max_async_level={ETA}",
-            f"orchestrator.env={self.spec['env']}",
-            f'orchestrator.inference_urls=["http://127.0.0.1:{self.proxy_port}"]',
+            f"orchestrator.environment.name={self.spec['env']}",
+            f'orchestrator.servers.urls=["http://127.0.0.1:{self.proxy_port}"]',
             f"inference.port={self.server_port}",
-            "orchestrator.env_timeout_s=5",
-            f"orchestrator.request_timeout_s={self.spec['request_timeout_s']}",
-            "orchestrator.retry_backoff_s=0.2",
+            "orchestrator.environment.timeout_s=5",
+            f"orchestrator.servers.request_timeout_s={self.spec['request_timeout_s']}",
+            "orchestrator.servers.retry_backoff_s=0.2",
             "orchestrator.eval.every=0",
             "trainer.checkpoint.every=50",
         ]

@@ -1,10 +1,10 @@
 """Environments that misbehave on purpose, for the fault soak (`bench/soak.py`).
 
 Each wraps a built-in task and, on a seeded share of calls, makes its reward, respond or tool
-hang past `orchestrator.env_timeout_s`, raise, or return a megabyte where a short answer was
+hang past `orchestrator.environment.timeout_s`, raise, or return a megabyte where a short answer was
 expected. What was injected is written, by kind, to the JSON file named by `TRIAD_SOAK_COUNTS`
 after each fault, so a soak can check that the run counted every one. Loaded by the orchestrator
-as `orchestrator.env = "bench.soak_envs:faulty_addition"` (or `faulty_calculator`).
+as `orchestrator.environment.name = "bench.soak_envs:faulty_addition"` (or `faulty_calculator`).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
         f"model={model}",
         f"max_steps={steps}",
         "orchestrator.eval.every=0",
-        f"orchestrator.max_tokens={max_tokens}",
+        f"orchestrator.sampling.max_tokens={max_tokens}",
         "trainer.checkpoint.every=0",
         "inference.port=8421",
     ]

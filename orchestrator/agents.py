@@ -164,7 +164,7 @@ class EpisodeRecorder:
             self.episode.failed = str(work.exception())
 
     def new_chain(self, tools: list[dict] | None) -> Chain:
-        options = self.oc.chat_template_kwargs
+        options = self.oc.chat.template_kwargs
         parser = TurnParser(self.pool, tools, options, self.tool_parser)
         return Chain(tools, pool_renderer(self.pool, tools, options), parser)
 
@@ -284,10 +284,12 @@ class AgentRollouts:
         failed = next((e.failed for e in episodes if e.failed), "")
         if failed:
             raise RolloutFailed(f"environment {self.env.name!r}: an agent episode's call failed: {failed}")
-        rewards = await asyncio.gather(*(score(self.env, prompt, e, self.oc.env_timeout_s) for e in episodes))
+        rewards = await asyncio.gather(
+            *(score(self.env, prompt, e, self.oc.environment.timeout_s) for e in episodes)
+        )
         samples = []
         for episode, reward in zip(episodes, rewards, strict=True):
-            metrics = await env_metrics(self.env, prompt, episode, self.oc.env_timeout_s)
+            metrics = await env_metrics(self.env, prompt, episode, self.oc.environment.timeout_s)
             for sample in episode.samples:
                 sample.reward, sample.metrics = reward, metrics
                 samples.append(sample)

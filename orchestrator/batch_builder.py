@@ -52,7 +52,7 @@ class BatchBuilder:
 
     def __init__(self, oc: OrchestratorConfig, env_name: str, turn_budget: int) -> None:
         self.shaping, self.env_name = oc.shaping, env_name
-        self.token_budget = oc.max_tokens * turn_budget  # the most tokens a sample may sample
+        self.token_budget = oc.sampling.max_tokens * turn_budget  # the most tokens a sample may sample
 
     def shaped_reward(self, sample: Sample) -> float:
         if self.shaping.overlong != "penalty":

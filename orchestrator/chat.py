@@ -2,7 +2,7 @@
 
 A chat prompt is rendered once with the served model's own chat template
 (vLLM's `/v1/chat/completions/render` with `messages`, `tools` and
-`orchestrator.chat_template_kwargs`). From then on an episode only ever
+`orchestrator.chat.template_kwargs`). From then on an episode only ever
 appends: the ids the model sampled, and the ids of what follows them. History
 is never rendered again, so a template that rewrites earlier turns (Qwen3's
 drops earlier `<think>` blocks and writes an empty one into the last assistant

@@ -10,14 +10,14 @@ sampler was conditioned on and sampled (see `orchestrator/chat.py`).
 A turn is split into content, reasoning and tool calls by the server's parsers
 (`orchestrator/turns.py`); the environment and its reward see the content (and
 the reasoning, as `reasoning_content`), the trainer every sampled id. Tool calls
-are run by the environment's tools, each bounded by `orchestrator.env_timeout_s`;
+are run by the environment's tools, each bounded by `orchestrator.environment.timeout_s`;
 an unknown tool, bad arguments, an error or a timeout goes back to the model as
 the call's tool message, a block that parsed as no call as one user message
 after them (`error: <id>: <why>` a line), and is in the conversation the reward
 sees. The episode ends when the model makes no tool call and the environment
 has no reply, on a truncated turn, or after `max_turns` model turns; one that
 cannot go on (a render the server refuses, a failed `respond`, past
-`orchestrator.episode_timeout_s`) is dropped or ends truncated (`failures.py`).
+`orchestrator.environment.episode_timeout_s`) is dropped or ends truncated (`failures.py`).
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ class ChatRollouts:
     ) -> None:
         self.env, self.pool, self.oc = env, pool, oc
         self.failures = failures or Failures(oc.max_failed_groups)
-        self.runner = ToolRunner(env_tools(env), oc.env_timeout_s, oc.max_tool_result_chars)
+        self.runner = ToolRunner(env_tools(env), oc.environment.timeout_s, oc.chat.max_tool_result_chars)
         tools = self.runner.schemas or None
-        self.renderer = pool_renderer(pool, tools, oc.chat_template_kwargs)
-        self.parser = TurnParser(pool, tools, oc.chat_template_kwargs, tool_parser)
+        self.renderer = pool_renderer(pool, tools, oc.chat.template_kwargs)
+        self.parser = TurnParser(pool, tools, oc.chat.template_kwargs, tool_parser)
         self.where = f"environment {env.name!r}"
 
     def messages(self, prompt: Prompt) -> list[dict]:
@@ -97,7 +97,9 @@ class ChatRollouts:
         episodes = [self.episode(prompt) for _ in range(size)]
         samples = await finished_episodes(episodes, self.oc.partial_groups, self.failures)
         seen = [s.conversation if prompt.is_chat else s.completion for s in samples]
-        rewards = await asyncio.gather(*(score(self.env, prompt, x, self.oc.env_timeout_s) for x in seen))
+        rewards = await asyncio.gather(
+            *(score(self.env, prompt, x, self.oc.environment.timeout_s) for x in seen)
+        )
         for sample, reward in zip(samples, rewards, strict=True):
             sample.reward = reward
         return samples
@@ -115,13 +117,17 @@ class ChatRollouts:
         if not hasattr(self.env, "respond"):
             return []
         seen = sample.conversation if prompt.is_chat else text_of(sample.conversation)
-        reply = await respond(self.env, prompt, seen, self.oc.env_timeout_s)
+        reply = await respond(self.env, prompt, seen, self.oc.environment.timeout_s)
         return [] if reply is None else [{"role": "user", "content": reply}]
 
     async def episode(self, prompt: Prompt) -> Sample:
         sample = Sample()
         await run_episode(
-            sample, self.turns(prompt, sample), self.oc.episode_timeout_s, self.where, self.failures
+            sample,
+            self.turns(prompt, sample),
+            self.oc.environment.episode_timeout_s,
+            self.where,
+            self.failures,
         )
         sample.completion = text_of(sample.conversation)
         return sample

@@ -7,14 +7,14 @@ loop keeps generating, checking health and following weights while it runs, and 
 `asyncio.timeout` can fire. These threads are not the loop's default executor, which publishes
 batches and polls markers: a hung reward cannot starve those.
 
-The pool has at most `orchestrator.env_threads` threads; a call that finds none free waits in a
+The pool has at most `orchestrator.environment.threads` threads; a call that finds none free waits in a
 queue. The caller's time limit counts from the moment it called, its wait for a thread included:
 the limit bounds how long an episode waits for the environment, which is what holds up a step. A
 call whose caller gave up before a thread took it never runs.
 
 A thread cannot be stopped. A call whose caller gives up while it runs returns at once, and its
 thread counts as *stuck* until the function returns; then it serves other calls. While
-`orchestrator.max_stuck_calls` threads are stuck, no new thread is started: a new call waits for a
+`orchestrator.environment.max_stuck_calls` threads are stuck, no new thread is started: a new call waits for a
 stuck one to return, within its caller's time limit. A call whose limit passes there never runs,
 and `not_started()` gives its caller the one line that says so, naming the function and the cap.
 (Failing such calls at once instead made a burst of slow calls fail every group in flight within
@@ -188,7 +188,7 @@ class EnvThreads:
                     counted = True
                 why = (
                     f"did not start {name_of(fn)}: {self.stuck} environment calls ran past their time "
-                    f"limit and none returned within this one's (orchestrator.max_stuck_calls = "
+                    f"limit and none returned within this one's (orchestrator.environment.max_stuck_calls = "
                     f"{self.max_stuck}); make the reward, tool or agent return in time"
                 )
             try:
@@ -216,7 +216,7 @@ class EnvThreads:
             job.fn.cancel()
         if stuck == self.max_stuck:
             log.warning(
-                "%d environment calls are stuck, the last %s (orchestrator.max_stuck_calls): "
+                "%d environment calls are stuck, the last %s (orchestrator.environment.max_stuck_calls): "
                 "new ones wait until some return",
                 stuck,
                 name_of(job.fn),
@@ -294,13 +294,13 @@ def agent_episodes_at_once(oc: OrchestratorConfig) -> int:
 
 
 _DEFAULTS = OrchestratorConfig()
-THREADS = EnvThreads(_DEFAULTS.env_threads, _DEFAULTS.max_stuck_calls)
-AGENT_THREADS = EnvThreads(agent_episodes_at_once(_DEFAULTS), _DEFAULTS.max_stuck_calls, "agent")
+THREADS = EnvThreads(_DEFAULTS.environment.threads, _DEFAULTS.environment.max_stuck_calls)
+AGENT_THREADS = EnvThreads(agent_episodes_at_once(_DEFAULTS), _DEFAULTS.environment.max_stuck_calls, "agent")
 
 
 def configure(oc: OrchestratorConfig) -> None:
-    THREADS.configure(oc.env_threads, oc.max_stuck_calls)
-    AGENT_THREADS.configure(agent_episodes_at_once(oc), oc.max_stuck_calls)
+    THREADS.configure(oc.environment.threads, oc.environment.max_stuck_calls)
+    AGENT_THREADS.configure(agent_episodes_at_once(oc), oc.environment.max_stuck_calls)
 
 
 def take_counts() -> dict[str, int]:

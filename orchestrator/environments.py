@@ -24,17 +24,17 @@ with the model's own chat template (`orchestrator/chat.py`); `reward` and
 `respond` then get the conversation after the prompt as OpenAI messages
 (assistant messages with their parsed `tool_calls`, tool results, the
 environment's user messages), and `respond` answers with a user message. With
-`orchestrator.chat = true` a text prompt is sent as one user message and its
+`orchestrator.chat.text_prompts = true` a text prompt is sent as one user message and its
 environment keeps seeing text. Rewards, responses, metrics and tools may be
 coroutines, and may call out (a subprocess, a sandbox); each call is bounded by
-`orchestrator.env_timeout_s`. Plain functions run in worker threads, off the event
+`orchestrator.environment.timeout_s`. Plain functions run in worker threads, off the event
 loop (`env_calls.py`: a bounded thread pool, no sandbox); a coroutine must not block.
 
-`orchestrator.env` names the environment: a built-in (see `BUILTIN`), a library
+`orchestrator.environment.name` names the environment: a built-in (see `BUILTIN`), a library
 adapter's `prefix:name` (see `ADAPTERS`: `reasoning_gym:<task>`), the name
 of an entry point in the group `triad.environments` of an installed package, or
 `module:attribute`. If the object found is a class or function it is called with
-`orchestrator.env_args` as keyword arguments to make the environment.
+`orchestrator.environment.args` as keyword arguments to make the environment.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ async def _call_or(
     try:
         return await _call(fn, timeout, what, *args)
     except TimeoutError:
-        raise error(f"{what} took over {timeout:g} s (env_timeout_s)", cause) from None
+        raise error(f"{what} took over {timeout:g} s (orchestrator.environment.timeout_s)", cause) from None
     except TriadError as e:
         raise error(str(e), cause) from None
 
@@ -148,7 +148,11 @@ async def env_metrics(env: Environment, prompt: Prompt, seen: Any, timeout: floa
     try:
         values = await _call(env.metrics, timeout, what, prompt, seen)
     except TimeoutError:
-        log.warning("environment %r: metrics took over %g s (env_timeout_s): none kept", env.name, timeout)
+        log.warning(
+            "environment %r: metrics took over %g s (orchestrator.environment.timeout_s): none kept",
+            env.name,
+            timeout,
+        )
         return {}
     except TriadError as e:
         raise RolloutFailed(str(e), "metrics") from None
@@ -203,9 +207,11 @@ def load_environment(ref: str, args: dict[str, Any] | None = None) -> Environmen
         try:
             found = found(**(args or {}))
         except TypeError as e:
-            raise TriadError(f"environment {ref!r}: bad orchestrator.env_args: {e}") from None
+            raise TriadError(f"environment {ref!r}: bad orchestrator.environment.args: {e}") from None
     elif args:
-        raise TriadError(f"environment {ref!r} is an object, not a factory: it takes no env_args")
+        raise TriadError(
+            f"environment {ref!r} is an object, not a factory: it takes no orchestrator.environment.args"
+        )
     if not isinstance(found, Environment):
         what = type(found).__name__
         raise TriadError(f"environment {ref!r} has no name, sample() and reward(): got a {what}")

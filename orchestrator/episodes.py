@@ -42,6 +42,6 @@ def episodes_for(
     the servers' (`inference.tool_parser`); episodes cut short are counted in `failures`."""
     if hasattr(env, "run_agent"):
         return AgentRollouts(env, pool, oc, tool_parser)
-    if oc.chat or env_tools(env) or env.sample(random.Random(0)).is_chat:
+    if oc.chat.text_prompts or env_tools(env) or env.sample(random.Random(0)).is_chat:
         return ChatRollouts(env, pool, oc, tool_parser, failures)
     return TextRollouts(env, pool, oc, failures)

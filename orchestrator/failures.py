@@ -2,8 +2,8 @@
 
 An episode that cannot go on (a request its server refused: a prompt over the
 context, a template that cannot render a turn; an environment's `respond` that
-raised or ran past `orchestrator.env_timeout_s`; the episode past
-`orchestrator.episode_timeout_s`) is dropped with its group before its first
+raised or ran past `orchestrator.environment.timeout_s`; the episode past
+`orchestrator.environment.episode_timeout_s`) is dropped with its group before its first
 model turn, and ends truncated after it, its turns so far kept. A group whose
 reward or metrics function raises, or whose request failed on every retry, is
 dropped (`RolloutFailed`). With `orchestrator.partial_groups` a group trains on
@@ -37,10 +37,12 @@ CAUSES = {
     "render": "the server refused to render the chat (4xx: over the context, a template that raises)",
     "derender": "the server refused to parse a model turn (4xx)",
     "prompt": "the environment gave a malformed chat prompt",
-    "respond": "the environment's respond raised, returned no str, or ran past env_timeout_s",
-    "reward": "the environment's reward raised, ran past env_timeout_s or gave no finite number",
+    "respond": "the environment's respond raised, returned no str, or ran past its bound "
+    "(orchestrator.environment.timeout_s)",
+    "reward": "the environment's reward raised, ran past its bound (orchestrator.environment.timeout_s) or "
+    "gave no finite number",
     "metrics": "the environment's metrics raised or returned no dict of numbers",
-    "timeout": "the episode ran past orchestrator.episode_timeout_s",
+    "timeout": "the episode ran past orchestrator.environment.episode_timeout_s",
 }
 
 
@@ -116,7 +118,11 @@ async def run_episode(
         if isinstance(e, TimeoutError) and not bound.expired():
             raise
         cause = e.cause if isinstance(e, RequestRejected | EpisodeEnded) else "timeout"
-        why = str(e) if cause != "timeout" else f"ran past orchestrator.episode_timeout_s ({timeout:g} s)"
+        why = (
+            str(e)
+            if cause != "timeout"
+            else f"ran past orchestrator.environment.episode_timeout_s ({timeout:g} s)"
+        )
         if sample.turns == 0:
             raise RolloutFailed(f"{where}: {why}", cause) from None
         sample.truncated = True

@@ -1,14 +1,14 @@
 """Servers that join a running run: discover them, bring them up to date, drop the dead.
 
-Every `orchestrator.fleet_poll_s` the orchestrator reads the run directory's fleet
+Every `orchestrator.servers.fleet_poll_s` the orchestrator reads the run directory's fleet
 registry (`shared/fleet.py`). A live record whose URL is not in the pool yet is
 admitted in a task of its own: wait until it answers, check it loads weights as the
 others do, bring it to the current version (`WeightFollower.align`, then `load` until
 it serves the trainer's newest), and only then add it to the pool, where it takes
 requests and is health-checked like a fixed server. A joined server whose record
-stops changing for `orchestrator.heartbeat_timeout_s`, or disappears (a clean
+stops changing for `orchestrator.servers.heartbeat_timeout_s`, or disappears (a clean
 shutdown), is removed from the pool with a log line naming it. Fixed servers
-(`orchestrator.inference_urls`) are never touched here.
+(`orchestrator.servers.urls`) are never touched here.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ BRING_UP_LOADS = 8  # versions a joiner may load while catching up before it is 
 class Fleet:
     def __init__(self, cfg: TriadConfig, rundir: RunDir, pool: ServerPool) -> None:
         self.cfg, self.oc, self.rundir, self.pool = cfg, cfg.orchestrator, rundir, pool
-        self.view = FleetView(self.oc.heartbeat_timeout_s)
+        self.view = FleetView(self.oc.servers.heartbeat_timeout_s)
         self.fixed = {s.url for s in pool.servers}
         self.joined: dict[str, Server] = {}
         self.admitting: dict[str, asyncio.Task[None]] = {}
@@ -50,7 +50,7 @@ class Fleet:
         try:
             while True:
                 await self.poll()
-                await asyncio.sleep(self.oc.fleet_poll_s)
+                await asyncio.sleep(self.oc.servers.fleet_poll_s)
         finally:
             for task in self.admitting.values():
                 task.cancel()
@@ -79,7 +79,7 @@ class Fleet:
 
     async def admit(self, url: str, server_id: str) -> None:
         log.info("inference server %s joined the fleet: bringing it to the current weights", url)
-        client = InferenceClient(url, self.cfg.inference.token(), self.oc.request_timeout_s)
+        client = InferenceClient(url, self.cfg.inference.token(), self.oc.servers.request_timeout_s)
         try:
             server = await self.connect(client)
         except TriadError as e:
@@ -114,7 +114,7 @@ class Fleet:
 
     async def reach(self, client: InferenceClient, run_id: str) -> Server:
         """Once it answers: the server, with the weight backend it has (a LoRA run's: its adapter)."""
-        await client.wait_ready(self.oc.inference_timeout_s, self.oc.model_name)
+        await client.wait_ready(self.oc.servers.ready_timeout_s, self.oc.servers.model_name)
         return Server(client, await backend_for(client, self.cfg, run_id))
 
     async def bring_up(self, server: Server) -> None:

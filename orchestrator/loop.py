@@ -217,7 +217,9 @@ class Orchestrator:
         rows = self.builder.rows(step, batch)
         assembled = time.monotonic()
         marker = self.draws.marker_fields([g.draw for g in batch])
-        publish = partial(publish_batch, self.rundir, self.run_id, step, rows, self.oc.temperature, **marker)
+        publish = partial(
+            publish_batch, self.rundir, self.run_id, step, rows, self.oc.sampling.temperature, **marker
+        )
         await to_thread_to_completion(publish)
         written = time.monotonic()
         stats = self.builder.stats(step, batch, rows)
@@ -232,15 +234,7 @@ class Orchestrator:
             **self.counters.take(dropped, filtered),
         )
         row = await to_thread_to_completion(lambda: self.metrics.log(step, **fields))
-        log.info(
-            "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
-            step,
-            row["reward_mean"],
-            row["lag_mean"],
-            row["lag_max"],
-            dropped,
-            self.weights.served_version,
-        )
+        log_step(step, row, dropped, self.weights.served_version)
 
     async def run_steps(self, evals: asyncio.TaskGroup) -> None:
         last = time.monotonic()
@@ -285,6 +279,19 @@ class Orchestrator:
         )
 
 
+def log_step(step: int, row: dict, dropped: int, served_version: int) -> None:
+    """The step's one line in the log, from its metrics row."""
+    log.info(
+        "step %d: reward %.3f, lag %.2f (max %d), dropped %d, serving v%d",
+        step,
+        row["reward_mean"],
+        row["lag_mean"],
+        row["lag_max"],
+        dropped,
+        served_version,
+    )
+
+
 async def count_requests(pool: ServerPool, progress: Progress) -> None:
     """Forever: the requests in flight into the progress the heartbeat publishes."""
     while True:
@@ -297,7 +304,7 @@ async def connect_servers(cfg: TriadConfig, clients: list[InferenceClient], run_
     oc = cfg.orchestrator
     servers = []
     for client in clients:
-        await client.wait_ready(oc.inference_timeout_s, oc.model_name)
+        await client.wait_ready(oc.servers.ready_timeout_s, oc.servers.model_name)
         backend = await backend_for(client, cfg, run_id)
         servers.append(Server(client, backend, answered_at=time.time()))
     if len({s.backend.updates for s in servers}) > 1:
@@ -342,14 +349,15 @@ async def orchestrate_as_holder(cfg: TriadConfig, env: Environment, run_id: str,
     rundir = RunDir.of(cfg)
     token = cfg.inference.token()
     clients = [
-        InferenceClient(url, token, cfg.orchestrator.request_timeout_s) for url in cfg.inference_urls()
+        InferenceClient(url, token, cfg.orchestrator.servers.request_timeout_s)
+        for url in cfg.inference_urls()
     ]
     fleet, watcher = None, None
     try:
         pool = ServerPool(await connect_servers(cfg, clients, run_id), cfg.orchestrator)
         progress.set(phase="rolling out")
         fleet = Fleet(cfg, rundir, pool)
-        if cfg.orchestrator.fleet_poll_s:
+        if cfg.orchestrator.servers.fleet_poll_s:
             watcher = asyncio.create_task(fleet.watch())
         while True:
             orchestrator = Orchestrator(cfg, run_id, pool, env, progress)
@@ -375,5 +383,5 @@ async def orchestrate_as_holder(cfg: TriadConfig, env: Environment, run_id: str,
 
 def run_orchestrator(cfg: TriadConfig) -> None:
     # a bad environment fails before any waiting
-    env = load_environment(cfg.orchestrator.env, cfg.orchestrator.env_args)
+    env = load_environment(cfg.orchestrator.environment.name, cfg.orchestrator.environment.args)
     asyncio.run(orchestrate(cfg, env))

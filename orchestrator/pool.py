@@ -5,11 +5,11 @@ one a multi-turn episode already uses). A failed or timed-out request (a 5xx,
 408 or 429 answer, a cut or invalid body, a dropped connection) is retried on
 another server after an exponential backoff, or the server's `Retry-After`
 if longer (both bounded by MAX_BACKOFF_S); a refused one (another 4xx) is not.
-A server that fails `max_server_failures` times in a row is taken out of
+A server that fails `servers.max_failures` times in a row is taken out of
 rotation with a warning. Failed attempts are counted by kind in each step's metrics.
 The health watcher polls every server: one that stops answering is taken out,
 one that comes back (a restart, say) is given the run's current weights before
-it serves rollouts again. With no healthy server for `inference_timeout_s` the
+it serves rollouts again. With no healthy server for `servers.ready_timeout_s` the
 orchestrator stops with an error that names each server and why it is out.
 """
 
@@ -94,7 +94,7 @@ class ServerPool:
         answer) within `request_timeout_s`: the bound on a request's lack of progress also bounds
         a server's."""
         alive = server.alive_at
-        return alive is not None and time.time() - alive < self.oc.request_timeout_s
+        return alive is not None and time.time() - alive < self.oc.servers.request_timeout_s
 
     def take_out(self, server: Server, why: str) -> None:
         why = f"{why}; {last_answer(server)}"
@@ -103,7 +103,7 @@ class ServerPool:
         server.healthy, server.why_out = False, why
 
     async def pick(self, prefer: Server | None = None) -> Server:
-        deadline = time.monotonic() + self.oc.inference_timeout_s
+        deadline = time.monotonic() + self.oc.servers.ready_timeout_s
         while True:
             if prefer is not None and prefer.healthy:
                 return prefer
@@ -112,20 +112,22 @@ class ServerPool:
                 return min(healthy, key=lambda s: s.client.inflight)
             if time.monotonic() > deadline:
                 out = "; ".join(f"{s.url}: {s.why_out}" for s in self.servers)
-                raise TriadError(f"no inference server healthy for {self.oc.inference_timeout_s:g} s ({out})")
+                raise TriadError(
+                    f"no inference server healthy for {self.oc.servers.ready_timeout_s:g} s ({out})"
+                )
             await asyncio.sleep(0.1)
 
     async def complete(
         self, prompt: str | list[int], n: int, prefer: Server | None = None, max_tokens: int | None = None
     ) -> tuple[list[Completion], Server, int]:
         """Completions, the server that made them, and the version it served when asked."""
-        max_tokens = max_tokens or self.oc.max_tokens
+        max_tokens = max_tokens or self.oc.sampling.max_tokens
 
         async def ask(server: Server) -> tuple[list[Completion], int, float, float]:
             version, started, wall = server.version, time.monotonic(), time.time()
             model = server.backend.model(version)  # a LoRA run's adapter of that version
             room = server.client.room(prompt, max_tokens)
-            out = await server.client.complete(prompt, n, room, self.oc.temperature, model)
+            out = await server.client.complete(prompt, n, room, self.oc.sampling.temperature, model)
             return out, version, time.monotonic() - started, wall
 
         (out, version, latency, wall), server = await self.request(ask, "a rollout", prefer)
@@ -140,7 +142,7 @@ class ServerPool:
         a server that keeps failing is taken out, and a request the server refuses (4xx) is not retried.
         RolloutFailed once every attempt failed: its group is dropped, the run goes on."""
         error: TriadError | None = None
-        for attempt in range(self.oc.max_retries + 1):
+        for attempt in range(self.oc.servers.max_retries + 1):
             server = await self.pick(prefer)
             try:
                 out = await call(server)
@@ -151,14 +153,16 @@ class ServerPool:
                 error, prefer = e, None
                 self.failed[failure_kind(e)] += 1
                 server.failures += 1
-                if server.failures >= self.oc.max_server_failures:
+                if server.failures >= self.oc.servers.max_failures:
                     self.take_out(server, f"{server.failures} failed requests in a row, the last: {e}")
                 asked = getattr(e, "retry_after", None) or 0.0  # the server's Retry-After, if it gave one
-                await asyncio.sleep(min(max(self.oc.retry_backoff_s * 2**attempt, asked), MAX_BACKOFF_S))
+                await asyncio.sleep(
+                    min(max(self.oc.servers.retry_backoff_s * 2**attempt, asked), MAX_BACKOFF_S)
+                )
                 continue
             server.failures, server.answered_at = 0, time.time()
             return out, server
-        raise RolloutFailed(f"{what} failed {self.oc.max_retries + 1} times; the last error: {error}")
+        raise RolloutFailed(f"{what} failed {self.oc.servers.max_retries + 1} times; the last error: {error}")
 
     def take_latencies(self) -> list[float]:
         out, self.latencies = self.latencies, []
@@ -176,7 +180,7 @@ class ServerPool:
     async def watch_health(self, realign: Callable[[Server], Awaitable[None]]) -> None:
         """Forever: take out servers that stop answering, re-align and re-admit those back."""
         while True:
-            await asyncio.sleep(self.oc.health_interval_s)
+            await asyncio.sleep(self.oc.servers.health_interval_s)
             await asyncio.gather(*(self._check(s, realign) for s in self.servers))
 
     async def _check(self, server: Server, realign: Callable[[Server], Awaitable[None]]) -> None:

@@ -17,7 +17,7 @@ Episode ids are unguessable (`secrets`); on an address other than loopback the
 proxy needs `orchestrator.agents.proxy_token` as a bearer token.
 Sampling follows the run's settings: the sampler's temperature must be the one
 the trainer divides its logits by, so a request's `temperature` is ignored, and
-`max_tokens` is capped at `orchestrator.max_tokens`.
+`max_tokens` is capped at `orchestrator.sampling.max_tokens`.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def check_request(body: Any, max_tokens: int) -> tuple[list[dict], list[dict] | 
     if refused:
         raise TriadError(
             f"unsupported by the training proxy: {', '.join(refused)}; sampling follows the run's settings "
-            "(orchestrator.temperature, max_tokens): leave them out"
+            "(orchestrator.sampling.temperature, max_tokens): leave them out"
         )
     if body.get("stream"):
         raise TriadError("stream is not supported by the training proxy")
@@ -172,7 +172,7 @@ class AgentProxy:
             return error(404, f"episode {episode} is over (finished, timed out or cancelled)")
         try:
             body = json.loads(await request.body())
-            messages, tools, max_tokens = check_request(body, self.oc.max_tokens)
+            messages, tools, max_tokens = check_request(body, self.oc.sampling.max_tokens)
         except ValueError as e:
             return error(400, f"the body is not JSON: {e}")
         except TriadError as e:

@@ -5,7 +5,7 @@ the exact token ids so far, and an environment message is tokenised by the
 server's `/tokenize` and appended with `loss_mask = false` and logprob 0. A
 single-turn group is one request with `n` samples. An episode that cannot go on
 is dropped or ends truncated as `failures.py` says. Chat prompts (and text
-prompts with `orchestrator.chat`) are `chat_rollout.ChatRollouts`' instead.
+prompts with `orchestrator.chat.text_prompts`) are `chat_rollout.ChatRollouts`' instead.
 """
 
 from __future__ import annotations
@@ -74,8 +74,10 @@ class TextRollouts:
 
     async def episode(self, prompt: Prompt) -> Sample:
         sample = Sample()
-        work = turns(self.env, prompt, self.pool, self.oc.env_timeout_s, sample)
-        return await run_episode(sample, work, self.oc.episode_timeout_s, self.where, self.failures)
+        work = turns(self.env, prompt, self.pool, self.oc.environment.timeout_s, sample)
+        return await run_episode(
+            sample, work, self.oc.environment.episode_timeout_s, self.where, self.failures
+        )
 
     async def single_turn_group(self, prompt: Prompt, size: int) -> list[Sample]:
         """One request with `size` samples; an episode with no turn: a refused or late one drops the group."""
@@ -86,7 +88,7 @@ class TextRollouts:
             completions, server, version = await self.pool.complete(prompt.text, size)
             samples.extend(single_turn(c, version, server.url) for c in completions)
 
-        await run_episode(sample, request(), self.oc.episode_timeout_s, self.where, self.failures)
+        await run_episode(sample, request(), self.oc.environment.episode_timeout_s, self.where, self.failures)
         return samples
 
     async def group(self, prompt: Prompt, size: int) -> list[Sample]:
@@ -98,7 +100,7 @@ class TextRollouts:
         else:
             episodes = [self.episode(prompt) for _ in range(size)]
             samples = await finished_episodes(episodes, self.oc.partial_groups, self.failures)
-        timeout = self.oc.env_timeout_s
+        timeout = self.oc.environment.timeout_s
         rewards = await asyncio.gather(*(score(self.env, prompt, s.completion, timeout) for s in samples))
         for sample, reward in zip(samples, rewards, strict=True):
             sample.reward = reward

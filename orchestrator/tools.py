@@ -168,7 +168,7 @@ class ToolRunner:
             return _error(f"{call.name}: {why}" if why else f"{call.name} timed out after {self.timeout:g} s")
 
     def _capped(self, result: str) -> str:
-        """A result over `max_result_chars` (orchestrator.max_tool_result_chars) is cut, and says so."""
+        """A result over `max_result_chars` (orchestrator.chat.max_tool_result_chars) is cut, and says so."""
         if len(result) <= self.max_result_chars:
             return result
         return result[: self.max_result_chars] + f"... [{len(result) - self.max_result_chars} characters cut]"

@@ -182,7 +182,7 @@ class WeightFollower:
         """Align every server; what each holds was loaded before this orchestrator started.
         One that does not answer is taken out of rotation, not the run: the health watcher aligns
         it when it answers again (after a trainer rewind, it may be out already); with none
-        healthy for `inference_timeout_s` the run stops naming each (`ServerPool.pick`)."""
+        healthy for `servers.ready_timeout_s` the run stops naming each (`ServerPool.pick`)."""
         for server in self.pool.servers:
             if server.backend.updates:
                 server.version = -1
@@ -255,7 +255,7 @@ class WeightFollower:
 
     async def wait_for_version(self, version: int) -> None:
         """Until the servers serve `version` (the trainer's last), as long as the trainer makes
-        progress towards it (its loads are bounded by `orchestrator.weight_load_timeout_s`)."""
+        progress towards it (its loads are bounded by `orchestrator.servers.weight_load_timeout_s`)."""
         what = f"{self.rundir.weights.describe_marker(version)} from the trainer, after the last batch"
         while self.served_version < version:
             await self.trainer.while_stalled(self.trainer_version < version, what)

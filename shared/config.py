@@ -129,41 +129,22 @@ class AgentsConfig(Table):
     )
 
 
-class OrchestratorConfig(Table):
-    inference_urls: list[str] = Field(
+class ServersConfig(Table):
+    """`[orchestrator.servers]`: the inference servers rollouts go to, and how each is watched."""
+
+    urls: list[str] = Field(
         default_factory=list,
         description="base URLs of the OpenAI-compatible servers; empty: the local [inference] one",
     )
+    model_name: str | None = Field(None, description="served model name; None: ask /v1/models")
     adapter_name: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
         description="LoRA runs: the name its adapter is served under (`<name>@v<V>`); None: run-<run_id>",
     )
-    model_name: str | None = Field(None, description="served model name; None: ask /v1/models")
-    env: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
-    env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")
-    env_timeout_s: float = Field(60, gt=0, description="bound on one reward, respond or tool call")
-    max_tool_result_chars: int = Field(
-        8192, ge=1, description="a tool's result is cut to this many characters before the model sees it"
+    ready_timeout_s: float = Field(
+        600, gt=0, description="wait for a server to answer: at the start, and while none is healthy"
     )
-    max_stuck_calls: int = Field(
-        32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls wait"
-    )
-    env_threads: int = Field(
-        64, ge=1, description="threads for sync rewards, respond, metrics and tools; more calls wait for one"
-    )
-    chat: bool = Field(
-        False, description="send text prompts as a user message with the model's chat template"
-    )
-    chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="options of the chat template, e.g. {enable_thinking = false}"
-    )
-    batch_size: int = Field(8, ge=1, description="prompts per step")
-    group_size: int = Field(4, ge=1, description="completions per prompt")
-    max_tokens: int = Field(32, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    max_inflight: int = Field(16, ge=1, description="prompt groups generating at once")
-    inference_timeout_s: float = Field(600, gt=0, description="wait for inference to answer")
     request_timeout_s: float = Field(
         120,
         gt=0,
@@ -173,19 +154,7 @@ class OrchestratorConfig(Table):
     )
     max_retries: int = Field(3, ge=0, description="retries of a failed request, on another server")
     retry_backoff_s: float = Field(0.5, ge=0, description="first backoff; doubles per retry")
-    max_server_failures: int = Field(3, ge=1, description="failures in a row that take a server out")
-    max_failed_groups: int = Field(
-        50, ge=1, description="groups failed in a row (each after every retry) that stop the run"
-    )
-    episode_timeout_s: float = Field(
-        1800,
-        ge=0,
-        description="bound on one text or chat episode: past it, it ends truncated (its group is dropped "
-        "before its first turn); 0: none",
-    )
-    partial_groups: bool = Field(
-        False, description="a group trains on its finished episodes (at least 2) when the others were dropped"
-    )
+    max_failures: int = Field(3, ge=1, description="failures in a row that take a server out")
     health_interval_s: float = Field(5, gt=0)
     fleet_poll_s: float = Field(
         2,
@@ -195,14 +164,73 @@ class OrchestratorConfig(Table):
     heartbeat_timeout_s: float = Field(
         15, gt=0, description="a joined server whose registry record stays unchanged this long is taken out"
     )
-    shaping: ShapingConfig = Field(default_factory=ShapingConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    weight_load_timeout_s: float = Field(900, gt=0, description="bound on one server's weight load")
+
+
+class EnvironmentConfig(Table):
+    """`[orchestrator.environment]`: which environment, and the bounds on the code it runs."""
+
+    name: str = Field("addition", description="built-in, entry point in triad.environments, or module:attr")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the env factory")
+    timeout_s: float = Field(60, gt=0, description="bound on one reward, respond or tool call")
+    episode_timeout_s: float = Field(
+        1800,
+        ge=0,
+        description="bound on one text or chat episode: past it, it ends truncated (its group is dropped "
+        "before its first turn); 0: none",
+    )
+    threads: int = Field(
+        64, ge=1, description="threads for sync rewards, respond, metrics and tools; more calls wait for one"
+    )
+    max_stuck_calls: int = Field(
+        32, ge=1, description="sync rewards, tools, agents left running past their bound; then new calls wait"
+    )
+
+
+class ChatConfig(Table):
+    """`[orchestrator.chat.text_prompts]`: chat templates and tool results."""
+
+    text_prompts: bool = Field(
+        False, description="send text prompts as a user message with the model's chat template"
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="options of the chat template, e.g. {enable_thinking = false}"
+    )
+    max_tool_result_chars: int = Field(
+        8192, ge=1, description="a tool's result is cut to this many characters before the model sees it"
+    )
+
+
+class SamplingConfig(Table):
+    """`[orchestrator.sampling]`: how each completion is sampled."""
+
+    max_tokens: int = Field(32, ge=1)
+    temperature: float = Field(1.0, gt=0)
+
+
+class OrchestratorConfig(Table):
+    """`[orchestrator]`: the loop's batch shape and bounds; each concept in a table of its own."""
+
+    batch_size: int = Field(8, ge=1, description="prompts per step")
+    group_size: int = Field(4, ge=1, description="completions per prompt")
+    max_inflight: int = Field(16, ge=1, description="prompt groups generating at once")
+    max_failed_groups: int = Field(
+        50, ge=1, description="groups failed in a row (each after every retry) that stop the run"
+    )
+    partial_groups: bool = Field(
+        False, description="a group trains on its finished episodes (at least 2) when the others were dropped"
+    )
     weights_stall_s: float = Field(
         900, gt=0, description="waiting for weights: stop once the trainer made no progress this long"
     )
-    weight_load_timeout_s: float = Field(900, gt=0, description="bound on one server's weight load")
     keep_rollouts: int = Field(4, ge=1, description="rollout step directories kept on disk")
+    servers: ServersConfig = Field(default_factory=ServersConfig)
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    shaping: ShapingConfig = Field(default_factory=ShapingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
 
 
 LossKind = Literal["ppo_clip", "cispo", "gspo"]
@@ -396,9 +424,9 @@ class TriadConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> TriadConfig:
-        for url in self.orchestrator.inference_urls:
+        for url in self.orchestrator.servers.urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"orchestrator.inference_urls: {url!r} is not an http(s) URL")
+                raise ValueError(f"orchestrator.servers.urls: {url!r} is not an http(s) URL")
         if self.inference.advertise_url and not self.inference.advertise_url.startswith(
             ("http://", "https://")
         ):
@@ -410,17 +438,18 @@ class TriadConfig(BaseSettings):
                 f"weights.transport = 'broadcast' needs triad's launcher, not inference.backend = "
                 f"{self.inference.backend!r}: use transport 'filesystem'"
             )
-        if self.orchestrator.max_stuck_calls > self.orchestrator.env_threads:
+        environment = self.orchestrator.environment
+        if environment.max_stuck_calls > environment.threads:
             raise ValueError(
-                f"orchestrator.max_stuck_calls ({self.orchestrator.max_stuck_calls}) must be at most "
-                f"orchestrator.env_threads ({self.orchestrator.env_threads}), the threads they would hold"
+                f"orchestrator.environment.max_stuck_calls ({environment.max_stuck_calls}) must be at most "
+                f"orchestrator.environment.threads ({environment.threads}), the threads they would hold"
             )
         if self.inference.backend in ("vllm", "sglang") and self.weights.snapshot_every > 1:
             raise ValueError(refuse_deltas(self.inference.backend, self.weights.snapshot_every))
-        timeout, interval = self.orchestrator.heartbeat_timeout_s, self.inference.heartbeat_interval_s
+        timeout, interval = self.orchestrator.servers.heartbeat_timeout_s, self.inference.heartbeat_interval_s
         if timeout <= 2 * interval:
             raise ValueError(
-                f"orchestrator.heartbeat_timeout_s ({timeout:g}) must be more than twice "
+                f"orchestrator.servers.heartbeat_timeout_s ({timeout:g}) must be more than twice "
                 f"inference.heartbeat_interval_s ({interval:g})"
             )
         if self.weights.snapshot_every > 1 and (self.weights.sharded or self.trainer.lora.enabled):
@@ -448,8 +477,8 @@ class TriadConfig(BaseSettings):
 
     def inference_urls(self) -> list[str]:
         """Where the orchestrator finds inference; the local server by default."""
-        if self.orchestrator.inference_urls:
-            return [u.rstrip("/") for u in self.orchestrator.inference_urls]
+        if self.orchestrator.servers.urls:
+            return [u.rstrip("/") for u in self.orchestrator.servers.urls]
         host = self.inference.host
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
@@ -522,8 +551,37 @@ def _moved_keys() -> dict[str, str]:
     moved |= {f"orchestrator.{k}": f"orchestrator.shaping.{k}" for k in ShapingConfig.model_fields}
     moved |= {f"orchestrator.proxy_{k}": f"orchestrator.agents.proxy_{k}" for k in ("host", "port", "token")}
     moved["orchestrator.agent_timeout_s"] = "orchestrator.agents.timeout_s"
+    moved |= {f"orchestrator.{k}": f"orchestrator.{where}" for k, where in ORCHESTRATOR_TABLES.items()}
     moved |= {f"trainer.broadcast_{k}": f"weights.broadcast.{k}" for k in BroadcastConfig.model_fields}
     return moved
+
+
+# The flat `[orchestrator]` keys of earlier versions, and their tables now.
+ORCHESTRATOR_TABLES = {
+    "inference_urls": "servers.urls",
+    "model_name": "servers.model_name",
+    "adapter_name": "servers.adapter_name",
+    "inference_timeout_s": "servers.ready_timeout_s",
+    "request_timeout_s": "servers.request_timeout_s",
+    "max_retries": "servers.max_retries",
+    "retry_backoff_s": "servers.retry_backoff_s",
+    "max_server_failures": "servers.max_failures",
+    "health_interval_s": "servers.health_interval_s",
+    "fleet_poll_s": "servers.fleet_poll_s",
+    "heartbeat_timeout_s": "servers.heartbeat_timeout_s",
+    "weight_load_timeout_s": "servers.weight_load_timeout_s",
+    "env": "environment.name",
+    "env_args": "environment.args",
+    "env_timeout_s": "environment.timeout_s",
+    "episode_timeout_s": "environment.episode_timeout_s",
+    "env_threads": "environment.threads",
+    "max_stuck_calls": "environment.max_stuck_calls",
+    "chat": "chat.text_prompts",
+    "chat_template_kwargs": "chat.template_kwargs",
+    "max_tool_result_chars": "chat.max_tool_result_chars",
+    "max_tokens": "sampling.max_tokens",
+    "temperature": "sampling.temperature",
+}
 
 
 def _describe(error: dict[str, Any], source: str) -> str:
@@ -536,7 +594,10 @@ def _describe(error: dict[str, Any], source: str) -> str:
             return f"config key {key!r} is now {moved!r} ({source})"
         return f"unknown config key {key!r} ({source})"
     if error["type"] == "model_type":
-        hint = "; the objective is trainer.loss.kind" if key == "trainer.loss" else ""
+        moved = _moved_keys().get(key)
+        hint = f"; its value of earlier versions is now {moved!r}" if moved else ""
+        if key == "trainer.loss":
+            hint = "; the objective is trainer.loss.kind"
         return f"config key {key!r} is a table [{key}], not a value{hint} ({source})"
     return f"bad config value for {key!r}: {error['msg']} (got {error.get('input')!r}; {source})"
 

@@ -3,9 +3,9 @@
 An inference server started with `triad inference --join` writes one small record
 (`FleetRecord`) to the run directory and rewrites it every
 `inference.heartbeat_interval_s` with its `beat` counted up; on a clean shutdown it
-removes it. The orchestrator reads the registry every `orchestrator.fleet_poll_s`
+removes it. The orchestrator reads the registry every `orchestrator.servers.fleet_poll_s`
 and judges liveness by its own clock (`FleetView`): a record is alive while its beat
-keeps changing within `orchestrator.heartbeat_timeout_s`. Only a record seen for the
+keeps changing within `orchestrator.servers.heartbeat_timeout_s`. Only a record seen for the
 first time is judged by the time written in it, so that a leftover of a server killed
 before this orchestrator started is not taken for a live one until its beat moves
 (clocks need not agree).

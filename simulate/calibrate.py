@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 from statistics import mean, median
+from typing import Any
 
+from shared.config import ORCHESTRATOR_TABLES
 from shared.errors import TriadError
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 from simulate.result import WARMUP_FRACTION
@@ -98,6 +100,16 @@ def trainer_spread(
     return tuple((r.get("read_s", 0) + r["train_s"] + r["publish_s"]) / f for r, f in fitted if f > 0)
 
 
+def recorded(oc: dict[str, Any], key: str) -> Any:
+    """`key` (`sampling.max_tokens`) of a run record's `orchestrator` section; a run recorded before
+    `[orchestrator]` had tables holds it under its flat name of then (`max_tokens`)."""
+    table, _, name = key.partition(".")
+    if table in oc:
+        return oc[table][name]
+    flat = {now: before for before, now in ORCHESTRATOR_TABLES.items()}
+    return oc[flat[key]]
+
+
 def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     """The run's Setup with every phase fitted, and the latency it must reproduce."""
     cfg = rundir.read_run().config
@@ -112,13 +124,15 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     )
     samples = sum(r["samples"] for r in orch)
     lengths = fit_lengths(
-        sum(r["tokens"] for r in orch) / samples, mean(r["truncated_frac"] for r in orch), oc["max_tokens"]
+        sum(r["tokens"] for r in orch) / samples,
+        mean(r["truncated_frac"] for r in orch),
+        recorded(oc, "sampling.max_tokens"),
     )
     load_s = median(loads) if loads else 0.0
     publish = mean(r["publish_s"] for r in trainer)
     mfu = 6 * TINY_PARAMS / (CPU_PEAK_FLOPS * per_token) if per_token > 0 else math.inf  # no per-token term
     setup = Setup(
-        servers=max(len(cfg.get("inference_urls") or oc.get("inference_urls") or []), 1),
+        servers=max(len(recorded(oc, "servers.urls")), 1),
         train_gpus=1,
         inference=Inference(
             iter_base_s=0.01,

@@ -27,7 +27,9 @@ async def backend_for(client: InferenceClient, cfg: TriadConfig, run_id: str) ->
     finding a stock server: config refuses the kinds it names)."""
     if cfg.trainer.lora.rank:
         return await adapter_backend(client, cfg, run_id)
-    backend = await detect(client, cfg.inference.backend, cfg.run_dir, cfg.orchestrator.weight_load_timeout_s)
+    backend = await detect(
+        client, cfg.inference.backend, cfg.run_dir, cfg.orchestrator.servers.weight_load_timeout_s
+    )
     if backend.kind in ("vllm", "sglang") and cfg.weights.snapshot_every > 1:
         raise TriadError(f"{client.base_url}: {refuse_deltas(backend.kind, cfg.weights.snapshot_every)}")
     return backend

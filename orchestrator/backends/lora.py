@@ -37,7 +37,7 @@ class AdapterLoads:
         if held.run_id != self.run_id:
             raise TriadError(
                 f"{self.client.base_url}: adapter name {self.name!r} is owned by run {held.run_id!r}, "
-                f"not this run {self.run_id!r}: set another orchestrator.adapter_name"
+                f"not this run {self.run_id!r}: set another orchestrator.servers.adapter_name"
             )
         return self.as_weights(held)
 
@@ -105,8 +105,8 @@ async def adapter_backend(client: InferenceClient, cfg: TriadConfig, run_id: str
             "'--max-lora-rank', '<rank>', '--max-loras', '<2 x runs sharing it>']"
         )
     prefix = run_dir_prefix(cfg.run_dir, listed.run_dir, url)
-    name = oc.adapter_name or f"run-{run_id}"
-    backend = AdapterLoads(client, name, run_id, prefix, oc.weight_load_timeout_s)
+    name = oc.servers.adapter_name or f"run-{run_id}"
+    backend = AdapterLoads(client, name, run_id, prefix, oc.servers.weight_load_timeout_s)
     await backend.current()  # a name another run owns is refused here
     log.info("%s: LoRA adapter %r of run %s (run_dir at %r in the server's)", url, name, run_id, prefix)
     return backend

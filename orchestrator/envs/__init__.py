@@ -1,4 +1,4 @@
-"""Built-in environments, by the name `orchestrator.env` uses, and the library adapters
+"""Built-in environments, by the name `orchestrator.environment.name` uses, and the library adapters
 that take a `prefix:name` (`reasoning_gym:<task>`, `verifiers:<environment id>`)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Math word problems, answers checked with math-verify (or a plain numeric check).
 
 The shipped set (`data/grade_school_math.jsonl`, made by the script beside it)
-has GSM8K's layout, so a user's copy of GSM8K works with `env_args.path`; so does
+has GSM8K's layout, so a user's copy of GSM8K works with `orchestrator.environment.args.path`; so does
 a MATH-format file (`problem`, and `answer` or a `solution` ending in `\\boxed{}`).
 The last `eval_size` items are held out for evaluation and never sampled in training.
 

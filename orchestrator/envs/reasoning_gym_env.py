@@ -1,9 +1,10 @@
 """reasoning-gym's procedural tasks as a triad environment (`pip install 'triad[reasoning-gym]'`).
 
-    env = "reasoning_gym:basic_arithmetic"                      # one task
-    env_args = { config = { max_digits = 2 } }                   # the task's own config
-    env = "reasoning_gym"                                        # a weighted mixture
-    env_args = { tasks = { leg_counting = 1, basic_arithmetic = 3 }, config = { leg_counting = {...} } }
+    [orchestrator.environment]
+    name = "reasoning_gym:basic_arithmetic"                     # one task
+    args = { config = { max_digits = 2 } }                      # the task's own config
+    name = "reasoning_gym"                                      # or a weighted mixture
+    args = { tasks = { leg_counting = 1, basic_arithmetic = 3 }, config = { leg_counting = {...} } }
 
 Items come from the library's generator (`reasoning_gym.create_dataset`), scored by
 the dataset's own `score_answer` on the answer the library's `extract_answer` finds
@@ -58,7 +59,8 @@ class ReasoningGym:
     ) -> None:
         if (task is None) == (tasks is None):
             raise TriadError(
-                "reasoning_gym: give one task ('reasoning_gym:<task>') or env_args.tasks, not both"
+                "reasoning_gym: give one task ('reasoning_gym:<task>') or "
+                "orchestrator.environment.args.tasks, not both"
             )
         if size < 1 or eval_size < 1:
             raise TriadError(f"reasoning_gym: size ({size}) and eval_size ({eval_size}) must be positive")

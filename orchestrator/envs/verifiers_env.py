@@ -1,7 +1,8 @@
 """An installed `verifiers` environment as a triad environment (`pip install 'triad[verifiers]'`).
 
-    env = "verifiers:my-env"          # the module my_env, with load_environment(**env_args)
-    env_args = { num_train_examples = 500 }
+    [orchestrator.environment]
+    name = "verifiers:my-env"          # the module my_env, with load_environment(**args)
+    args = { num_train_examples = 500 }
 
 Its dataset gives the prompts (each prompt is a row index). For each episode its
 own rollout logic (`Environment.run_rollout`: single-turn, multi-turn, tools,

@@ -83,7 +83,7 @@ def seed_oss_model(dest: Path) -> Path:
 
 
 async def episode(url: str, run_dir: Path) -> None:
-    cfg = load_config(None, [f"run_dir={run_dir}", f'orchestrator.inference_urls=["{url}"]'])
+    cfg = load_config(None, [f"run_dir={run_dir}", f'orchestrator.servers.urls=["{url}"]'])
     client = InferenceClient(url, None, 120)
     await client.wait_ready(120, None)
     try:

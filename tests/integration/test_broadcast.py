@@ -217,12 +217,12 @@ def test_a_server_killed_during_an_update_falls_back_to_files(tmp_path, tiny_mod
         'weights.transport="broadcast"',
         f"weights.broadcast.port={port}",
         "weights.broadcast.timeout_s=10",
-        f'orchestrator.inference_urls=["{servers[0].url}", "{servers[1].url}"]',
+        f'orchestrator.servers.urls=["{servers[0].url}", "{servers[1].url}"]',
         "orchestrator.batch_size=4",
         "orchestrator.group_size=4",
-        "orchestrator.max_tokens=4",
-        "orchestrator.health_interval_s=1",
-        "orchestrator.retry_backoff_s=0.2",
+        "orchestrator.sampling.max_tokens=4",
+        "orchestrator.servers.health_interval_s=1",
+        "orchestrator.servers.retry_backoff_s=0.2",
     ]
     flags = [f"--set={s}" for s in sets]
     commands = {

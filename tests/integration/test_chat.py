@@ -54,11 +54,11 @@ def config(run_dir: Path, model: str, url: str, env: str, *extra: str) -> tuple[
         f"run_dir={run_dir}",
         f"model={model}",
         f"max_steps={STEPS}",
-        f'orchestrator.inference_urls=["{url}"]',
-        f'orchestrator.env="{env}"',
+        f'orchestrator.servers.urls=["{url}"]',
+        f'orchestrator.environment.name="{env}"',
         "orchestrator.batch_size=4",
         "orchestrator.group_size=4",
-        "orchestrator.max_tokens=96",
+        "orchestrator.sampling.max_tokens=96",
         "trainer.optim.lr=1e-4",
         "trainer.batch_stall_s=300",
         "orchestrator.weights_stall_s=300",
@@ -359,8 +359,13 @@ def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, chat
             "        return 0.0\n"
         ),
     )
-    url = f'orchestrator.inference_urls=["{chat_server.url}"]'
-    sets = [f"run_dir={tmp_path / 'run'}", f"model={chat_model}", url, 'orchestrator.env="bad_envs:Bad"']
+    url = f'orchestrator.servers.urls=["{chat_server.url}"]'
+    sets = [
+        f"run_dir={tmp_path / 'run'}",
+        f"model={chat_model}",
+        url,
+        'orchestrator.environment.name="bad_envs:Bad"',
+    ]
     result = run_triad(
         "orchestrator", *[f"--set={s}" for s in sets], timeout=120, env={"PYTHONPATH": f"{tmp_path}:{REPO}"}
     )
@@ -383,7 +388,7 @@ def test_multi_turn_tool_episodes_hold_the_ids_sampled_and_appended_and_vllms_lo
     longer conversation, where Qwen3 drops an earlier turn's think block) in between; the logprobs
     of the sampled tokens are vLLM's, and those of the base model within 1e-3."""
     Recording.calls = []
-    kwargs = f"orchestrator.chat_template_kwargs={{enable_thinking={str(thinking).lower()}}}"
+    kwargs = f"orchestrator.chat.template_kwargs={{enable_thinking={str(thinking).lower()}}}"
     cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "calculator", kwargs)
     train(cfg, flags, ChatCalculator(), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
@@ -446,7 +451,7 @@ def calculate(expression: str) -> str:
     n = next(CALLS)
     if n % 3 == 1:  # 1 MB: the next render is over the server's context
         return "9" * 2**20
-    if n % 3 == 2:  # past env_timeout_s: answered as an error
+    if n % 3 == 2:  # past environment.timeout_s: answered as an error
         time.sleep(3)
     return calculator.calculate(expression)
 
@@ -469,7 +474,7 @@ class Faulty(calculator.ChatCalculator):
     def reward(self, prompt, conversation):
         if prompt.meta["kind"] == "reward_raises":
             raise ValueError("odd output")
-        if prompt.meta["kind"] == "reward_hangs":  # the group's rewards, at once, past env_timeout_s
+        if prompt.meta["kind"] == "reward_hangs":  # the group's rewards, at once, past environment.timeout_s
             time.sleep(3.5)
         return super().reward(prompt, conversation)
 
@@ -485,15 +490,15 @@ def test_a_run_whose_prompts_rewards_tools_and_replies_fail_reaches_its_last_ste
 ):
     """The orchestrator of a real run (vLLM, torchrun) whose environment's prompt is over the context
     (render 400), reward raises or hangs, respond raises, and tool returns 1 MB (the next render is
-    over the context) or hangs past env_timeout_s: every step is trained, no traceback, each fault
+    over the context) or hangs past environment.timeout_s: every step is trained, no traceback, each fault
     counted. With one call allowed stuck, calls then wait for it to return: before, they failed at
     once (a soak lost its run to 50 such groups in a row). Before that, the render's 400 ended the
     orchestrator (`... render answered 400`)."""
     (tmp_path / "faulty_envs.py").write_text(FAULTY_ENV)
     limits = (
-        "orchestrator.env_timeout_s=2",
-        "orchestrator.max_tool_result_chars=2000000",
-        "orchestrator.max_stuck_calls=1",
+        "orchestrator.environment.timeout_s=2",
+        "orchestrator.chat.max_tool_result_chars=2000000",
+        "orchestrator.environment.max_stuck_calls=1",
     )
     cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "faulty_envs:Faulty", *limits)
     env = {"PYTHONPATH": f"{tmp_path}:{REPO}"}

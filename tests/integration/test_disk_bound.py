@@ -74,7 +74,7 @@ def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
         f"inference.port={free_port()}",
         "orchestrator.batch_size=4",
         "orchestrator.group_size=4",
-        "orchestrator.max_tokens=4",
+        "orchestrator.sampling.max_tokens=4",
         "orchestrator.eval.every=0",
         f"trainer.checkpoint.every={EVERY}",
         f"max_async_level={ETA}",

@@ -52,12 +52,12 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
         [
             f"run_dir={run_dir}",
             f"model={model}",
-            f'orchestrator.inference_urls=["{url}"]',
-            'orchestrator.env="calculator_text"',
+            f'orchestrator.servers.urls=["{url}"]',
+            'orchestrator.environment.name="calculator_text"',
             "orchestrator.batch_size=3",
             "orchestrator.group_size=3",
-            "orchestrator.max_tokens=8",
-            "orchestrator.temperature=0.4",
+            "orchestrator.sampling.max_tokens=8",
+            "orchestrator.sampling.temperature=0.4",
             "max_steps=2",
         ],
     )
@@ -68,12 +68,14 @@ def collect_calculator_batch(run_dir: Path, model: str, url: str) -> tuple[list[
         clients = [InferenceClient(u, None, 60) for u in cfg.inference_urls()]
         servers = await connect_servers(cfg, clients, "")
         assert [s.backend.kind for s in servers] == ["none"]
-        env = load_environment(cfg.orchestrator.env)
+        env = load_environment(cfg.orchestrator.environment.name)
         orch = Orchestrator(cfg, run.run_id, ServerPool(servers, cfg.orchestrator), env)
         await orch.weights.connect()
         producer = asyncio.create_task(orch.produce())
         batch, _, _ = await orch.assemble(1)
-        publish_batch(rundir, run.run_id, 1, orch.builder.rows(1, batch), cfg.orchestrator.temperature)
+        publish_batch(
+            rundir, run.run_id, 1, orch.builder.rows(1, batch), cfg.orchestrator.sampling.temperature
+        )
         producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)
         for client in clients:
@@ -133,11 +135,11 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
         f"run_dir={run_dir}",
         f"model={tiny_model}",
         "max_steps=3",
-        f'orchestrator.inference_urls=["{plain_server.url}"]',
-        'orchestrator.env="echo"',
+        f'orchestrator.servers.urls=["{plain_server.url}"]',
+        'orchestrator.environment.name="echo"',
         "orchestrator.batch_size=4",
         "orchestrator.group_size=4",
-        "orchestrator.max_tokens=4",
+        "orchestrator.sampling.max_tokens=4",
         "trainer.optim.lr=1e-4",
         "trainer.batch_stall_s=300",
         "orchestrator.weights_stall_s=300",
@@ -181,8 +183,8 @@ def test_a_chat_environment_needs_a_chat_template(tmp_path, tiny_model, plain_se
     sets = [
         f"run_dir={tmp_path / 'run'}",
         f"model={tiny_model}",
-        'orchestrator.env="calculator"',
-        f'orchestrator.inference_urls=["{plain_server.url}"]',
+        'orchestrator.environment.name="calculator"',
+        f'orchestrator.servers.urls=["{plain_server.url}"]',
     ]
     result = run_triad("orchestrator", *[f"--set={s}" for s in sets], timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr

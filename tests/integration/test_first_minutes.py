@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def test_the_orchestrator_s_error_line_is_what_up_prints(tmp_path: Path, tiny_model: str) -> None:
     run_dir = tmp_path / "run"
-    sets = [f"run_dir={run_dir}", f"inference.port={free_port()}", "orchestrator.env=nosuch"]
+    sets = [f"run_dir={run_dir}", f"inference.port={free_port()}", "orchestrator.environment.name=nosuch"]
     out = run_triad("up", *[f"--set={s}" for s in sets], timeout=300)
     assert out.returncode == 2, out.stderr
     error = out.stderr.strip().splitlines()

@@ -75,16 +75,16 @@ def test_a_reasoning_gym_task_trains_and_its_rewards_are_the_librarys_scores(
         model,
         url,
         "reasoning_gym:basic_arithmetic",
-        f'orchestrator.env_args={{{config_toml},system_prompt="none",answer_tag=false,size=300,chat={str(chat).lower()}}}',
-        "orchestrator.max_tokens=2",
+        f'orchestrator.environment.args={{{config_toml},system_prompt="none",answer_tag=false,size=300,chat={str(chat).lower()}}}',
+        "orchestrator.sampling.max_tokens=2",
         f"max_steps={STEPS}",
         "orchestrator.group_size=8",
     )
-    assert cfg.orchestrator.env_args == args
+    assert cfg.orchestrator.environment.args == args
     train(
         cfg,
         flags,
-        load_environment(cfg.orchestrator.env, cfg.orchestrator.env_args),
+        load_environment(cfg.orchestrator.environment.name, cfg.orchestrator.environment.args),
         tmp_path / "trainer.log",
     )
     dataset = rg.create_dataset("basic_arithmetic", **ARITH, seed=0, size=300)
@@ -133,15 +133,15 @@ def test_a_verifiers_environment_runs_its_own_rollouts_and_rubric(
         chat_model,
         chat_server.url,
         "verifiers:vf_two_turns",
-        "orchestrator.max_tokens=24",
+        "orchestrator.sampling.max_tokens=24",
         f"max_steps={STEPS}",
         # the prompt closes the think block: the chat model rarely writes `</think>` now, and
         # vLLM's qwen3 parser reads a reply without it as reasoning, so the rubric (which reads
         # content) saw an empty reply in 48 of 48 samples in two runs of three
-        "orchestrator.chat_template_kwargs={enable_thinking=false}",
+        "orchestrator.chat.template_kwargs={enable_thinking=false}",
     )
-    assert cfg.orchestrator.chat_template_kwargs == NO_THINKING
-    train(cfg, flags, load_environment(cfg.orchestrator.env), tmp_path / "trainer.log")
+    assert cfg.orchestrator.chat.template_kwargs == NO_THINKING
+    train(cfg, flags, load_environment(cfg.orchestrator.environment.name), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
     rows = rows_of(cfg.run_dir)
     assert len(rows) == STEPS * 4 * 4  # one chain per episode: the second call extends the first

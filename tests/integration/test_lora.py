@@ -249,12 +249,12 @@ def lora_run(run_dir: Path, model: str, server: Server, service: str, *extra: st
         "weights.keep=100",
         "trainer.batch_stall_s=240",
         f"inference.admin_token={TOKEN}",
-        f'orchestrator.inference_urls=["{server.url}"]',
+        f'orchestrator.servers.urls=["{server.url}"]',
         "orchestrator.batch_size=4",
         "orchestrator.group_size=4",
-        "orchestrator.max_tokens=8",
+        "orchestrator.sampling.max_tokens=8",
         "orchestrator.keep_rollouts=100",
-        "orchestrator.inference_timeout_s=240",
+        "orchestrator.servers.ready_timeout_s=240",
         *extra,
     ]
     cmd = triad_cmd(service, *[f"--set={s}" for s in sets])
@@ -373,8 +373,8 @@ def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refus
         f"model={untied_model}",
         "trainer.lora.rank=8",
         f"inference.admin_token={TOKEN}",
-        f'orchestrator.inference_urls=["{server.url}"]',
-        f"orchestrator.adapter_name=run-{run_ids['a']}",
+        f'orchestrator.servers.urls=["{server.url}"]',
+        f"orchestrator.servers.adapter_name=run-{run_ids['a']}",
     ]
     third = subprocess.run(
         triad_cmd("orchestrator", *[f"--set={s}" for s in third_sets]),
@@ -387,5 +387,5 @@ def test_two_lora_runs_share_one_server_and_a_third_naming_ones_adapter_is_refus
     assert third.stderr.strip().splitlines()[-1] == (
         f"triad orchestrator: error: {server.url}: adapter name 'run-{run_ids['a']}' is owned by run "
         f"{run_ids['a']!r}, not this run {RunDir(run_dir / 'c').read_run().run_id!r}: set another "
-        "orchestrator.adapter_name"
+        "orchestrator.servers.adapter_name"
     ), third.stderr[-3000:]

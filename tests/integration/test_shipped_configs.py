@@ -31,12 +31,12 @@ def test_each_qwen3_configs_environment_starts_and_rolls_out_a_group(
     sets = [
         f"run_dir={tmp_path}",
         f"model={chat_model}",
-        f'orchestrator.inference_urls=["{chat_server.url}"]',
+        f'orchestrator.servers.urls=["{chat_server.url}"]',
     ]
     cfg = load_config(REPO / "configs" / name, sets)
     oc = cfg.orchestrator
-    assert oc.chat and oc.chat_template_kwargs == {"enable_thinking": False}
-    env = load_environment(oc.env, oc.env_args)
+    assert oc.chat.text_prompts and oc.chat.template_kwargs == {"enable_thinking": False}
+    env = load_environment(oc.environment.name, oc.environment.args)
 
     async def run():
         client = InferenceClient(chat_server.url, None, 120)

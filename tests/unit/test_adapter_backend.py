@@ -64,7 +64,7 @@ def test_a_lora_run_loads_its_adapter_by_path_inside_the_servers_run_dir_and_add
     assert b.client.loads[-1].path == f"run-a/{step_3}" and b.client.loads[-1].run_id == "r1"
     assert (info.version, info.path, info.tensor_digests) == (3, step_3, {"a": "d"})
     assert asyncio.run(b.current()).path == step_3 and b.model(3) == "run-r1@v3"
-    named = backend(tmp_path, listing(tmp_path), "orchestrator.adapter_name=policy-a")
+    named = backend(tmp_path, listing(tmp_path), "orchestrator.servers.adapter_name=policy-a")
     assert named.name == "policy-a" and named.model(2) == "policy-a@v2"
 
 

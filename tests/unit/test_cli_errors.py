@@ -39,8 +39,8 @@ def test_inference_that_does_not_answer(tmp_path):
     r = run_triad(
         "orchestrator",
         f"--set=run_dir={tmp_path}",
-        f'--set=orchestrator.inference_urls=["{url}"]',
-        "--set=orchestrator.inference_timeout_s=2",
+        f'--set=orchestrator.servers.urls=["{url}"]',
+        "--set=orchestrator.servers.ready_timeout_s=2",
     )
     assert_one_line_error(r, f"{url}/health", "gave up after 2 s")
 
@@ -59,7 +59,7 @@ def test_admin_token_required_off_loopback(tmp_path, tiny_model):
 
 
 def test_unknown_environment_fails_before_waiting_for_inference(tmp_path):
-    r = run_triad("orchestrator", f"--set=run_dir={tmp_path}", '--set=orchestrator.env="chess"')
+    r = run_triad("orchestrator", f"--set=run_dir={tmp_path}", '--set=orchestrator.environment.name="chess"')
     assert_one_line_error(r, "unknown environment 'chess'", "triad.environments")
 
 

@@ -352,7 +352,7 @@ def test_the_table_rule_finds_planted_reads():
     } < LAUNCHER_KEYS
     assert {"max_model_len", "kv_cache_gib", "adapter_idle_s", "advertise_url"} < LAUNCHER_KEYS
     planted = {
-        "inference/a.py": "def f(cfg):\n    return cfg.orchestrator.env, cfg.inference.vllm_args\n",
+        "inference/a.py": "def f(cfg):\n    return cfg.orchestrator.environment, cfg.inference.vllm_args\n",
         "trainer/b.py": "def g(self):\n    ic = self.cfg.inference\n    return ic.kv_cache_gib, ic.port\n",
         "orchestrator/c.py": "def h(cfg, c):\n    x = cfg.inference.devices\n"
         "    return cfg.inference.token(), cfg.inference.backend, c.max_model_len, cfg.trainer.cpus\n",

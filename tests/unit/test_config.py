@@ -64,7 +64,7 @@ def test_override_values_are_toml_typed():
         ("max_steps = 'many'\n", [], "bad config value for 'max_steps'"),
         ("", ["max_async_level=-1"], "bad config value for 'max_async_level'"),
         ("max_steps = \n", [], "is not valid TOML"),
-        ("", ['orchestrator.inference_urls=["gpu-1:8000"]'], "is not an http"),
+        ("", ['orchestrator.servers.urls=["gpu-1:8000"]'], "is not an http"),
         ("", ["max_async_level=3", "weights.keep=3"], r"weights\.keep .3. must be at least"),
         (
             "",
@@ -138,6 +138,28 @@ def test_override_values_are_toml_typed():
             ['trainer.loss="cispo"'],
             "is a table .trainer.loss., not a value; the objective is trainer.loss.kind",
         ),
+        (
+            '[orchestrator]\nenv = "reverse"\n',
+            [],
+            "config key 'orchestrator.env' is now 'orchestrator.environment.name'",
+        ),
+        (
+            "",
+            ['orchestrator.inference_urls=["http://gpu-1:8000"]'],
+            "config key 'orchestrator.inference_urls' is now 'orchestrator.servers.urls'",
+        ),
+        (
+            "[orchestrator]\nmax_server_failures = 5\n",
+            [],
+            "config key 'orchestrator.max_server_failures' is now 'orchestrator.servers.max_failures'",
+        ),
+        ("", ["orchestrator.max_tokens=8"], "is now 'orchestrator.sampling.max_tokens'"),
+        (
+            "[orchestrator]\nchat = true\n",
+            [],
+            "config key 'orchestrator.chat' is a table .orchestrator.chat., not a value; its value of "
+            "earlier versions is now 'orchestrator.chat.text_prompts'",
+        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, toml, sets, message):
@@ -167,13 +189,13 @@ def test_every_shipped_config_parses_and_names_a_loadable_environment(path):
     from orchestrator.environments import load_environment
 
     oc = load_config(path).orchestrator
-    assert load_environment(oc.env, oc.env_args).name
+    assert load_environment(oc.environment.name, oc.environment.args).name
 
 
 def test_default_urls_do_not_leak_wildcard_hosts():
     cfg = load_config(None, ["inference.host=0.0.0.0", "inference.port=9000"])
     assert cfg.inference_urls() == ["http://127.0.0.1:9000"]
-    cfg = load_config(None, ['orchestrator.inference_urls=["http://gpu-1:8000/"]'])
+    cfg = load_config(None, ['orchestrator.servers.urls=["http://gpu-1:8000/"]'])
     assert cfg.inference_urls() == ["http://gpu-1:8000"]
 
 
@@ -227,3 +249,17 @@ def test_documented_set_flags_parse():
     assert flags
     for flag in sorted(flags - {"key=value"}):
         load_config(None, [flag])
+
+
+def test_an_environment_variable_of_a_flat_orchestrator_key_names_its_table(monkeypatch):
+    monkeypatch.setenv("TRIAD_ORCHESTRATOR__REQUEST_TIMEOUT_S", "30")
+    with pytest.raises(TriadError) as caught:
+        load_config(None, [])
+    assert str(caught.value) == (
+        "environment variable TRIAD_ORCHESTRATOR__REQUEST_TIMEOUT_S sets 'orchestrator.request_timeout_s', "
+        "which is now 'orchestrator.servers.request_timeout_s' "
+        "(TRIAD_ORCHESTRATOR__SERVERS__REQUEST_TIMEOUT_S)"
+    )
+    monkeypatch.delenv("TRIAD_ORCHESTRATOR__REQUEST_TIMEOUT_S")
+    monkeypatch.setenv("TRIAD_ORCHESTRATOR__SERVERS__REQUEST_TIMEOUT_S", "30")
+    assert load_config(None, []).orchestrator.servers.request_timeout_s == 30

@@ -52,8 +52,8 @@ def test_at_the_cap_a_call_waits_for_a_stuck_one_to_return_within_its_own_time_l
         assert gates[2].calls == 0 and workers.threads == 2  # it never ran, and took no thread
         assert env_calls.not_started() == (
             "did not start Gate.wait_here: 2 environment calls ran past their time limit and none "
-            "returned within this one's (orchestrator.max_stuck_calls = 2); make the reward, tool or "
-            "agent return in time"
+            "returned within this one's (orchestrator.environment.max_stuck_calls = 2); make the reward, "
+            "tool or agent return in time"
         )
         assert env_calls.not_started() is None  # read once
         waiting = asyncio.create_task(workers.run(gates[2].wait_here))
@@ -138,8 +138,12 @@ def test_a_call_that_hangs_holds_its_thread_counted_until_it_returns():
 def test_more_stuck_calls_than_threads_is_refused_at_start():
     from shared.config import load_config
 
-    with pytest.raises(Exception, match=r"max_stuck_calls \(9\) must be at most .*env_threads \(8\)"):
-        load_config(None, ["orchestrator.env_threads=8", "orchestrator.max_stuck_calls=9"])
+    with pytest.raises(
+        Exception, match=r"environment.max_stuck_calls \(9\) must be at most .*environment.threads \(8\)"
+    ):
+        load_config(
+            None, ["orchestrator.environment.threads=8", "orchestrator.environment.max_stuck_calls=9"]
+        )
 
 
 def test_errors_reach_the_caller_and_a_sync_result_that_is_awaitable_is_awaited():

@@ -117,7 +117,7 @@ def test_builtin_names_and_errors():
     assert load_environment("grade_school_math", {"eval_size": 10}).eval_size == 10
     with pytest.raises(TriadError, match="unknown environment 'chess'.*reverse"):
         load_environment("chess")
-    with pytest.raises(TriadError, match="bad orchestrator.env_args"):
+    with pytest.raises(TriadError, match="bad orchestrator.environment.args"):
         load_environment("addition", {"colour": "red"})
     with pytest.raises(TriadError, match="cannot import 'nowhere'"):
         load_environment("nowhere:Env")
@@ -140,7 +140,7 @@ def test_eval_prompts_fall_back_to_a_fixed_seed():
 
 
 def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
-    cfg = load_config(None, ['orchestrator.env="calculator"', "orchestrator.group_size=3"])
+    cfg = load_config(None, ['orchestrator.environment.name="calculator"', "orchestrator.group_size=3"])
     env = TextCalculator(max_turns=3)
     prompt = env.sample(random.Random(0))
     with FakeServer() as fake:
@@ -261,7 +261,9 @@ def test_a_slow_sync_respond_is_bounded_and_the_loop_keeps_running():
     env = Blocking()
     ended = asyncio.run(bounded(env, respond(env, None, "x", timeout=0.1)))
     assert isinstance(ended, EpisodeEnded) and ended.cause == "respond"
-    assert str(ended) == "environment 'blocking': respond took over 0.1 s (env_timeout_s)"
+    assert (
+        str(ended) == "environment 'blocking': respond took over 0.1 s (orchestrator.environment.timeout_s)"
+    )
     assert env.loop_ran_meanwhile
 
 

@@ -70,11 +70,11 @@ def test_a_run_whose_samples_and_environment_fail_in_every_way_reaches_its_last_
                 [fake.url],
                 f"max_steps={steps}",
                 "max_async_level=100",
-                "orchestrator.env_timeout_s=0.2",
+                "orchestrator.environment.timeout_s=0.2",
                 "orchestrator.max_inflight=4",
                 "weights.keep=200",
                 "orchestrator.max_failed_groups=5",
-                'orchestrator.env="tests.unit.test_episode_faults:Faulty"',
+                'orchestrator.environment.name="tests.unit.test_episode_faults:Faulty"',
             )
             orch.pool.servers[0].client.max_model_len = CONTEXT
             producer = asyncio.create_task(orch.produce())
@@ -107,7 +107,7 @@ def test_a_run_whose_samples_and_environment_fail_in_every_way_reaches_its_last_
 
 
 def pool_of(fake: FakeServer, *sets: str) -> ServerPool:
-    cfg = load_config(None, ["orchestrator.retry_backoff_s=0.01", *sets])
+    cfg = load_config(None, ["orchestrator.servers.retry_backoff_s=0.01", *sets])
     client = InferenceClient(fake.url, None, 10)
     client.model = "fake"
     return ServerPool([Server(client, Frozen())], cfg.orchestrator)
@@ -163,7 +163,11 @@ def test_a_straggler_episode_ends_truncated_at_episode_timeout_s():
     with FakeServer() as fake:
         started = time.monotonic()
         samples, counts = rollout(
-            Chat(slow), fake, 2, "orchestrator.episode_timeout_s=0.3", "orchestrator.env_timeout_s=60"
+            Chat(slow),
+            fake,
+            2,
+            "orchestrator.environment.episode_timeout_s=0.3",
+            "orchestrator.environment.timeout_s=60",
         )
     assert time.monotonic() - started < 10
     assert [(s.turns, s.truncated) for s in samples] == [(1, True), (1, True)]
@@ -173,8 +177,10 @@ def test_a_straggler_episode_ends_truncated_at_episode_timeout_s():
 def test_an_episode_past_its_bound_before_its_first_turn_drops_its_group():
     with FakeServer() as fake:
         fake.state.delay = 5
-        with pytest.raises(RolloutFailed, match=r"ran past orchestrator.episode_timeout_s \(0.2 s\)") as e:
-            rollout(Chat(), fake, 2, "orchestrator.episode_timeout_s=0.2")
+        with pytest.raises(
+            RolloutFailed, match=r"ran past orchestrator.environment.episode_timeout_s \(0.2 s\)"
+        ) as e:
+            rollout(Chat(), fake, 2, "orchestrator.environment.episode_timeout_s=0.2")
     assert e.value.cause == "timeout"
 
 
@@ -257,7 +263,7 @@ def test_prompt_ids_that_differ_from_those_sent_are_a_named_server_error():
         with pytest.raises(
             RolloutFailed, match=r"prompt_token_ids differ from the \d+ ids sent, at index \d+"
         ):
-            rollout(Chat(), fake, 1, "orchestrator.max_retries=1")
+            rollout(Chat(), fake, 1, "orchestrator.servers.max_retries=1")
     assert fake.state.requests == 2
 
 
@@ -272,8 +278,8 @@ def test_busy_answers_and_cut_bodies_are_retried_and_retry_after_is_honoured(rou
             Chat(lambda p, c: "more"),
             fake,
             1,
-            "orchestrator.max_retries=4",
-            "orchestrator.max_server_failures=9",
+            "orchestrator.servers.max_retries=4",
+            "orchestrator.servers.max_failures=9",
         )
     assert time.monotonic() - started >= 1.0  # the 429's Retry-After, over the 0.01 s backoff
     assert samples[0].turns == 3 and not samples[0].truncated and counts == {"groups_failed": 0}

@@ -42,7 +42,9 @@ class Chatty:
 
 
 def pool_of(fake: FakeServer, *sets: str) -> tuple[ServerPool, InferenceClient]:
-    cfg = load_config(None, ["orchestrator.max_tokens=32", "orchestrator.max_retries=0", *sets])
+    cfg = load_config(
+        None, ["orchestrator.sampling.max_tokens=32", "orchestrator.servers.max_retries=0", *sets]
+    )
     client = InferenceClient(fake.url, None, 10)
     return ServerPool([Server(client, Frozen())], cfg.orchestrator), client
 
@@ -189,7 +191,9 @@ def test_a_proxy_off_loopback_needs_a_token_and_then_asks_for_it():
 
 
 def pools_of(*fakes: FakeServer, sets: tuple[str, ...] = ()) -> tuple[ServerPool, list[InferenceClient]]:
-    cfg = load_config(None, ["orchestrator.max_tokens=32", "orchestrator.max_retries=0", *sets])
+    cfg = load_config(
+        None, ["orchestrator.sampling.max_tokens=32", "orchestrator.servers.max_retries=0", *sets]
+    )
     clients = [InferenceClient(fake.url, None, 10) for fake in fakes]
     return ServerPool([Server(c, Frozen()) for c in clients], cfg.orchestrator), clients
 
@@ -273,7 +277,7 @@ def test_options_the_proxy_does_not_honour_get_a_400_that_names_them():
                 )
             assert refused.value.body["message"] == (
                 "unsupported by the training proxy: response_format, stop; sampling follows the run's "
-                "settings (orchestrator.temperature, max_tokens): leave them out"
+                "settings (orchestrator.sampling.temperature, max_tokens): leave them out"
             )
             with pytest.raises(
                 openai.BadRequestError, match="unsupported by the training proxy: tool_choice;"

@@ -113,7 +113,7 @@ def test_the_orchestrator_counts_each_fault_under_its_kind(tmp_path, fault, rout
     from shared.errors import TriadError
 
     counts = tmp_path / "c.json"
-    cfg = load_config(None, [f"run_dir={tmp_path}", "orchestrator.max_retries=0"])
+    cfg = load_config(None, [f"run_dir={tmp_path}", "orchestrator.servers.max_retries=0"])
     with FakeServer() as upstream, Proxy(upstream.url, counts, "--share", "1", "--faults", fault) as proxy:
 
         async def run() -> dict:

@@ -140,10 +140,10 @@ def test_default_url_names_this_host_for_a_wildcard_address():
 
 def test_fleet_config_is_checked():
     with pytest.raises(TriadError, match=r"heartbeat_timeout_s \(2\) must be more than twice"):
-        load_config(None, ["orchestrator.heartbeat_timeout_s=2", "inference.heartbeat_interval_s=1"])
+        load_config(None, ["orchestrator.servers.heartbeat_timeout_s=2", "inference.heartbeat_interval_s=1"])
     with pytest.raises(TriadError, match="inference.advertise_url: 'gpu-3:8000' is not an http"):
         load_config(None, ["inference.advertise_url=gpu-3:8000"])
-    assert load_config(None, ["orchestrator.fleet_poll_s=0"]).orchestrator.fleet_poll_s == 0
+    assert load_config(None, ["orchestrator.servers.fleet_poll_s=0"]).orchestrator.servers.fleet_poll_s == 0
 
 
 def test_only_inference_takes_join():
@@ -192,8 +192,8 @@ def fleet_of(tmp_path, fixed_url: str) -> tuple[FakeFleet, RunDir, str]:
         tmp_path,
         [fixed_url],
         "inference.heartbeat_interval_s=0.05",
-        "orchestrator.heartbeat_timeout_s=0.5",
-        "orchestrator.fleet_poll_s=0.02",
+        "orchestrator.servers.heartbeat_timeout_s=0.5",
+        "orchestrator.servers.fleet_poll_s=0.02",
     )
     for version in (1, 2):
         orch.rundir.weights.write_marker(version, orch.run_id)

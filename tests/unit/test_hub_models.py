@@ -52,7 +52,7 @@ def test_a_hub_ids_template_dtype_and_parsers_come_from_its_cached_snapshot(tmp_
 
 
 def test_a_hub_id_is_served_under_its_own_name_not_the_snapshots_path(tmp_path, monkeypatch):
-    """As vLLM names a model it is handed by id: `orchestrator.model_name = "Org/Name"` finds it."""
+    """As vLLM names a model it is handed by id: `orchestrator.servers.model_name = "Org/Name"` finds it."""
     from inference.server import parse_vllm_args, vllm_cli_args
     from services.models import resolve_model, served_as_hub_id
 

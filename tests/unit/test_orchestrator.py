@@ -72,16 +72,18 @@ def make(tmp_path, urls: list[str], *sets: str) -> Orchestrator:
             f"run_dir={tmp_path}",
             "orchestrator.batch_size=4",
             "orchestrator.group_size=2",
-            "orchestrator.retry_backoff_s=0.01",
+            "orchestrator.servers.retry_backoff_s=0.01",
             *sets,
         ],
     )
     run = RunDir(tmp_path).ensure_run({})
     oc = cfg.orchestrator
-    servers = [Server(InferenceClient(url, None, oc.request_timeout_s), FakeBackend()) for url in urls]
+    servers = [
+        Server(InferenceClient(url, None, oc.servers.request_timeout_s), FakeBackend()) for url in urls
+    ]
     for server in servers:
         server.client.model = "fake"
-    env = load_environment(oc.env, oc.env_args)
+    env = load_environment(oc.environment.name, oc.environment.args)
     return Orchestrator(cfg, run.run_id, ServerPool(servers, oc), env)
 
 
@@ -208,7 +210,7 @@ def test_a_failing_server_is_retried_elsewhere_then_taken_out(tmp_path, caplog):
             orch = make(
                 tmp_path,
                 [bad.url, good.url],
-                "orchestrator.max_server_failures=2",
+                "orchestrator.servers.max_failures=2",
                 "max_steps=10",
                 "orchestrator.max_inflight=1",
             )
@@ -237,9 +239,9 @@ def test_tokenize_and_render_requests_are_retried_like_rollouts(tmp_path):
             orch = make(
                 tmp_path,
                 [flaky.url],
-                "orchestrator.max_retries=3",
-                "orchestrator.retry_backoff_s=0",
-                "orchestrator.max_server_failures=9",
+                "orchestrator.servers.max_retries=3",
+                "orchestrator.servers.retry_backoff_s=0",
+                "orchestrator.servers.max_failures=9",
             )
             ids, server = await orch.pool.request(lambda s: s.client.tokenize("ab"), "tokenizing")
             assert ids == [97, 98] and server.url == flaky.url and server.failures == 0
@@ -260,8 +262,8 @@ def test_a_server_that_times_out_is_taken_out(tmp_path, caplog):
             orch = make(
                 tmp_path,
                 [slow.url, good.url],
-                "orchestrator.max_server_failures=1",
-                "orchestrator.request_timeout_s=0.3",
+                "orchestrator.servers.max_failures=1",
+                "orchestrator.servers.request_timeout_s=0.3",
                 "orchestrator.max_inflight=1",
             )
             completions, server, _ = await orch.pool.complete("1+1=", 2)
@@ -282,9 +284,9 @@ def test_when_every_server_fails_the_group_is_dropped_then_the_run_stops(tmp_pat
             orch = make(
                 tmp_path,
                 [bad.url],
-                "orchestrator.max_server_failures=2",
-                "orchestrator.max_retries=1",
-                "orchestrator.inference_timeout_s=0.3",
+                "orchestrator.servers.max_failures=2",
+                "orchestrator.servers.max_retries=1",
+                "orchestrator.servers.ready_timeout_s=0.3",
             )
             with pytest.raises(RolloutFailed, match="failed 2 times.*500"):
                 await orch.pool.complete("1+1=", 2)
@@ -306,8 +308,8 @@ def test_the_run_stops_after_max_failed_groups_in_a_row_naming_the_last_cause(tm
                 tmp_path,
                 [bad.url],
                 "orchestrator.max_failed_groups=5",
-                "orchestrator.max_retries=0",
-                "orchestrator.max_server_failures=1000",
+                "orchestrator.servers.max_retries=0",
+                "orchestrator.servers.max_failures=1000",
                 "orchestrator.max_inflight=1",
             )
             try:
@@ -352,7 +354,7 @@ def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_pa
     with FakeServer() as fake:
 
         async def run() -> None:
-            orch = make(tmp_path, [fake.url], "orchestrator.health_interval_s=0.05")
+            orch = make(tmp_path, [fake.url], "orchestrator.servers.health_interval_s=0.05")
             server = orch.pool.servers[0]
             realigned: list[int] = []
 
@@ -388,8 +390,8 @@ def test_a_server_whose_health_is_slow_stays_in_while_its_requests_finish(tmp_pa
             orch = make(
                 tmp_path,
                 [fake.url],
-                "orchestrator.health_interval_s=0.05",
-                "orchestrator.request_timeout_s=0.6",
+                "orchestrator.servers.health_interval_s=0.05",
+                "orchestrator.servers.request_timeout_s=0.6",
             )
             server = orch.pool.servers[0]
 
@@ -455,7 +457,7 @@ def test_a_server_that_does_not_answer_on_connect_is_taken_out_and_realigned_whe
     with FakeServer() as fake:
 
         async def run() -> None:
-            orch = make(tmp_path, [fake.url], "orchestrator.health_interval_s=0.05")
+            orch = make(tmp_path, [fake.url], "orchestrator.servers.health_interval_s=0.05")
             rundir = RunDir(tmp_path)
             for v in (1, 2):
                 rundir.weights.write_marker(v, orch.run_id, version=v, files=True)
@@ -567,7 +569,7 @@ def test_overlong_mask_and_penalty(tmp_path):
         tmp_path,
         ["http://127.0.0.1:9"],
         'orchestrator.shaping.overlong="penalty"',
-        "orchestrator.max_tokens=8",
+        "orchestrator.sampling.max_tokens=8",
         "orchestrator.shaping.overlong_buffer=4",
     )
     penalised = penalised.builder.rows(1, [group])
@@ -578,7 +580,7 @@ def test_overlong_mask_and_penalty(tmp_path):
 def test_published_batch_has_advantages_versions_and_marker(tmp_path):
     orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=1", "max_steps=10")
     group = Group("g", Prompt("1+1=", "2"), samples([1.0, 0.0], version=3))
-    publish_batch(orch.rundir, orch.run_id, 4, orch.builder.rows(4, [group]), orch.oc.temperature)
+    publish_batch(orch.rundir, orch.run_id, 4, orch.builder.rows(4, [group]), orch.oc.sampling.temperature)
     table = pq.read_table(RunDir(tmp_path).batch_file(4)).to_pylist()
     assert [r["advantage"] for r in table] == pytest.approx([1.0, -1.0], abs=1e-5)  # grpo on rewards 1, 0
     assert table[0]["input_ids"] == [1, 2, 3] and table[0]["loss_mask"] == [False, False, True]
@@ -591,7 +593,9 @@ def test_resumes_after_the_newest_batch(tmp_path):
     orch = make(tmp_path, ["http://127.0.0.1:9"])
     rows = orch.builder.rows(1, [Group("g", Prompt("1+1=", "2"), samples([1.0]), 2)])
     position = {"next": 6, "open": [3, 5]}  # draws 3 and 5 were in flight when batch 1 was written
-    publish_batch(orch.rundir, orch.run_id, 1, rows, orch.oc.temperature, draws=position, prompt_draws=[2])
+    publish_batch(
+        orch.rundir, orch.run_id, 1, rows, orch.oc.sampling.temperature, draws=position, prompt_draws=[2]
+    )
     for step in (1, 2):  # killed after logging step 2, before its batch's DONE
         orch.metrics.log(step, reward_mean=0.5)
     again = make(tmp_path, ["http://127.0.0.1:9"])

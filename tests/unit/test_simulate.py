@@ -325,8 +325,9 @@ def synthetic_run(path, on_servers: int = 16, guard_slots: float | None = None) 
     from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
     rundir = RunDir(path)
-    oc = {"batch_size": 16, "group_size": 8, "max_inflight": 16, "max_tokens": 8}
-    config = {"max_async_level": 1, "inference_urls": ["http://a"], "orchestrator": oc}
+    sampling, servers = {"max_tokens": 8}, {"urls": ["http://a"]}
+    oc = {"batch_size": 16, "group_size": 8, "max_inflight": 16, "sampling": sampling, "servers": servers}
+    config = {"max_async_level": 1, "orchestrator": oc}
     rundir.ensure_run(config)
     orch, trainer = rundir.metrics.writer(ORCHESTRATOR), rundir.metrics.writer(TRAINER)
     inference = rundir.metrics.writer(INFERENCE, "abc123")
@@ -363,6 +364,16 @@ def test_calibration_reads_the_phases_of_a_run(tmp_path):
     r = run_triad("simulate", "--from", str(tmp_path), "--steps", "20")
     assert r.returncode == 0, r.stderr
     assert "measured 640.0 samples/s at η=1" in r.stdout and "η=2:" in r.stdout
+
+
+def test_calibration_reads_a_run_recorded_before_the_orchestrator_had_tables():
+    from simulate.calibrate import recorded
+
+    now = {"batch_size": 16, "sampling": {"max_tokens": 8}, "servers": {"urls": ["http://a", "http://b"]}}
+    before = {"batch_size": 16, "max_tokens": 8, "inference_urls": ["http://a", "http://b"]}
+    for oc in (now, before):
+        assert recorded(oc, "sampling.max_tokens") == 8
+        assert recorded(oc, "servers.urls") == ["http://a", "http://b"]
 
 
 def test_calibration_subtracts_the_eta_guards_empty_slots(tmp_path):

@@ -27,7 +27,7 @@ from orchestrator.chat_rollout import ChatRollouts
 from orchestrator.client import Completion, RequestRejected
 from orchestrator.environments import Prompt
 from orchestrator.tool_calls import call_id
-from shared.config import load_config
+from shared.config import ChatConfig, OrchestratorConfig
 from shared.errors import TriadError
 from tests.templates import FAMILIES, family, family_tokenizer
 
@@ -263,13 +263,18 @@ def refused(cell: Cell) -> str | None:
     return None
 
 
+def orchestrator_config(cell: Cell) -> OrchestratorConfig:
+    """The default `[orchestrator]` with the cell's chat template options."""
+    return OrchestratorConfig(chat=ChatConfig(template_kwargs=cell.kwargs))
+
+
 @pytest.mark.parametrize("cell", cells(), ids=lambda c: f"{c.family}-{c.scenario}-{c.thinking}")
 def test_the_trainer_gets_the_ids_sampled_plus_the_ids_the_template_appends(cell: Cell):
     env = Env(cell)
     template = Template(cell)
     routes = Routes(template, [])
     pool = Pool(Server(Client(routes)), [])
-    oc = load_config(None, []).orchestrator.model_copy(update={"chat_template_kwargs": cell.kwargs})
+    oc = orchestrator_config(cell)
     rollouts = ChatRollouts(env, pool, oc, "auto")
     template.tools = rollouts.runner.schemas or None
     prompt = env.sample(random.Random(0))
@@ -302,7 +307,7 @@ def rollouts_of(cell: Cell) -> tuple[ChatRollouts, Template, Routes, Pool, Promp
     env, template = Env(cell), Template(cell)
     routes = Routes(template, [])
     pool = Pool(Server(Client(routes)), [])
-    oc = load_config(None, []).orchestrator.model_copy(update={"chat_template_kwargs": cell.kwargs})
+    oc = orchestrator_config(cell)
     rollouts = ChatRollouts(env, pool, oc, "auto")
     template.tools = rollouts.runner.schemas or None
     prompt = env.sample(random.Random(0))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
@@ -109,21 +110,35 @@ def has_plain_head(model: torch.nn.Module) -> bool:
     return base_of(model).config.model_type in PLAIN_HEAD_TYPES
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """What a forward scores: the positions `keep` ([K]), the [B, K] token each of them predicts,
+    the sampling temperature, and whether the entropies are wanted too."""
+
+    keep: torch.Tensor
+    targets: torch.Tensor
+    temperature: float
+    with_entropy: bool
+
+
 def hidden_logprobs(
-    model: torch.nn.Module,
-    inputs: dict[str, torch.Tensor],
-    keep: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float,
-    with_entropy: bool,
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], scoring: Scoring
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a model of `PLAIN_HEAD_TYPES`: the decoder's final hidden states at positions `keep`,
-    through the output layer and the log-softmax in chunks, to the [B, K] logprobs of `targets`
+    """For a model of `PLAIN_HEAD_TYPES`: the decoder's final hidden states at the kept positions,
+    through the output layer and the log-softmax in chunks, to the [B, K] logprobs of the targets
     (and the entropies)."""
     base = base_of(model)
-    hidden = base.model(**inputs, use_cache=False).last_hidden_state[:, keep]
+    hidden = base.model(**inputs, use_cache=False).last_hidden_state[:, scoring.keep]
     head = base.get_output_embeddings()
-    return in_chunks(head_logprobs, hidden, targets, head.weight.shape[0], head, temperature, with_entropy)
+    return in_chunks(
+        head_logprobs,
+        hidden,
+        scoring.targets,
+        head.weight.shape[0],
+        head,
+        scoring.temperature,
+        scoring.with_entropy,
+    )
 
 
 def attach_kept_logprobs(model: torch.nn.Module) -> None:
@@ -136,17 +151,12 @@ def attach_kept_logprobs(model: torch.nn.Module) -> None:
 
 
 def target_logprobs(
-    model: torch.nn.Module,
-    inputs: dict[str, torch.Tensor],
-    keep: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float,
-    with_entropy: bool,
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], scoring: Scoring
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The [B, K] logprobs of `targets` predicted at positions `keep` (and the entropies)."""
+    """The [B, K] logprobs of the targets predicted at the kept positions (and the entropies)."""
     if not has_plain_head(model):
-        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
-        return chunked_logprobs(logits, targets, temperature, with_entropy)
+        logits = model(**inputs, logits_to_keep=scoring.keep, use_cache=False).logits
+        return chunked_logprobs(logits, scoring.targets, scoring.temperature, scoring.with_entropy)
     method = getattr(model, KEPT_LOGPROBS, None)
     if method is None:
         if isinstance(model, FSDPModule):
@@ -154,8 +164,8 @@ def target_logprobs(
                 f"{type(model).__name__} is sharded by FSDP but has no {KEPT_LOGPROBS}: "
                 "call trainer.forward.attach_kept_logprobs(model) after fully_shard"
             )
-        return hidden_logprobs(model, inputs, keep, targets, temperature, with_entropy)
-    return method(inputs, keep, targets, temperature, with_entropy)
+        return hidden_logprobs(model, inputs, scoring)
+    return method(inputs, scoring)
 
 
 def kept_logprobs(
@@ -170,7 +180,8 @@ def kept_logprobs(
     loss token is, from the logits only at the positions that predict one."""
     keep = predicting(loss)
     targets = (keep + 1).clamp(max=input_ids.shape[1] - 1)  # clamped only for predicting()'s masked 0
-    picked, entropies = target_logprobs(model, inputs, keep, input_ids[:, targets], temperature, with_entropy)
+    scoring = Scoring(keep, input_ids[:, targets], temperature, with_entropy)
+    picked, entropies = target_logprobs(model, inputs, scoring)
     zeros = torch.zeros(input_ids.shape, dtype=picked.dtype, device=input_ids.device)
     logprobs = zeros.index_copy(1, targets, picked) * loss
     if not with_entropy:

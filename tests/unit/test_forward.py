@@ -189,7 +189,8 @@ def test_each_plain_head_type_s_logits_are_its_head_on_the_final_hidden_states(m
     own, own_grads = step_of(model, lambda m: own_forward_logprobs(m, batch, 0.7))
     monkeypatch.setattr(forward_module, "LOGIT_CHUNK_ELEMENTS", 3 * 64)  # chunks of 3 positions
     mine, grads = step_of(
-        model, lambda m: forward_module.target_logprobs(m, inputs, keep, targets, 0.7, with_entropy=True)
+        model,
+        lambda m: forward_module.target_logprobs(m, inputs, forward_module.Scoring(keep, targets, 0.7, True)),
     )
     torch.testing.assert_close(mine, own)
     assert grads.keys() == own_grads.keys()
@@ -210,7 +211,7 @@ def test_a_model_that_soft_caps_its_logits_runs_its_own_forward():
     keep = forward_module.predicting(mask)
     targets = batch.input_ids[:, keep + 1]
     inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    bare, _ = forward_module.hidden_logprobs(model, inputs, keep, targets, 1.0, with_entropy=False)
+    bare, _ = forward_module.hidden_logprobs(model, inputs, forward_module.Scoring(keep, targets, 1.0, False))
     assert not torch.allclose(bare, logprobs[:, keep + 1])  # the bare layer would be wrong here
 
 
@@ -240,7 +241,7 @@ def test_under_fsdp_the_head_outside_the_forward_gets_the_forward_s_values_and_g
     results = []
     for forward in (
         lambda m: own_forward_logprobs(m, batch, 1.0),  # every kept position's logits held
-        lambda m: forward_module.target_logprobs(m, inputs, keep, targets, 1.0, with_entropy=True),
+        lambda m: forward_module.target_logprobs(m, inputs, forward_module.Scoring(keep, targets, 1.0, True)),
     ):
         model = tiny_model()
         apply_fsdp(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

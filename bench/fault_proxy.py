@@ -37,7 +37,7 @@ SPOILED_ROUTES = (
     "/v1/chat/completions/render",
     "/v1/chat/completions/derender",
 )
-# what the orchestrator counts each fault as (`requests_failed_<kind>`, orchestrator/server_calls.py)
+# what the orchestrator counts each fault as (`requests_failed_<kind>`, orchestrator/servers/calls.py)
 COUNTED_AS = {
     "http_500": "http_500",
     "http_503": "http_503",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.advantages import group_advantages
+from orchestrator.batches.advantages import group_advantages
 from orchestrator.envs.basic import Addition
 from services.models import resolve_model
 from shared.config import LossConfig

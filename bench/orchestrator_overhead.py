@@ -26,12 +26,12 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.backends.frozen import Frozen
-from orchestrator.client import InferenceClient
+from orchestrator.batches.stats import percentile
 from orchestrator.environments import load_environment
 from orchestrator.loop import Orchestrator
-from orchestrator.pool import Server, ServerPool
-from orchestrator.stats import percentile
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import Server, ServerPool
 from shared.batch import publish_batch
 from shared.config import load_config
 from shared.rundir import RunDir

@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.backends.detection import detect
-from orchestrator.client import InferenceClient
+from orchestrator.servers.backends.detection import detect
+from orchestrator.servers.client import InferenceClient
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

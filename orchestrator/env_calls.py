@@ -23,7 +23,7 @@ a second, and the run stop on `orchestrator.max_failed_groups`, although the cal
 Threads are daemons, so a stuck one does not keep the process from exiting (`concurrent.futures`
 joins its workers at exit, which is why this is not a `ThreadPoolExecutor`).
 
-Agent episodes (`agents.py`) have a pool of their own, sized by the episodes that may run at once,
+Agent episodes (`episodes/agents.py`) have a pool of their own, sized by the episodes that may run at once,
 and run there whether `run_agent` is a coroutine function or not: an `async def` gets an event loop
 of its own in its thread, so a blocking call in it cannot stall the loop that serves its proxy.
 """

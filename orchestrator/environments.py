@@ -20,7 +20,7 @@ and, optionally,
 A text prompt (`Prompt.text`) is sent as is (base models); `completion` is then
 the conversation after the prompt as text: model turns and the environment's
 messages in order. A chat prompt (`Prompt.messages`, OpenAI format) is rendered
-with the model's own chat template (`orchestrator/chat.py`); `reward` and
+with the model's own chat template (`orchestrator/episodes/render.py`); `reward` and
 `respond` then get the conversation after the prompt as OpenAI messages
 (assistant messages with their parsed `tool_calls`, tool results, the
 environment's user messages), and `respond` answers with a user message. With
@@ -54,8 +54,7 @@ from orchestrator import env_calls
 from orchestrator.env_calls import TooManyStuck
 from orchestrator.failures import EpisodeEnded, RolloutFailed
 from orchestrator.prompt import Prompt
-from orchestrator.tool_calls import one_line
-from shared.errors import TriadError
+from shared.errors import TriadError, one_line
 
 log = logging.getLogger("triad.orchestrator")
 ENTRY_POINT_GROUP = "triad.environments"

@@ -14,7 +14,7 @@ from math import comb
 
 from orchestrator.environments import Environment, Prompt, eval_prompts
 from orchestrator.episodes import Episodes
-from orchestrator.pool import RolloutFailed, ServerPool
+from orchestrator.servers.pool import RolloutFailed, ServerPool
 from shared.config import TriadConfig
 from shared.metrics import MetricsWriter
 

@@ -17,10 +17,10 @@ import asyncio
 import logging
 import time
 
-from orchestrator.backends.detection import backend_for
-from orchestrator.client import InferenceClient
-from orchestrator.pool import Server, ServerPool
-from orchestrator.weights import WeightFollower
+from orchestrator.servers.backends.detection import backend_for
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import Server, ServerPool
+from orchestrator.weights.follower import WeightFollower
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.fleet import FleetView, parse_records

@@ -184,7 +184,7 @@ def weights_digest(model) -> str:
 
 
 def task_tools(task) -> list[dict]:
-    from orchestrator.tools import tool_schema
+    from orchestrator.episodes.tools import tool_schema
 
     return [tool_schema(fn) for fn in getattr(task, "tools", ())]
 
@@ -349,7 +349,7 @@ def play_turn(tokenizer, episode: Episode, turn: list[int], runner, tools: list[
     their results and the next generation prompt (or end the episode)."""
     import asyncio
 
-    from orchestrator.tool_calls import assistant_message, parse_tool_calls
+    from orchestrator.episodes.tool_calls import assistant_message, parse_tool_calls
 
     end = tokenizer.convert_tokens_to_ids(IM_END)
     text = tokenizer.decode(turn[:-1] if turn[-1:] == [end] else turn, skip_special_tokens=True)
@@ -371,7 +371,7 @@ def sampled_reward(model, tokenizer, recipe: ChatRecipe, seed: int) -> tuple[flo
     import torch
 
     from orchestrator.envs import BUILTIN
-    from orchestrator.tools import ToolRunner
+    from orchestrator.episodes.tools import ToolRunner
 
     task, rng = BUILTIN[recipe.task](), random.Random(f"held-out {seed}")
     tools, runner = task_tools(task), ToolRunner(list(getattr(task, "tools", ())), timeout=10.0)

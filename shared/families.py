@@ -3,7 +3,7 @@
 `inference.tool_parser = "auto"` (and `reasoning_parser`) pick by the marks a
 family's template writes; the vendored templates of `tests/data/templates/`
 check each rule. A template that matches none gets no parser: its turns are
-plain content, and tool environments fail at start (`orchestrator/chat_rollout.py`).
+plain content, and tool environments fail at start (`orchestrator/episodes/chat.py`).
 """
 
 from __future__ import annotations

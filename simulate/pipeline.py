@@ -1,5 +1,5 @@
 """triad's pipeline as events: the producer and assembler (orchestrator/loop.py), the η guard
-(orchestrator/staleness.py), the trainer (wait, train, publish) and the weight follower.
+(orchestrator/batches/staleness.py), the trainer (wait, train, publish) and the weight follower.
 
 What waits for what, as in triad: a group starts only if fewer than `max_inflight` are pending
 and the served version is fresh enough for the batch it will most likely land in; the assembler
@@ -23,7 +23,7 @@ from simulate.setup import Setup
 
 
 def oldest_allowed_version(step: int, max_async_level: int) -> int:
-    """orchestrator/staleness.py's bound (a unit test holds the two equal)."""
+    """orchestrator/batches/staleness.py's bound (a unit test holds the two equal)."""
     return max(step - 1 - max_async_level, 0)
 
 

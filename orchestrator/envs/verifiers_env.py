@@ -8,7 +8,7 @@ Its dataset gives the prompts (each prompt is a row index). For each episode its
 own rollout logic (`Environment.run_rollout`: single-turn, multi-turn, tools,
 whatever the environment does) talks to the orchestrator's agent proxy through
 verifiers' OpenAI chat-completions client, so every model call is sampled from
-triad's servers and recorded with its exact token ids (`orchestrator/agents.py`).
+triad's servers and recorded with its exact token ids (`orchestrator/episodes/agents.py`).
 Its rubric scores the rollout: `reward` is the rubric's weighted sum, and each
 rubric function's value is one of the sample's `metrics` (`env/<function>` in
 triad's metrics). Evaluation uses the environment's eval dataset if it has one.

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from inference.parser_probe import auto_parsers
-from orchestrator.client import ChatRoutes, Completion, InferenceClient
-from orchestrator.pool import ServerPool
-from orchestrator.turns import TurnParser, pool_renderer
+from orchestrator.episodes.turns import TurnParser, pool_renderer
+from orchestrator.servers.client import ChatRoutes, Completion, InferenceClient
+from orchestrator.servers.pool import ServerPool
 from shared.config import load_config
 from shared.families import chat_template_of, family_of
 from tests.helpers import CHAT_VLLM_ARGS, Server, server_tracebacks
@@ -87,8 +87,8 @@ async def episode(url: str, run_dir: Path) -> None:
     client = InferenceClient(url, None, 120)
     await client.wait_ready(120, None)
     try:
-        from orchestrator.backends.frozen import Frozen
-        from orchestrator.pool import Server as PoolServer
+        from orchestrator.servers.backends.frozen import Frozen
+        from orchestrator.servers.pool import Server as PoolServer
 
         pool = ServerPool([PoolServer(client, Frozen())], cfg.orchestrator)
         renderer = pool_renderer(pool, TOOLS, {})

@@ -88,12 +88,12 @@ def start_servers(run_dir: Path, model: str, names: list[str], extra: tuple[str,
 def check_corrupted_broadcast(run_dir: Path, run_id: str, receivers: list[Server], version: int, tensor: str):
     """The orchestrator's check of a received version: server a is reloaded from the version's
     files and then verified; for server b, told there are no files, the run stops naming it."""
-    from orchestrator.backends.admin_routes import TriadAdmin
-    from orchestrator.client import InferenceClient
-    from orchestrator.integrity import DigestMismatch
-    from orchestrator.pool import Server as PoolServer
-    from orchestrator.pool import ServerPool
-    from orchestrator.weights import WeightFollower
+    from orchestrator.servers.backends.admin_routes import TriadAdmin
+    from orchestrator.servers.backends.base import DigestMismatch
+    from orchestrator.servers.client import InferenceClient
+    from orchestrator.servers.pool import Server as PoolServer
+    from orchestrator.servers.pool import ServerPool
+    from orchestrator.weights.follower import WeightFollower
     from shared.config import load_config
 
     async def run() -> None:

@@ -21,13 +21,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt
 from orchestrator.envs.calculator import ChatCalculator, calculate
+from orchestrator.episodes.tool_calls import parse_tool_calls
+from orchestrator.episodes.tools import ToolRunner, tool_schema
 from orchestrator.loop import Orchestrator, connect_servers
-from orchestrator.pool import ServerPool
-from orchestrator.tool_calls import parse_tool_calls
-from orchestrator.tools import ToolRunner, tool_schema
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import ServerPool
 from shared.batch import read_batch
 from shared.config import TriadConfig, load_config
 from shared.rundir import RunDir
@@ -223,7 +223,7 @@ def answered_turns(
     """Each model turn of a row as vLLM's parsers read it (`/v1/chat/completions/derender`, the turn's
     end-of-turn token left out, `tools` offered, the calculator's by default, and the run's
     `chat_template_kwargs`): the assistant message the proxy answered with."""
-    from orchestrator.tool_calls import assistant_message, turn_from_message
+    from orchestrator.episodes.tool_calls import assistant_message, turn_from_message
 
     tools = [tool_schema(calculate)] if tools is None else tools
 
@@ -253,7 +253,7 @@ def answered_turns(
 
 def sampled_replies(row: dict, tok, url: str) -> list[str]:
     """`answered_turns` in normal form, as the proxy compares messages."""
-    from orchestrator.agents import normal
+    from orchestrator.episodes.agents import normal
 
     return [json.dumps(normal(m), sort_keys=True) for m in answered_turns(row, tok, url)]
 
@@ -261,7 +261,7 @@ def sampled_replies(row: dict, tok, url: str) -> list[str]:
 def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, chat_server):
     from collections import Counter
 
-    from orchestrator.agents import normal
+    from orchestrator.episodes.agents import normal
 
     agent = CalculatorAgent
     agent.replies, agent.calls_per_conversation, agent.tool_calls_per_episode = [], [], []
@@ -297,8 +297,8 @@ def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
 ):
     import httpx
 
-    from orchestrator.agents import EpisodeRecorder
-    from orchestrator.proxy import AgentProxy
+    from orchestrator.episodes.agent_proxy import AgentProxy
+    from orchestrator.episodes.agents import EpisodeRecorder
 
     cfg, _ = config(tmp_path / "run", chat_model, chat_server.url, "calculator")
 
@@ -335,8 +335,8 @@ def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
 
 
 def _server(client):
-    from orchestrator.backends.frozen import Frozen
-    from orchestrator.pool import Server as PoolServer
+    from orchestrator.servers.backends.frozen import Frozen
+    from orchestrator.servers.pool import Server as PoolServer
 
     return PoolServer(client, Frozen())
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from orchestrator.batch_builder import Group
-from orchestrator.client import InferenceClient
+from orchestrator.batches.builder import Group
 from orchestrator.environments import load_environment
 from orchestrator.loop import Orchestrator, connect_servers
-from orchestrator.pool import ServerPool
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import ServerPool
 from shared.batch import publish_batch, read_batch
 from shared.config import load_config
 from shared.rundir import RunDir

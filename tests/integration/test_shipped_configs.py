@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.frozen import Frozen
-from orchestrator.client import InferenceClient
 from orchestrator.environments import load_environment
 from orchestrator.episodes import episodes_for
 from orchestrator.failures import Failures
-from orchestrator.pool import Server, ServerPool
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import Server, ServerPool
 from shared.config import load_config
 from tests.helpers import REPO
 

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file, save_file
 
-from orchestrator.backends.detection import detect
-from orchestrator.backends.stock_vllm import VLLMRoutes
-from orchestrator.client import InferenceClient
-from orchestrator.integrity import DigestMismatch
+from orchestrator.servers.backends.base import DigestMismatch
+from orchestrator.servers.backends.detection import detect
+from orchestrator.servers.backends.stock_vllm import VLLMRoutes
+from orchestrator.servers.client import InferenceClient
 from shared.errors import TriadError
 from shared.rundir import RunDir
 from tests.helpers import Server, free_port, run_triad

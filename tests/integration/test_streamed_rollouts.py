@@ -10,7 +10,7 @@ import asyncio
 import httpx
 import pytest
 
-from orchestrator.client import InferenceClient
+from orchestrator.servers.client import InferenceClient
 from tests.helpers import Server
 
 pytestmark = pytest.mark.integration

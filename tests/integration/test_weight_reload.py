@@ -191,11 +191,11 @@ def flip_tensor_byte(file: Path) -> str:
 
 def follower_for(run_dir: Path, server: Server):
     """The orchestrator's weight follower over this server, as `triad orchestrator` builds it."""
-    from orchestrator.backends.admin_routes import TriadAdmin
-    from orchestrator.client import InferenceClient
-    from orchestrator.pool import Server as PoolServer
-    from orchestrator.pool import ServerPool
-    from orchestrator.weights import WeightFollower
+    from orchestrator.servers.backends.admin_routes import TriadAdmin
+    from orchestrator.servers.client import InferenceClient
+    from orchestrator.servers.pool import Server as PoolServer
+    from orchestrator.servers.pool import ServerPool
+    from orchestrator.weights.follower import WeightFollower
     from shared.config import load_config
 
     cfg = load_config(None, [f"run_dir={run_dir}", f"inference.admin_token={TOKEN}"])
@@ -220,7 +220,7 @@ def test_a_file_changed_after_done_is_reloaded_once_then_stops_the_run_naming_th
 ):
     import asyncio
 
-    from orchestrator.integrity import DigestMismatch
+    from orchestrator.servers.backends.base import DigestMismatch
 
     rundir = RunDir(run_dir)
     perturbed_weights(tiny_model, rundir, version=7, seed=7)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.detection import backend_for
-from orchestrator.backends.lora import AdapterLoads, run_dir_prefix
+from orchestrator.servers.backends.detection import backend_for
+from orchestrator.servers.backends.lora import AdapterLoads, run_dir_prefix
 from shared.admin_api import AdapterInfo, AdaptersInfo
 from shared.config import load_config
 from shared.errors import TriadError
@@ -98,8 +98,8 @@ def test_a_run_dir_outside_the_servers_is_refused_naming_both(tmp_path):
 
 
 def test_rollouts_go_to_the_adapter_of_the_version_the_server_serves_and_the_base_model_at_0(tmp_path):
-    from orchestrator.client import InferenceClient
-    from orchestrator.pool import Server, ServerPool
+    from orchestrator.servers.client import InferenceClient
+    from orchestrator.servers.pool import Server, ServerPool
     from tests.fake_openai import FakeServer
 
     cfg = load_config(None, [f"run_dir={tmp_path}"])

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from orchestrator.advantages import group_advantages
+from orchestrator.batches.advantages import group_advantages
 
 
 def test_grpo_normalises_by_group_std():

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.detection import backend_for, detect
-from orchestrator.backends.sglang import SGLangUpdate
-from orchestrator.backends.stock_vllm import VLLMRoutes, skipped_parameters
-from orchestrator.client import InferenceClient
-from orchestrator.integrity import DigestMismatch
+from orchestrator.servers.backends.base import DigestMismatch
+from orchestrator.servers.backends.detection import backend_for, detect
+from orchestrator.servers.backends.sglang import SGLangUpdate
+from orchestrator.servers.backends.stock_vllm import VLLMRoutes, skipped_parameters
+from orchestrator.servers.client import InferenceClient
 from shared.config import load_config
 from shared.errors import TriadError
 from tests.fake_openai import FakeServer

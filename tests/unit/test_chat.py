@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from orchestrator.agents import Call, Chain, normal
-from orchestrator.chat import ChatRenderer, check_messages, common_tail, following
-from orchestrator.proxy import check_request
+from orchestrator.episodes.agent_proxy import check_request
+from orchestrator.episodes.agents import Call, Chain, normal
+from orchestrator.episodes.render import ChatRenderer, check_messages, common_tail, following
 from shared.errors import TriadError
 
 IM_START, IM_END = 1000, 1001  # special tokens of the fake template; bytes are their own ids
@@ -262,7 +262,7 @@ LEFT_IN_TEXT = '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
     ],
 )
 def test_parsers_that_do_not_fit_the_model_are_named_at_start(message, tool, error):
-    from orchestrator.turns import TurnParser
+    from orchestrator.episodes.turns import TurnParser
 
     renderer, _ = fake_renderer(qwen_with_reasoning)
     parser = TurnParser(Parsing(message), None, {}, "auto")
@@ -271,7 +271,7 @@ def test_parsers_that_do_not_fit_the_model_are_named_at_start(message, tool, err
 
 
 def test_parsers_that_fit_pass_the_start_check_and_a_server_without_derender_is_not_asked():
-    from orchestrator.turns import TurnParser
+    from orchestrator.episodes.turns import TurnParser
 
     renderer, _ = fake_renderer(qwen_with_reasoning)
     fits = {"content": "Done.", "reasoning_content": THOUGHT, "tool_calls": [CALL]}

@@ -97,10 +97,10 @@ def test_a_procedural_environment_keeps_drawing_a_sequence_that_resumes():
 
 RUN = """
 import asyncio, sys
-from orchestrator.backends.frozen import Frozen
-from orchestrator.client import InferenceClient
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.client import InferenceClient
 from orchestrator.loop import Orchestrator
-from orchestrator.pool import Server, ServerPool
+from orchestrator.servers.pool import Server, ServerPool
 from shared.config import load_config
 from shared.rundir import RunDir
 from tests.unit.test_draws import Numbers

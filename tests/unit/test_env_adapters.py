@@ -191,10 +191,10 @@ def test_verifiers_environment_gives_its_dataset_as_prompts(vf_env_module):
 
 
 def test_verifiers_reward_and_metrics_come_from_the_rollout_output(vf_env_module):
-    from orchestrator.agents import AgentEpisode
-    from orchestrator.batch_builder import env_metric_means, sample_metrics
+    from orchestrator.batches.builder import env_metric_means, sample_metrics
     from orchestrator.environments import env_metrics
-    from orchestrator.sample import Sample
+    from orchestrator.episodes.agents import AgentEpisode
+    from orchestrator.episodes.sample import Sample
 
     env = load_environment(f"verifiers:{vf_env_module}")
     p = env.sample(random.Random(0))

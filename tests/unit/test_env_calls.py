@@ -13,8 +13,8 @@ import pytest
 from orchestrator import env_calls
 from orchestrator.env_calls import EnvThreads
 from orchestrator.environments import score
+from orchestrator.episodes.tools import ToolCall, ToolRunner
 from orchestrator.failures import RolloutFailed
-from orchestrator.tools import ToolCall, ToolRunner
 from shared.waiting import async_wait_for
 from tests.helpers import REPO
 

@@ -11,18 +11,18 @@ from fractions import Fraction
 
 import pytest
 
-from orchestrator.advantages import has_signal, overlong_penalty
-from orchestrator.backends.frozen import Frozen
-from orchestrator.client import InferenceClient
+from orchestrator.batches.advantages import has_signal, overlong_penalty
+from orchestrator.batches.stats import percentile
 from orchestrator.environments import env_metrics, eval_prompts, load_environment, respond, score
 from orchestrator.envs.basic import ReverseText, positional_match
 from orchestrator.envs.calculator import TextCalculator, evaluate
 from orchestrator.envs.grade_school import GradeSchoolMath, extract_answer, is_correct
+from orchestrator.episodes.text import TextRollouts
 from orchestrator.evaluation import pass_at_k
 from orchestrator.failures import EpisodeEnded, RolloutFailed
-from orchestrator.pool import Server, ServerPool
-from orchestrator.rollout import TextRollouts
-from orchestrator.stats import percentile
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import Server, ServerPool
 from shared.config import load_config
 from shared.errors import TriadError
 from tests.fake_openai import FakeServer, encode

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from orchestrator.backends.frozen import Frozen
-from orchestrator.chat_rollout import ChatRollouts
-from orchestrator.client import InferenceClient, RequestRejected
 from orchestrator.environments import Prompt
+from orchestrator.episodes.chat import ChatRollouts
+from orchestrator.episodes.text import TextRollouts
 from orchestrator.failures import RolloutFailed
-from orchestrator.pool import Server, ServerPool
-from orchestrator.rollout import TextRollouts
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.client import InferenceClient, RequestRejected
+from orchestrator.servers.pool import Server, ServerPool
 from shared.config import load_config
 from shared.rundir import ORCHESTRATOR
 from tests.fake_openai import FakeServer

@@ -9,15 +9,15 @@ import time
 import openai
 import pytest
 
-from orchestrator.agents import AgentRollouts, EpisodeRecorder
-from orchestrator.backends.frozen import Frozen
-from orchestrator.client import InferenceClient
 from orchestrator.environments import Prompt
-from orchestrator.pool import RolloutFailed, Server, ServerPool
-from orchestrator.proxy import AgentProxy
-from orchestrator.rollout import TextRollouts
-from orchestrator.tool_calls import ParsedTurn, ToolCall
-from orchestrator.tools import ToolRunner
+from orchestrator.episodes.agent_proxy import AgentProxy
+from orchestrator.episodes.agents import AgentRollouts, EpisodeRecorder
+from orchestrator.episodes.text import TextRollouts
+from orchestrator.episodes.tool_calls import ParsedTurn, ToolCall
+from orchestrator.episodes.tools import ToolRunner
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import RolloutFailed, Server, ServerPool
 from shared.config import load_config
 from shared.errors import TriadError
 from tests.fake_openai import FakeServer

@@ -107,9 +107,9 @@ def test_each_fault_is_what_a_client_sees(tmp_path, fault) -> None:
 @pytest.mark.parametrize("fault", FAULTS)
 def test_the_orchestrator_counts_each_fault_under_its_kind(tmp_path, fault, route) -> None:
     """The real client and pool through the proxy: one spoiled request, one failure of its kind."""
-    from orchestrator.backends.frozen import Frozen
-    from orchestrator.client import InferenceClient
-    from orchestrator.pool import Server, ServerPool
+    from orchestrator.servers.backends.frozen import Frozen
+    from orchestrator.servers.client import InferenceClient
+    from orchestrator.servers.pool import Server, ServerPool
     from shared.errors import TriadError
 
     counts = tmp_path / "c.json"
@@ -187,8 +187,8 @@ def test_the_soak_matches_the_proxys_faults_to_the_orchestrators_counts_by_kind(
 
 
 def test_a_request_error_names_its_kind_and_a_context_full_one_is_no_http_answer() -> None:
-    from orchestrator.client import ContextFull
-    from orchestrator.server_calls import failure_kind, transport_kind
+    from orchestrator.servers.calls import failure_kind, transport_kind
+    from orchestrator.servers.client import ContextFull
     from shared.errors import TriadError
 
     assert transport_kind(httpx.ReadTimeout("t")) == "timeout"

@@ -12,14 +12,14 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.backends.frozen import Frozen
-from orchestrator.batch_builder import BatchBuilder, Group
-from orchestrator.client import InferenceClient
+from orchestrator.batches.builder import BatchBuilder, Group
 from orchestrator.environments import Prompt
+from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.text import TextRollouts
 from orchestrator.fleet import Fleet
-from orchestrator.pool import Server
-from orchestrator.rollout import TextRollouts
-from orchestrator.sample import Sample
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.pool import Server
 from services.cli import parser
 from services.report import status_lines
 from shared.batch import publish_batch

@@ -263,7 +263,7 @@ def test_wrong_credentials_are_an_error_at_start_up(tmp_path, monkeypatch):
 
 
 def test_sglang_which_reads_paths_on_its_own_disk_refuses_an_object_store():
-    from orchestrator.backends.sglang import SGLangUpdate
+    from orchestrator.servers.backends.sglang import SGLangUpdate
 
     with pytest.raises(
         TriadError, match="backend 'sglang' needs a mounted run_dir, not the object store s3://b/r"

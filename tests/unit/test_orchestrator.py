@@ -13,18 +13,18 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-import orchestrator.client as client_module
-from orchestrator.backends.admin_routes import TriadAdmin
-from orchestrator.batch_builder import Group
-from orchestrator.client import Completion, InferenceClient, ServerUnreachable
+import orchestrator.servers.client as client_module
+from orchestrator.batches.builder import Group
+from orchestrator.batches.stats import GuardWaits
 from orchestrator.environments import Prompt, load_environment
+from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.text import single_turn
 from orchestrator.failures import Failures
-from orchestrator.integrity import DigestMismatch
 from orchestrator.loop import Orchestrator, first_user_error, to_thread_to_completion
-from orchestrator.pool import RolloutFailed, Server, ServerPool
-from orchestrator.rollout import single_turn
-from orchestrator.sample import Sample
-from orchestrator.stats import GuardWaits
+from orchestrator.servers.backends.admin_routes import TriadAdmin
+from orchestrator.servers.backends.base import DigestMismatch
+from orchestrator.servers.client import Completion, InferenceClient, ServerUnreachable
+from orchestrator.servers.pool import RolloutFailed, Server, ServerPool
 from shared.admin_api import WeightsInfo
 from shared.batch import publish_batch
 from shared.config import load_config
@@ -666,7 +666,7 @@ def test_a_slow_trainer_that_makes_progress_is_waited_for_a_killed_one_is_named(
 
 
 def test_frozen_backend_paces_rollouts_by_the_trainer_and_skips_the_staleness_drop(tmp_path):
-    from orchestrator.backends.frozen import Frozen
+    from orchestrator.servers.backends.frozen import Frozen
 
     orch = make(tmp_path, ["http://127.0.0.1:9"], "max_async_level=0", "max_steps=10")
     orch.pool.servers[0].backend = Frozen()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.published import PublishedWeights, TrainerRewound
+from orchestrator.weights.published import PublishedWeights, TrainerRewound
 from shared.admin_api import WeightsInfo
 from shared.rundir import RunDir
 

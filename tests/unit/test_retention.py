@@ -1,10 +1,10 @@
-"""`orchestrator/retention.py`: trained batches are pruned down to those a resume could train."""
+"""`orchestrator/batches/retention.py`: trained batches are pruned down to those a resume could train."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.retention import BatchRetention
+from orchestrator.batches.retention import BatchRetention
 from shared.resume import discard_batches_after
 from shared.rundir import RunDir
 

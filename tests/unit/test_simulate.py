@@ -11,7 +11,7 @@ from statistics import mean
 
 import pytest
 
-from orchestrator import staleness
+from orchestrator.batches import staleness
 from shared.errors import TriadError
 from simulate import pipeline
 from simulate.calibrate import capped_mean, fit_lengths, line_fit

@@ -1,4 +1,4 @@
-from orchestrator.staleness import is_fresh, lag, oldest_allowed_version, step_for_next_group
+from orchestrator.batches.staleness import is_fresh, lag, oldest_allowed_version, step_for_next_group
 
 
 def test_oldest_allowed_version():

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from orchestrator.client import STREAM_INTERVAL, InferenceClient
-from orchestrator.server_calls import RequestFailed, RequestRejected, ServerUnreachable
+from orchestrator.servers.calls import RequestFailed, RequestRejected, ServerUnreachable
+from orchestrator.servers.client import STREAM_INTERVAL, InferenceClient
 from tests.fake_openai import FakeServer, encode
 
 BOUND_S = 0.25

@@ -23,10 +23,10 @@ from typing import Any
 import jinja2
 import pytest
 
-from orchestrator.chat_rollout import ChatRollouts
-from orchestrator.client import Completion, RequestRejected
 from orchestrator.environments import Prompt
-from orchestrator.tool_calls import call_id
+from orchestrator.episodes.chat import ChatRollouts
+from orchestrator.episodes.tool_calls import call_id
+from orchestrator.servers.client import Completion, RequestRejected
 from shared.config import ChatConfig, OrchestratorConfig
 from shared.errors import TriadError
 from tests.templates import FAMILIES, family, family_tokenizer

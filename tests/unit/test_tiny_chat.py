@@ -15,8 +15,8 @@ import torch
 from orchestrator.environments import Prompt, load_environment
 from orchestrator.envs import BUILTIN
 from orchestrator.envs.calculator import ChatCalculator, TextCalculator, calculate
-from orchestrator.tool_calls import ToolCall, parse_tool_calls
-from orchestrator.tools import tool_schema
+from orchestrator.episodes.tool_calls import ToolCall, parse_tool_calls
+from orchestrator.episodes.tools import tool_schema
 from services import tiny_chat
 from services.tiny_model import RECIPES, cache_name
 from shared.errors import TriadError
@@ -324,7 +324,7 @@ def test_the_warm_up_s_episodes_are_what_the_orchestrator_s_renderer_appends(tok
     transformers renders it) appends after it, for a tool episode."""
     import asyncio
 
-    from orchestrator.chat import ChatRenderer
+    from orchestrator.episodes.render import ChatRenderer
 
     async def render(messages: list[dict], generation_prompt: bool) -> list[int]:
         return tiny_chat.encode(

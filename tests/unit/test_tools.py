@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from orchestrator.tool_calls import (
+from orchestrator.episodes.tool_calls import (
     MAX_CALLS,
     ParsedTurn,
     ToolCall,
@@ -19,7 +19,7 @@ from orchestrator.tool_calls import (
     parse_tool_calls,
     turn_from_message,
 )
-from orchestrator.tools import (
+from orchestrator.episodes.tools import (
     ToolRunner,
     tool_schema,
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.client import InferenceClient
+from orchestrator.servers.client import InferenceClient
 from shared.admin_api import WeightsInfo
 from shared.errors import TriadError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from orchestrator.client import InferenceClient
+from orchestrator.servers.client import InferenceClient
 from shared.admin_api import AdapterInfo, LoadAdapterRequest, WeightsInfo, served_adapter_name
 from shared.config import TriadConfig
 from shared.errors import TriadError

@@ -36,8 +36,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from orchestrator.chat import check_messages
-from orchestrator.client import RequestRejected
+from orchestrator.episodes.render import check_messages
+from orchestrator.servers.client import RequestRejected
 from shared.config import LOOPBACK_HOSTS, OrchestratorConfig
 from shared.errors import TriadError
 from shared.waiting import async_wait_for

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.client import InferenceClient
-from orchestrator.integrity import DigestMismatch
-from orchestrator.server_calls import ServerUnreachable, call
+from orchestrator.servers.backends.base import DigestMismatch
+from orchestrator.servers.calls import ServerUnreachable, call
+from orchestrator.servers.client import InferenceClient
 from shared.admin_api import WeightsInfo
 from shared.config import LOOPBACK_HOSTS
 from shared.errors import TriadError

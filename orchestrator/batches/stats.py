@@ -13,7 +13,7 @@ from orchestrator import env_calls
 if TYPE_CHECKING:
     from orchestrator.draws import Draws
     from orchestrator.failures import Failures
-    from orchestrator.pool import ServerPool
+    from orchestrator.servers.pool import ServerPool
 
 LAG_PROBE_S = 0.05
 

@@ -5,10 +5,10 @@ sampled by continuing from the exact ids so far (`/v1/completions` with token
 ids), and what follows it (tool results, an environment's user message, the
 next generation prompt) is appended as ids the model did not sample
 (`loss_mask` false, logprob 0). The trainer therefore sees exactly the ids the
-sampler was conditioned on and sampled (see `orchestrator/chat.py`).
+sampler was conditioned on and sampled (see `orchestrator/episodes/render.py`).
 
 A turn is split into content, reasoning and tool calls by the server's parsers
-(`orchestrator/turns.py`); the environment and its reward see the content (and
+(`orchestrator/episodes/turns.py`); the environment and its reward see the content (and
 the reasoning, as `reasoning_content`), the trainer every sampled id. Tool calls
 are run by the environment's tools, each bounded by `orchestrator.environment.timeout_s`;
 an unknown tool, bad arguments, an error or a timeout goes back to the model as
@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import asyncio
 
-from orchestrator.chat import check_messages
 from orchestrator.environments import Environment, Prompt, env_tools, max_turns, respond, score
-from orchestrator.failures import EpisodeEnded, Failures, finished_episodes, run_episode
-from orchestrator.pool import ServerPool
-from orchestrator.sample import Sample
-from orchestrator.tool_calls import ParsedTurn, assistant_message, call_id
-from orchestrator.tools import ToolRunner, tool_message
-from orchestrator.turns import TurnParser, pool_renderer
+from orchestrator.episodes.render import check_messages
+from orchestrator.episodes.run import finished_episodes, run_episode
+from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.tool_calls import ParsedTurn, assistant_message, call_id
+from orchestrator.episodes.tools import ToolRunner, tool_message
+from orchestrator.episodes.turns import TurnParser, pool_renderer
+from orchestrator.failures import EpisodeEnded, Failures
+from orchestrator.servers.pool import ServerPool
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 

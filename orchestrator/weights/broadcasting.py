@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from orchestrator.pool import Server, ServerPool
+from orchestrator.servers.pool import Server, ServerPool
 from shared.admin_api import BroadcastInit
 from shared.broadcast import (
     Fallback,

@@ -6,12 +6,7 @@ from __future__ import annotations
 
 from shared.admin_api import WeightsInfo
 from shared.digest import first_difference
-from shared.errors import TriadError
 from shared.rundir import Marker
-
-
-class DigestMismatch(TriadError):
-    """A server holds other weights than the trainer published, even after a reload: the run stops."""
 
 
 def published_digests(marker: Marker | None) -> dict[str, str] | None:

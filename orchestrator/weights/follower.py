@@ -4,7 +4,7 @@ It watches the trainer's published versions (`weights/step_V/DONE`, or the
 broadcast handshake), has every healthy server load the newest one through its
 weight backend, aligns a server that (re)connects with this run's newest
 loadable version, and tells its owner of each new version (`on_version`: the orchestrator
-prunes the batches the trainer is done with, `orchestrator/retention.py`). Each load is checked
+prunes the batches the trainer is done with, `orchestrator/batches/retention.py`). Each load is checked
 against the trainer's digests (`CheckedLoads`). With a
 backend that cannot load weights (`none`) the policy is frozen; the trainer's
 published version then stands in for the served one, so it still paces rollouts.
@@ -16,11 +16,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from orchestrator.broadcasting import BroadcastCoordinator
-from orchestrator.client import ServerUnreachable
-from orchestrator.integrity import DigestMismatch, mismatch
-from orchestrator.pool import Server, ServerPool
-from orchestrator.published import PublishedWeights
+from orchestrator.servers.backends.base import DigestMismatch
+from orchestrator.servers.client import ServerUnreachable
+from orchestrator.servers.pool import Server, ServerPool
+from orchestrator.weights.broadcasting import BroadcastCoordinator
+from orchestrator.weights.integrity import mismatch
+from orchestrator.weights.published import PublishedWeights
 from shared.admin_api import WeightsInfo
 from shared.config import TriadConfig
 from shared.errors import TriadError
@@ -35,7 +36,7 @@ POLL_S = 0.1
 
 
 class CheckedLoads:
-    """Loads compared with the trainer's digests of the version (`orchestrator/integrity.py`)."""
+    """Loads compared with the trainer's digests of the version (`orchestrator/weights/integrity.py`)."""
 
     def __init__(self, rundir: RunDir, run_id: str) -> None:
         self.rundir, self.run_id = rundir, run_id

@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import env_calls
-from orchestrator.chat import ChatRenderer
-from orchestrator.client import RequestRejected
 from orchestrator.environments import env_metrics, score
-from orchestrator.pool import RolloutFailed, Server, ServerPool
-from orchestrator.proxy import AgentProxy
-from orchestrator.sample import Sample
-from orchestrator.tool_calls import assistant_message
-from orchestrator.turns import TurnParser, pool_renderer
+from orchestrator.episodes.agent_proxy import AgentProxy
+from orchestrator.episodes.render import ChatRenderer
+from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.tool_calls import assistant_message
+from orchestrator.episodes.turns import TurnParser, pool_renderer
+from orchestrator.servers.client import RequestRejected
+from orchestrator.servers.pool import RolloutFailed, Server, ServerPool
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.backends.admin_routes import TriadAdmin
-from orchestrator.backends.base import WeightBackend
-from orchestrator.backends.frozen import Frozen
-from orchestrator.backends.lora import adapter_backend
-from orchestrator.backends.sglang import SGLangUpdate
-from orchestrator.backends.stock_vllm import VLLMRoutes
-from orchestrator.client import InferenceClient
+from orchestrator.servers.backends.admin_routes import TriadAdmin
+from orchestrator.servers.backends.base import WeightBackend
+from orchestrator.servers.backends.frozen import Frozen
+from orchestrator.servers.backends.lora import adapter_backend
+from orchestrator.servers.backends.sglang import SGLangUpdate
+from orchestrator.servers.backends.stock_vllm import VLLMRoutes
+from orchestrator.servers.client import InferenceClient
 from shared.config import TriadConfig, refuse_deltas
 from shared.errors import TriadError
 

@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from orchestrator.backends.base import WeightBackend
-from orchestrator.client import Completion, InferenceClient, RequestRejected
 from orchestrator.failures import RolloutFailed
-from orchestrator.server_calls import failure_kind
+from orchestrator.servers.backends.base import WeightBackend
+from orchestrator.servers.calls import failure_kind
+from orchestrator.servers.client import Completion, InferenceClient, RequestRejected
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 

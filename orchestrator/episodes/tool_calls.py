@@ -20,14 +20,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.errors import one_line
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_CALLS = 16  # per turn; further blocks get one error entry and are not run
 MAX_CALL_CHARS = 16 * 1024  # one block's JSON
 MAX_DEPTH = 64  # of lists and objects in the arguments, so that serialising them again cannot recurse too far
-MAX_ERROR_CHARS = 500
 _CLOSE_AFTER = re.compile(r"\s*" + re.escape(CLOSE))
 _DECODER = json.JSONDecoder(strict=False)  # control characters in strings (a newline in code) are allowed
-_LINE_BREAKS = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
 JSON_TYPES: list[tuple[type, str]] = [
     (bool, "boolean"),  # before int: a bool is an int to Python, not to JSON
     (str, "string"),
@@ -64,11 +64,6 @@ class ParsedTurn:
 def call_id(n: int) -> str:
     """The id of a turn's n-th call: nine letters and digits, as Mistral's templates require."""
     return f"call{n:05d}"
-
-
-def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    text = _LINE_BREAKS.sub(" ", text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def json_type_of(value: Any) -> str:

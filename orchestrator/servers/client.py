@@ -11,7 +11,7 @@ import httpx
 import openai
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.server_calls import (
+from orchestrator.servers.calls import (
     RequestFailed,
     RequestRejected,
     ServerUnreachable,
@@ -19,7 +19,6 @@ from orchestrator.server_calls import (
     refused,
     transport_kind,
 )
-from orchestrator.tool_calls import one_line
 from shared.admin_api import (
     ADAPTERS_ROUTE,
     ADMIN_PREFIX,
@@ -35,7 +34,7 @@ from shared.admin_api import (
     LoadWeightsRequest,
     WeightsInfo,
 )
-from shared.errors import TriadError
+from shared.errors import TriadError, one_line
 from shared.waiting import async_wait_for
 
 log = logging.getLogger("triad.orchestrator")

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import env_calls
-from orchestrator.tool_calls import JSON_TYPES, ParsedTurn, ToolCall, json_type_of, one_line
-from shared.errors import TriadError
+from orchestrator.episodes.tool_calls import JSON_TYPES, ParsedTurn, ToolCall, json_type_of
+from shared.errors import TriadError, one_line
 
 _TYPE_NAMES = {t.__name__: t for t, _ in JSON_TYPES}
 

@@ -1,7 +1,7 @@
 """How an environment's episodes are run: one protocol, one strategy per kind of rollout.
 
-- `TextRollouts` (`rollout.py`): text prompts sent as is;
-- `ChatRollouts` (`chat_rollout.py`): chat prompts, tools and replies as tokens;
+- `TextRollouts` (`text.py`): text prompts sent as is;
+- `ChatRollouts` (`chat.py`): chat prompts, tools and replies as tokens;
 - `AgentRollouts` (`agents.py`): any OpenAI-client program through a per-episode proxy.
 
 The loop and evaluation import this module alone.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
-from orchestrator.agents import AgentRollouts
-from orchestrator.chat_rollout import ChatRollouts
 from orchestrator.environments import Environment, Prompt, env_tools
+from orchestrator.episodes.agents import AgentRollouts
+from orchestrator.episodes.chat import ChatRollouts
+from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.text import TextRollouts
 from orchestrator.failures import Failures
-from orchestrator.pool import ServerPool
-from orchestrator.rollout import TextRollouts
-from orchestrator.sample import Sample
+from orchestrator.servers.pool import ServerPool
 from shared.config import OrchestratorConfig
 
 

@@ -5,18 +5,19 @@ the exact token ids so far, and an environment message is tokenised by the
 server's `/tokenize` and appended with `loss_mask = false` and logprob 0. A
 single-turn group is one request with `n` samples. An episode that cannot go on
 is dropped or ends truncated as `failures.py` says. Chat prompts (and text
-prompts with `orchestrator.chat.text_prompts`) are `chat_rollout.ChatRollouts`' instead.
+prompts with `orchestrator.chat.text_prompts`) are `chat.ChatRollouts`' instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from orchestrator.client import Completion
 from orchestrator.environments import Environment, Prompt, max_turns, respond, score
-from orchestrator.failures import Failures, finished_episodes, run_episode
-from orchestrator.pool import ServerPool
-from orchestrator.sample import Sample
+from orchestrator.episodes.run import finished_episodes, run_episode
+from orchestrator.episodes.sample import Sample
+from orchestrator.failures import Failures
+from orchestrator.servers.client import Completion
+from orchestrator.servers.pool import ServerPool
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 

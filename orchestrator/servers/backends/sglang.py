@@ -6,8 +6,8 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.client import InferenceClient
-from orchestrator.server_calls import call
+from orchestrator.servers.calls import call
+from orchestrator.servers.client import InferenceClient
 from shared.admin_api import WeightsInfo
 from shared.errors import TriadError
 from shared.objectstore import is_object_url

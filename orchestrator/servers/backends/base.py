@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from shared.admin_api import WeightsInfo
+from shared.errors import TriadError
+
+
+class DigestMismatch(TriadError):
+    """A server holds other weights than the trainer published, even after a reload: the run stops."""
 
 
 class WeightBackend(Protocol):

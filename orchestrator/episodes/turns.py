@@ -10,10 +10,10 @@ and only `tool_parser = "hermes"` is served that way.
 
 from __future__ import annotations
 
-from orchestrator.chat import PROBE_USER, ChatRenderer
-from orchestrator.client import Completion
-from orchestrator.pool import Server, ServerPool
-from orchestrator.tool_calls import ParsedTurn, call_id, parse_tool_calls, turn_from_message
+from orchestrator.episodes.render import PROBE_USER, ChatRenderer
+from orchestrator.episodes.tool_calls import ParsedTurn, call_id, parse_tool_calls, turn_from_message
+from orchestrator.servers.client import Completion
+from orchestrator.servers.pool import Server, ServerPool
 from shared.errors import TriadError
 
 HERMES = "hermes"

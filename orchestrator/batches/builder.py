@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.advantages import group_advantages, overlong_penalty
+from orchestrator.batches.advantages import group_advantages, overlong_penalty
+from orchestrator.batches.staleness import lag
 from orchestrator.environments import Prompt
-from orchestrator.rollout import Sample
-from orchestrator.staleness import lag
+from orchestrator.episodes.text import Sample
 from shared.config import OrchestratorConfig
 
 

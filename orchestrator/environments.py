@@ -138,6 +138,12 @@ async def respond(
     return reply
 
 
+async def group_rewards(env: Environment, prompt: Prompt, seen: list[Any], timeout: float) -> list[float]:
+    """The reward of each of a group's episodes, from what the environment sees of it (a completion,
+    a conversation, an agent episode), scored at once; one that fails drops the group (`score`)."""
+    return list(await asyncio.gather(*(score(env, prompt, x, timeout) for x in seen)))
+
+
 async def env_metrics(env: Environment, prompt: Prompt, seen: Any, timeout: float) -> dict[str, float]:
     """The environment's own numbers for one episode; {} if it keeps none. One that raises or
     returns no dict of numbers drops its group (RolloutFailed, cause `metrics`)."""

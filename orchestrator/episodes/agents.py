@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import env_calls
-from orchestrator.environments import env_metrics, score
+from orchestrator.environments import env_metrics, group_rewards
 from orchestrator.episodes.agent_proxy import AgentProxy
 from orchestrator.episodes.render import ChatRenderer
 from orchestrator.episodes.sample import Sample
@@ -284,9 +284,7 @@ class AgentRollouts:
         failed = next((e.failed for e in episodes if e.failed), "")
         if failed:
             raise RolloutFailed(f"environment {self.env.name!r}: an agent episode's call failed: {failed}")
-        rewards = await asyncio.gather(
-            *(score(self.env, prompt, e, self.oc.environment.timeout_s) for e in episodes)
-        )
+        rewards = await group_rewards(self.env, prompt, episodes, self.oc.environment.timeout_s)
         samples = []
         for episode, reward in zip(episodes, rewards, strict=True):
             metrics = await env_metrics(self.env, prompt, episode, self.oc.environment.timeout_s)

@@ -22,9 +22,7 @@ cannot go on (a render the server refuses, a failed `respond`, past
 
 from __future__ import annotations
 
-import asyncio
-
-from orchestrator.environments import Environment, Prompt, env_tools, max_turns, respond, score
+from orchestrator.environments import Environment, Prompt, env_tools, group_rewards, max_turns, respond
 from orchestrator.episodes.render import check_messages
 from orchestrator.episodes.run import finished_episodes, run_episode
 from orchestrator.episodes.sample import Sample
@@ -98,9 +96,7 @@ class ChatRollouts:
         episodes = [self.episode(prompt) for _ in range(size)]
         samples = await finished_episodes(episodes, self.oc.partial_groups, self.failures)
         seen = [s.conversation if prompt.is_chat else s.completion for s in samples]
-        rewards = await asyncio.gather(
-            *(score(self.env, prompt, x, self.oc.environment.timeout_s) for x in seen)
-        )
+        rewards = await group_rewards(self.env, prompt, seen, self.oc.environment.timeout_s)
         for sample, reward in zip(samples, rewards, strict=True):
             sample.reward = reward
         return samples

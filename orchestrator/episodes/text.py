@@ -10,9 +10,7 @@ prompts with `orchestrator.chat.text_prompts`) are `chat.ChatRollouts`' instead.
 
 from __future__ import annotations
 
-import asyncio
-
-from orchestrator.environments import Environment, Prompt, max_turns, respond, score
+from orchestrator.environments import Environment, Prompt, group_rewards, max_turns, respond
 from orchestrator.episodes.run import finished_episodes, run_episode
 from orchestrator.episodes.sample import Sample
 from orchestrator.failures import Failures
@@ -101,8 +99,8 @@ class TextRollouts:
         else:
             episodes = [self.episode(prompt) for _ in range(size)]
             samples = await finished_episodes(episodes, self.oc.partial_groups, self.failures)
-        timeout = self.oc.environment.timeout_s
-        rewards = await asyncio.gather(*(score(self.env, prompt, s.completion, timeout) for s in samples))
+        seen = [s.completion for s in samples]
+        rewards = await group_rewards(self.env, prompt, seen, self.oc.environment.timeout_s)
         for sample, reward in zip(samples, rewards, strict=True):
             sample.reward = reward
         return samples

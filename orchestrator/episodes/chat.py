@@ -23,18 +23,16 @@ cannot go on (a render the server refuses, a failed `respond`, past
 from __future__ import annotations
 
 from orchestrator.environments import Environment, Prompt, env_tools, group_rewards, max_turns, respond
-from orchestrator.episodes.render import check_messages
+from orchestrator.episodes.render import PROBE_USER, check_messages
 from orchestrator.episodes.run import finished_episodes, run_episode
 from orchestrator.episodes.sample import Sample
-from orchestrator.episodes.tool_calls import ParsedTurn, assistant_message, call_id
+from orchestrator.episodes.tool_calls import ParsedTurn, assistant_message, probe_call
 from orchestrator.episodes.tools import ToolRunner, tool_message
 from orchestrator.episodes.turns import TurnParser, pool_renderer
 from orchestrator.failures import EpisodeEnded, Failures
 from orchestrator.servers.pool import ServerPool
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
-
-PROBE_REPLY = [{"role": "user", "content": "."}]
 
 
 def text_of(conversation: list[dict]) -> str:
@@ -44,9 +42,9 @@ def text_of(conversation: list[dict]) -> str:
 
 def probe_tool_turn(tool: str) -> tuple[dict, list[dict]]:
     """An assistant turn calling `tool` and its result, to check the template renders tool calls."""
-    call = {"id": call_id(0), "type": "function", "function": {"name": tool, "arguments": "{}"}}
+    call = probe_call(tool)
     turn = {"role": "assistant", "content": "", "tool_calls": [call]}
-    return turn, [tool_message(call_id(0), tool, ".")]
+    return turn, [tool_message(call["id"], tool, ".")]
 
 
 class ChatRollouts:
@@ -79,7 +77,7 @@ class ChatRollouts:
         serve this environment (none at all, or one that cannot render its turns) fails here."""
         try:
             await self.renderer.prompt(self.messages(prompt))
-            await self.renderer.tail({"role": "assistant", "content": "."}, PROBE_REPLY)
+            await self.renderer.tail({"role": "assistant", "content": "."}, [PROBE_USER])
             if self.runner.names:
                 await self.renderer.tail(*probe_tool_turn(self.runner.names[0]))
             await self.parser.check(self.renderer, self.runner.names[0] if self.runner.names else None)

@@ -66,6 +66,12 @@ def call_id(n: int) -> str:
     return f"call{n:05d}"
 
 
+def probe_call(tool: str) -> dict[str, Any]:
+    """A call of `tool` without arguments, in the OpenAI format: what a template's rendering of
+    tool calls is checked with."""
+    return {"id": call_id(0), "type": "function", "function": {"name": tool, "arguments": "{}"}}
+
+
 def json_type_of(value: Any) -> str:
     if value is None:
         return "null"

@@ -11,7 +11,7 @@ and only `tool_parser = "hermes"` is served that way.
 from __future__ import annotations
 
 from orchestrator.episodes.render import PROBE_USER, ChatRenderer
-from orchestrator.episodes.tool_calls import ParsedTurn, call_id, parse_tool_calls, turn_from_message
+from orchestrator.episodes.tool_calls import ParsedTurn, parse_tool_calls, probe_call, turn_from_message
 from orchestrator.servers.client import Completion
 from orchestrator.servers.pool import Server, ServerPool
 from shared.errors import TriadError
@@ -42,7 +42,7 @@ class TurnParser:
         self, token_ids: list[int], finish_reason: str, prompt_ids: list[int], server: Server | None
     ) -> dict | None:
         async def call(s: Server) -> dict | None:
-            messages = [{"role": "user", "content": "."}]  # the parsers read only tools and options
+            messages = [PROBE_USER]  # the parsers read only tools and options
             return await s.client.chat.derender(
                 token_ids, finish_reason, messages, self.tools, self.options, prompt_ids
             )
@@ -54,8 +54,7 @@ class TurnParser:
         split by the server's parsers: a server started with parsers that do not fit the model fails here."""
         reply: dict = {"role": "assistant", "content": "Done.", "reasoning_content": PROBE_REASONING}
         if tool is not None:
-            call = {"id": call_id(0), "type": "function", "function": {"name": tool, "arguments": "{}"}}
-            reply = {**reply, "tool_calls": [call]}
+            reply = {**reply, "tool_calls": [probe_call(tool)]}
         prompt = await renderer.prompt([PROBE_USER])
         full = await renderer.render([PROBE_USER, reply], False)
         if full[: len(prompt)] != prompt:  # the template rewrites a last reply (Qwen3, thinking off)

@@ -192,10 +192,7 @@ class EpisodeRecorder:
         if self.closed.is_set():
             raise asyncio.CancelledError
         sample.add(ids, sampled=False)
-        sample.sampled_at(version)
-        sample.served_by(server.url)
-        sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
-        sample.truncated, sample.turns = c.truncated, sample.turns + 1
+        sample.record_turn(c, server.url, version)
         reply = assistant_message(parsed)
         sample.tool_calls += len(parsed.calls)
         sample.conversation = [*messages, reply]

@@ -139,10 +139,7 @@ class ChatRollouts:
         for turn in range(max(max_turns(self.env), 1)):
             before = list(sample.input_ids)
             (c,), server, version = await self.pool.complete(before, 1, prefer=server)
-            sample.sampled_at(version)
-            sample.served_by(server.url)
-            sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
-            sample.truncated, sample.turns = c.truncated, turn + 1
+            sample.record_turn(c, server.url, version)
             parsed = await self.parser.parse(c, before, server)
             message = assistant_message(parsed)
             sample.conversation.append(message)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.servers.client import Completion
+
 
 @dataclass
 class Sample:
@@ -38,6 +40,13 @@ class Sample:
     def sampled_at(self, version: int) -> None:
         """A model turn was sent to a server serving `version`."""
         self.version = version if self.turns == 0 else min(self.version, version)
+
+    def record_turn(self, c: Completion, server: str, version: int) -> None:
+        """A model turn `server` sampled at `version`: its ids and logprobs, and whether it was cut."""
+        self.sampled_at(version)
+        self.served_by(server)
+        self.add(c.token_ids, sampled=True, logprobs=c.logprobs)
+        self.truncated, self.turns = c.truncated, self.turns + 1
 
     @property
     def completion_tokens(self) -> int:

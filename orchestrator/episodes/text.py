@@ -21,9 +21,9 @@ from shared.errors import TriadError
 
 
 def single_turn(c: Completion, version: int, server: str) -> Sample:
-    sample = Sample(completion=c.text, truncated=c.truncated, version=version, turns=1, servers=[server])
+    sample = Sample(completion=c.text)
     sample.add(c.prompt_ids, sampled=False)
-    sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
+    sample.record_turn(c, server, version)
     return sample
 
 
@@ -37,11 +37,8 @@ async def turns(
         (c,), server, version = await pool.complete(request, 1, prefer=server)
         if turn == 0:
             sample.add(c.prompt_ids, sampled=False)
-        sample.sampled_at(version)
-        sample.served_by(server.url)
-        sample.add(c.token_ids, sampled=True, logprobs=c.logprobs)
+        sample.record_turn(c, server.url, version)
         sample.completion += c.text
-        sample.truncated, sample.turns = c.truncated, turn + 1
         if turn + 1 == max_turns(env):
             break
         reply = await respond(env, prompt, sample.completion, env_timeout)

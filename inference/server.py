@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from inference.model_output_log import write_stock_logging_config
 from inference.parser_probe import auto_parsers
 from inference.server_children import mark_server
 from inference.worker_extension import on_cpu_build
@@ -37,6 +38,7 @@ from shared.families import chat_template_of
 from shared.fleet import Registration, default_url
 from shared.logs import restore_root_levels, root_levels
 from shared.rundir import INFERENCE, RunDir
+from shared.storage import machine_cache
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
 STOCK_ENGINE = '{"backend": "triad_disk"}'  # inference/vllm_engine.py, registered by its entry point
@@ -172,6 +174,8 @@ def run_stock_vllm(
         raise TriadError("--join needs triad's launcher: backend 'vllm' servers are local only")
     cmd = stock_vllm_cmd(cfg, model_path)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    if "VLLM_LOGGING_CONFIG_PATH" not in env:  # a user's own configuration is kept
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(write_stock_logging_config(machine_cache()))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     for name, value in cpu_env(parse_vllm_args(cmd[3:]), cpu_build).items():
         env.setdefault(name, value)

@@ -137,15 +137,19 @@ def test_auto_serves_a_family_no_table_lists_with_the_parsers_that_read_its_temp
     ]
 
 
-def test_a_tool_call_the_servers_parser_cannot_read_is_one_line_in_its_log(tmp_path, chat_model):
+@pytest.mark.parametrize("backend", ["triad", "vllm"])
+def test_a_tool_call_the_servers_parser_cannot_read_is_one_line_in_its_log(tmp_path, chat_model, backend):
     """vLLM's hermes parser logs a traceback for each call it cannot read (a chat soak's log held
-    a hundred in 20 steps); `triad inference` logs one warning instead, after vLLM configured its
-    logging (inference/model_output_log.py), and the call comes back as content."""
+    a hundred in 20 steps); the server logs one warning instead, and the call comes back as content.
+    `triad inference` adds the filter after vLLM configured its logging; a stock `vllm serve`
+    (backend vllm) reads it from the logging configuration triad gives it
+    (inference/model_output_log.py)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(chat_model)
     vllm_args = f"inference.vllm_args={json.dumps(list(CHAT_VLLM_ARGS))}"
-    server = Server(tmp_path / "run", chat_model, tmp_path / "inference.log", vllm_args)
+    sets = (vllm_args, f"inference.backend={backend}")
+    server = Server(tmp_path / "run", chat_model, tmp_path / "inference.log", *sets)
     messages = [{"role": "user", "content": "What is 2+3?"}]
     text = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     prompt = tokenizer.encode(text, add_special_tokens=False)

@@ -59,3 +59,43 @@ def test_without_the_filter_vllm_logs_the_traceback_and_other_loggers_keep_their
         logging.getLogger("vllm.v1.engine.async_llm").exception("AsyncLLM output_handler failed.")
     text = vllm_log.getvalue()
     assert text.startswith("ERROR [vllm.v1.engine.async_llm]") and "Traceback" in text
+
+
+STOCK_PARSE = """
+import logging
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+from tests.templates import qwen3_tokenizer
+
+configure_logging(LoggingConfig())  # what vLLM's engine client does at start (AsyncLLM)
+parser = Hermes2ProToolParser(qwen3_tokenizer())
+cut = '<tool_call>\\n{"name": "calc", "arguments": {"x": "2+\\n</tool_call>'
+assert not parser.extract_tool_calls(cut, None).tools_called
+try:
+    raise RuntimeError("the engine failed")
+except RuntimeError:
+    logging.getLogger("vllm.v1.engine.async_llm").exception("AsyncLLM output_handler failed.")
+"""
+
+
+def test_a_process_that_reads_the_stock_logging_config_logs_parser_errors_in_one_line(tmp_path):
+    """A stock `vllm serve` runs no code of triad's: the filter reaches it through the logging
+    configuration vLLM reads at import (`VLLM_LOGGING_CONFIG_PATH`), in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    from inference.model_output_log import write_stock_logging_config
+
+    path = write_stock_logging_config(tmp_path)
+    assert write_stock_logging_config(tmp_path) == path  # the same settings, the same file
+    env = {**os.environ, "VLLM_LOGGING_CONFIG_PATH": str(path)}
+    result = subprocess.run(
+        [sys.executable, "-c", STOCK_PARSE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    log = result.stdout + result.stderr
+    [line] = [x for x in log.splitlines() if "Error in extracting tool call" in x]
+    assert " WARNING " in line and "JSONDecodeError: " in line and line.endswith("(the model's output)")
+    assert log.count("Traceback") == 1 and "RuntimeError: the engine failed" in log  # others keep theirs

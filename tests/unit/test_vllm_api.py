@@ -124,10 +124,17 @@ def test_a_stock_vllm_server_on_a_cpu_build_gets_the_same_environment(monkeypatc
     monkeypatch.setattr(server, "stock_vllm_cmd", lambda cfg, path: ["python", "-m", "x", "--model", "m"])
     monkeypatch.setattr(server.os, "execve", lambda exe, cmd, env: seen.update(env))
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    monkeypatch.setenv("TRIAD_CACHE", str(tmp_path))
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")  # what the user set is kept
     server.run_stock_vllm(TriadConfig(), "m", join=False, cpu_build=lambda: True)
     assert seen["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and seen["TORCHDYNAMO_DISABLE"] == "0"
     assert seen[SERVER_PID_VAR] == str(os.getpid())  # vLLM's processes die with this one
+    [written] = tmp_path.glob("vllm-logging-*.json")  # parser errors in one line (model_output_log.py)
+    assert seen["VLLM_LOGGING_CONFIG_PATH"] == str(written)
+    monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", "/etc/my-logging.json")  # a user's own is kept
+    server.run_stock_vllm(TriadConfig(), "m", join=False, cpu_build=lambda: True)
+    assert seen["VLLM_LOGGING_CONFIG_PATH"] == "/etc/my-logging.json"
 
 
 def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():

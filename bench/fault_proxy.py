@@ -11,9 +11,9 @@ connection dropped). Every other call, and every call on other routes (health, a
 is forwarded as is. The faults injected so far are written, by kind and route, to `--counts`
 after each one, so a run can be checked against them; so are the spoilable calls that failed
 without a fault because the upstream did not answer (`upstream_down`: a server being restarted).
-A fault is counted once it is served: a cut body drawn while the upstream is down is counted as
-`upstream_down`, what the client saw. Loopback only: the proxy refuses to listen
-or forward anywhere else.
+A fault is counted once it is served, as what the client saw: a cut body drawn while the upstream
+is down as `upstream_down`, and one of an answer the upstream refused as `cut_http_<status>`.
+Loopback only: the proxy refuses to listen or forward anywhere else.
 """
 
 from __future__ import annotations
@@ -48,8 +48,17 @@ COUNTED_AS = {
     "stall": "timeout",  # held past the client's request timeout
     "upstream_down": "dropped",  # the proxy closes the client's connection
 }
+CUT_REFUSAL = "cut_http_"  # a cut body of the upstream's own refusal: `cut_http_400`
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host"}
+
+
+def counted_as(fault: str) -> str:
+    """What the orchestrator counts a served fault as: a cut body of the upstream's own refusal
+    (`cut_http_400`: vLLM refused a prompt over the context) by its status, read before the body."""
+    if fault.startswith(CUT_REFUSAL):
+        return "http_" + fault.removeprefix(CUT_REFUSAL)
+    return COUNTED_AS[fault]
 
 
 class Faults:
@@ -159,7 +168,7 @@ class Proxy:
             self.faults.upstream_failed(route)
             return False  # the server is down: so is the proxy's answer
         if fault == "cut_body":
-            self.faults.served(fault, route)
+            self.faults.served(fault if r.is_success else f"{CUT_REFUSAL}{r.status_code}", route)
         content = r.content[: len(r.content) // 2] if fault == "cut_body" else r.content
         kept = [
             (k.encode(), v.encode()) for k, v in r.headers.items() if k.encode().lower() not in HOP_BY_HOP

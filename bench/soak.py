@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from bench.fault_proxy import COUNTED_AS
+from bench.fault_proxy import COUNTED_AS, counted_as
 from bench.soak_envs import COUNTS_VAR
 from bench.suite import REPO, RESULTS
 from shared.net import free_port
@@ -231,7 +231,7 @@ def requests_by_kind(proxy: dict, failed: dict) -> list[dict]:
     not answer, around a restart) against the orchestrator's `requests_failed_<kind>`."""
     injected: Counter[str] = Counter()
     for fault, n in proxy.get("injected", {}).items():
-        injected[COUNTED_AS[fault]] += n
+        injected[counted_as(fault)] += n
     injected[COUNTED_AS["upstream_down"]] += proxy.get("upstream_down", 0)
     prefix = "requests_failed_"
     kinds = set(injected) | {k.removeprefix(prefix) for k in failed if k.startswith(prefix)}

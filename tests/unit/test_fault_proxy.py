@@ -12,7 +12,7 @@ import sys
 import httpx
 import pytest
 
-from bench.fault_proxy import COUNTED_AS, FAULTS
+from bench.fault_proxy import FAULTS, counted_as
 from shared.config import load_config
 from shared.net import free_port
 from shared.waiting import wait_for
@@ -134,7 +134,41 @@ def test_the_orchestrator_counts_each_fault_under_its_kind(tmp_path, fault, rout
         taken = asyncio.run(run())
     assert json.loads(counts.read_text())["injected"] == {fault: 1}
     failed = {k: v for k, v in taken.items() if k.startswith("requests_failed")}
-    assert failed == {"requests_failed": 1, f"requests_failed_{COUNTED_AS[fault]}": 1}
+    assert failed == {"requests_failed": 1, f"requests_failed_{counted_as(fault)}": 1}
+
+
+def test_a_cut_body_of_the_upstreams_refusal_is_counted_by_its_status(tmp_path) -> None:
+    """The proxy cuts whatever the upstream answered: a cut 400 (vLLM refusing a prompt over the
+    context) is counted by the orchestrator as an http_400, and by the proxy as `cut_http_400`."""
+    from orchestrator.servers.backends.frozen import Frozen
+    from orchestrator.servers.client import InferenceClient
+    from orchestrator.servers.pool import Server, ServerPool
+    from shared.errors import TriadError
+
+    counts = tmp_path / "c.json"
+    cfg = load_config(None, [f"run_dir={tmp_path}", "orchestrator.servers.max_retries=0"])
+    with (
+        FakeServer() as upstream,
+        Proxy(upstream.url, counts, "--share", "1", "--faults", "cut_body") as proxy,
+    ):
+
+        async def run() -> dict:
+            client = InferenceClient(proxy.url, None, request_timeout=5)
+            try:
+                await client.wait_ready(10, None)
+                upstream.state.max_model_len = 2  # the prompt does not fit: vLLM answers 400
+                pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
+                with pytest.raises(TriadError):
+                    await pool.complete("1+1=", 1)
+                return pool.take_requests()
+            finally:
+                await client.close()
+
+        taken = asyncio.run(run())
+    assert json.loads(counts.read_text())["injected"] == {"cut_http_400": 1}
+    failed = {k: v for k, v in taken.items() if k.startswith("requests_failed")}
+    assert failed == {"requests_failed": 1, "requests_failed_http_400": 1}
+    assert counted_as("cut_http_400") == "http_400"
 
 
 def test_refuses_anything_but_loopback(tmp_path) -> None:

@@ -1,6 +1,6 @@
 """`auto` tool-call and reasoning parsers by reading back what the chat template itself writes.
 
-A template that a family of `shared/families.py` knows gets that family's parsers (the fast
+A template that a family of `inference/families.py` knows gets that family's parsers (the fast
 path). Any other is probed: it renders one assistant turn holding a reasoning block and one tool
 call (`PROBE`), the ids the model would have sampled are cut out of it (after the generation
 prompt, up to the end-of-turn token) and decoded with special tokens kept, as vLLM's derender
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.families import NONE, family_of, parsers_for
 from shared.errors import TriadError
-from shared.families import NONE, family_of, parsers_for
 from shared.storage import atomic_write_bytes, machine_cache
 
 AUTO = "auto"

@@ -28,13 +28,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from inference.families import chat_template_of
 from inference.model_output_log import write_stock_logging_config
 from inference.parser_probe import auto_parsers
 from inference.server_children import mark_server
 from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
-from shared.families import chat_template_of
 from shared.fleet import Registration, default_url
 from shared.logs import restore_root_levels, root_levels
 from shared.rundir import INFERENCE, RunDir

@@ -1,4 +1,4 @@
-"""`auto` parsers for a family shared/families.py does not list, served by real vLLM.
+"""`auto` parsers for a family inference/families.py does not list, served by real vLLM.
 
 A tiny Seed-OSS model (random weights; the vendored Seed-OSS template and special tokens on Qwen3's BPE,
 tests/templates.py) is served by `triad inference` with `tool_parser = reasoning_parser = "auto"`. The
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from inference.families import chat_template_of, family_of
 from inference.parser_probe import auto_parsers
 from orchestrator.episodes.turns import TurnParser, pool_renderer
 from orchestrator.servers.client import ChatRoutes, Completion, InferenceClient
 from orchestrator.servers.pool import ServerPool
 from shared.config import load_config
-from shared.families import chat_template_of, family_of
 from tests.helpers import CHAT_VLLM_ARGS, Server, server_tracebacks
 from tests.templates import family_tokenizer
 

@@ -1,6 +1,6 @@
 """`auto` parsers by reading back the template's own rendering (inference/parser_probe.py).
 
-The Seed-OSS template (shared/data/templates/seed_oss.jinja) belongs to no family of shared/families.py:
+The Seed-OSS template (shared/data/templates/seed_oss.jinja) belongs to no family of inference/families.py:
 its parsers come from the read-back alone. The tokenizers are tests/templates.py's (real template and
 special tokens, Qwen3's BPE), saved as model directories where `auto_parsers` needs one.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from inference import parser_probe
+from inference.families import chat_template_of, family_of
 from inference.parser_probe import ParserCache, auto_parsers, choose_parsers, probe_turn
 from shared.errors import TriadError
-from shared.families import chat_template_of, family_of
 from tests.templates import chat_template, family_tokenizer
 
 pytest.importorskip("vllm")

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from shared.families import family_of, parsers_for
+from inference.families import family_of, parsers_for
 from tests.templates import FAMILIES, TEMPLATES, chat_template, family_tokenizer, qwen3_tokenizer, render
 
 

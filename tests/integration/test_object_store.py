@@ -133,7 +133,7 @@ def write_config(path: Path, url: str, model: str, steps: int) -> Path:
         f'run_dir = "{url}"\nmodel = "{model}"\nmax_steps = {steps}\nmax_async_level = {ETA}\n'
         f'[inference]\nhost = "{INFERENCE_IP}"\nport = 8000\nadmin_token = "{TOKEN}"\n'
         "heartbeat_interval_s = 1\n"
-        f'[orchestrator]\ninference_urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
+        f'[orchestrator]\nservers.urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
         f"keep_rollouts = {steps}\n[trainer.optim]\nlr = 1e-3\n[trainer.checkpoint]\nevery = 2\n"
     )
     return path

@@ -95,7 +95,7 @@ def test_three_hosts_share_only_a_directory(hosts, orchestrator_venv, tiny_model
     config.write_text(
         f'run_dir = "{run_dir}"\nmodel = "{tiny_model}"\nmax_steps = {STEPS}\nmax_async_level = 1\n'
         f'[inference]\nhost = "{INFERENCE_IP}"\nport = 8000\nadmin_token = "{TOKEN}"\n'
-        f'[orchestrator]\ninference_urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
+        f'[orchestrator]\nservers.urls = ["http://{INFERENCE_IP}:8000"]\nbatch_size = 4\ngroup_size = 4\n'
         f"[trainer.optim]\nlr = 1e-3\n"
     )
     py = sys.executable

@@ -43,10 +43,26 @@ def complete(server: Server, prompt: str | list[int], n: int, temperature: float
     return asyncio.run(streamed())
 
 
+# plain prompts, the first whose greedy answer runs to max_tokens is used: the chat model is built
+# on each machine, and its weights (so where its greedy answer ends) differ between CPUs (on an AMD
+# EPYC, "1+2=" was answered with its end of turn alone)
+LONG_ANSWER_PROMPTS = ("1+2=", "Hello, ", "The answer is", "What is 7*8?", "<tool_call>")
+
+
+def long_answer_prompt(server: Server) -> str:
+    """A prompt whose unstreamed greedy answer runs to 40 tokens: several streamed chunks."""
+    model = httpx.get(server.url + "/v1/models", timeout=60).json()["data"][0]["id"]
+    for prompt in LONG_ANSWER_PROMPTS:
+        if unstreamed(server, model, prompt, 1, 40)[0]["finish_reason"] == "length":
+            return prompt
+    raise AssertionError(f"the greedy answer to each of {LONG_ANSWER_PROMPTS} ends before 40 tokens")
+
+
 def test_a_streamed_sample_is_what_vllm_answers_unstreamed(chat_server: Server):
     """The chat model's greedy answer to a plain prompt runs to `max_tokens`: several chunks."""
-    model, (got,) = complete(chat_server, "1+2=", 1, 0.0)  # greedy: vLLM asks n = 1
-    (want,) = unstreamed(chat_server, model, "1+2=", 1, 40)
+    prompt = long_answer_prompt(chat_server)
+    model, (got,) = complete(chat_server, prompt, 1, 0.0)  # greedy: vLLM asks n = 1
+    (want,) = unstreamed(chat_server, model, prompt, 1, 40)
     assert len(got.token_ids) == 40 and got.finish_reason == "length"
     assert got.prompt_ids == want["prompt_token_ids"]
     assert got.token_ids == want["token_ids"]

@@ -10,7 +10,8 @@ connection dropped before any answer, or a stall (the answer held back `--stall-
 connection dropped). Every other call, and every call on other routes (health, admin, tokenize),
 is forwarded as is. The faults injected so far are written, by kind and route, to `--counts`
 after each one, so a run can be checked against them; so are the spoilable calls that failed
-without a fault because the upstream did not answer (`upstream_down`: a server being restarted).
+without a fault because the upstream did not answer (`upstream_down`: a server being restarted)
+or refused them itself (`upstream_refused`, by status: vLLM's 400 for a prompt over the context).
 A fault is counted once it is served, as what the client saw: a cut body drawn while the upstream
 is down as `upstream_down`, and one of an answer the upstream refused as `cut_http_<status>`.
 Loopback only: the proxy refuses to listen or forward anywhere else.
@@ -70,6 +71,7 @@ class Faults:
         self.by_route: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.upstream_down = 0
+        self.upstream_refused: Counter[str] = Counter()
         self.lock = threading.Lock()
 
     def draw(self, route: str) -> str | None:
@@ -94,6 +96,13 @@ class Faults:
                 self.upstream_down += 1
                 self.save()
 
+    def refused_upstream(self, status: int, route: str) -> None:
+        """The upstream's own error answer to a spoilable call, forwarded as it was."""
+        if route in SPOILED_ROUTES:
+            with self.lock:
+                self.upstream_refused[f"http_{status}"] += 1
+                self.save()
+
     def save(self) -> None:
         if self.path is not None:
             record = {
@@ -101,6 +110,7 @@ class Faults:
                 "by_route": self.by_route,
                 "calls": self.calls,
                 "upstream_down": self.upstream_down,
+                "upstream_refused": self.upstream_refused,
             }
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1))
@@ -169,6 +179,8 @@ class Proxy:
             return False  # the server is down: so is the proxy's answer
         if fault == "cut_body":
             self.faults.served(fault if r.is_success else f"{CUT_REFUSAL}{r.status_code}", route)
+        elif not r.is_success:
+            self.faults.refused_upstream(r.status_code, route)
         content = r.content[: len(r.content) // 2] if fault == "cut_body" else r.content
         kept = [
             (k.encode(), v.encode()) for k, v in r.headers.items() if k.encode().lower() not in HOP_BY_HOP

@@ -228,11 +228,13 @@ def count_tracebacks(log: Path) -> int:
 
 def requests_by_kind(proxy: dict, failed: dict) -> list[dict]:
     """Per kind of failed request, the proxy's faults that make it (and its calls the upstream did
-    not answer, around a restart) against the orchestrator's `requests_failed_<kind>`."""
+    not answer, around a restart, or refused itself) against the orchestrator's
+    `requests_failed_<kind>`."""
     injected: Counter[str] = Counter()
     for fault, n in proxy.get("injected", {}).items():
         injected[counted_as(fault)] += n
     injected[COUNTED_AS["upstream_down"]] += proxy.get("upstream_down", 0)
+    injected.update(proxy.get("upstream_refused", {}))
     prefix = "requests_failed_"
     kinds = set(injected) | {k.removeprefix(prefix) for k in failed if k.startswith(prefix)}
     return [{"kind": k, "injected": injected[k], "counted": failed.get(prefix + k, 0)} for k in sorted(kinds)]
@@ -269,9 +271,9 @@ def markdown(results: list[dict]) -> str:
             lines.append(f"| {kind} | environment | {n} |")
         lines += [
             "",
-            f"Failed requests by kind, one to one: {r['requests_counted_one_to_one']} (the proxy's faults "
-            "and its calls the restarted upstream did not answer, against the orchestrator's "
-            "`requests_failed_<kind>`)",
+            f"Failed requests by kind, one to one: {r['requests_counted_one_to_one']} (the proxy's faults, "
+            "its calls the restarted upstream did not answer and those vLLM refused itself, against the "
+            "orchestrator's `requests_failed_<kind>`)",
             "",
             "| kind | from the proxy | counted by the orchestrator |",
             "| --- | --- | --- |",

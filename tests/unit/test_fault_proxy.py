@@ -137,9 +137,9 @@ def test_the_orchestrator_counts_each_fault_under_its_kind(tmp_path, fault, rout
     assert failed == {"requests_failed": 1, f"requests_failed_{counted_as(fault)}": 1}
 
 
-def test_a_cut_body_of_the_upstreams_refusal_is_counted_by_its_status(tmp_path) -> None:
-    """The proxy cuts whatever the upstream answered: a cut 400 (vLLM refusing a prompt over the
-    context) is counted by the orchestrator as an http_400, and by the proxy as `cut_http_400`."""
+def refused_through_proxy(tmp_path, *spoil: str) -> tuple[dict, dict]:
+    """One generation request the upstream refuses (a prompt over its context: 400), through the
+    proxy: the proxy's record, and what the real client and pool counted."""
     from orchestrator.servers.backends.frozen import Frozen
     from orchestrator.servers.client import InferenceClient
     from orchestrator.servers.pool import Server, ServerPool
@@ -147,10 +147,7 @@ def test_a_cut_body_of_the_upstreams_refusal_is_counted_by_its_status(tmp_path) 
 
     counts = tmp_path / "c.json"
     cfg = load_config(None, [f"run_dir={tmp_path}", "orchestrator.servers.max_retries=0"])
-    with (
-        FakeServer() as upstream,
-        Proxy(upstream.url, counts, "--share", "1", "--faults", "cut_body") as proxy,
-    ):
+    with FakeServer() as upstream, Proxy(upstream.url, counts, *spoil) as proxy:
 
         async def run() -> dict:
             client = InferenceClient(proxy.url, None, request_timeout=5)
@@ -165,10 +162,25 @@ def test_a_cut_body_of_the_upstreams_refusal_is_counted_by_its_status(tmp_path) 
                 await client.close()
 
         taken = asyncio.run(run())
-    assert json.loads(counts.read_text())["injected"] == {"cut_http_400": 1}
     failed = {k: v for k, v in taken.items() if k.startswith("requests_failed")}
+    return json.loads(counts.read_text()), failed
+
+
+def test_a_cut_body_of_the_upstreams_refusal_is_counted_by_its_status(tmp_path) -> None:
+    """The proxy cuts whatever the upstream answered: a cut 400 (vLLM refusing a prompt over the
+    context) is counted by the orchestrator as an http_400, and by the proxy as `cut_http_400`."""
+    record, failed = refused_through_proxy(tmp_path, "--share", "1", "--faults", "cut_body")
+    assert record["injected"] == {"cut_http_400": 1} and record["upstream_refused"] == {}
     assert failed == {"requests_failed": 1, "requests_failed_http_400": 1}
     assert counted_as("cut_http_400") == "http_400"
+
+
+def test_the_upstreams_own_refusal_is_counted_apart_from_the_faults(tmp_path) -> None:
+    """vLLM's own 400 (a prompt over the context, after an environment's megabyte reply) passes the
+    proxy unspoiled: the proxy counts it, so a soak can match every http_400 the run counted."""
+    record, failed = refused_through_proxy(tmp_path, "--share", "0")
+    assert record["injected"] == {} and record["upstream_refused"] == {"http_400": 1}
+    assert failed == {"requests_failed": 1, "requests_failed_http_400": 1}
 
 
 def test_refuses_anything_but_loopback(tmp_path) -> None:
@@ -202,18 +214,31 @@ def test_a_call_the_upstream_does_not_answer_is_counted_apart_from_the_faults(tm
 def test_the_soak_matches_the_proxys_faults_to_the_orchestrators_counts_by_kind() -> None:
     from bench.soak import requests_by_kind
 
-    proxy = {"injected": {"stall": 2, "cut_body": 1, "dropped": 1, "http_429": 1}, "upstream_down": 3}
+    proxy = {
+        "injected": {
+            "stall": 2,
+            "cut_body": 1,
+            "cut_http_400": 1,
+            "dropped": 1,
+            "http_429": 1,
+            "http_400": 2,
+        },
+        "upstream_down": 3,
+        "upstream_refused": {"http_400": 5},
+    }
     failed = {
-        "requests_failed": 9,
+        "requests_failed": 17,
         "requests_failed_timeout": 2,
         "requests_failed_bad_body": 1,
         "requests_failed_dropped": 4,
+        "requests_failed_http_400": 8,
         "requests_failed_refused": 2,
         "groups_failed": 1,
     }
     assert requests_by_kind(proxy, failed) == [
         {"kind": "bad_body", "injected": 1, "counted": 1},
         {"kind": "dropped", "injected": 4, "counted": 4},
+        {"kind": "http_400", "injected": 8, "counted": 8},  # 2 injected, 1 cut refusal, 5 vLLM's own
         {"kind": "http_429", "injected": 1, "counted": 0},
         {"kind": "refused", "injected": 0, "counted": 2},
         {"kind": "timeout", "injected": 2, "counted": 2},

@@ -188,7 +188,7 @@ class EnvironmentConfig(Table):
 
 
 class ChatConfig(Table):
-    """`[orchestrator.chat.text_prompts]`: chat templates and tool results."""
+    """`[orchestrator.chat]`: chat templates and tool results."""
 
     text_prompts: bool = Field(
         False, description="send text prompts as a user message with the model's chat template"

@@ -137,9 +137,9 @@ def test_an_adapter_name_another_run_owns_is_refused(server: Server, run_dir: Pa
     assert r.status_code in (400, 409) and "run-b" not in str(httpx.get(server.url + "/v1/models").json())
 
 
-def write_untrained_adapter(run_dir: Path, model: str, run_id: str) -> str:
-    """Version 1 of a LoRA adapter (rank 8, as peft starts it) for `model`, published in `run_dir`
-    as the trainer publishes one; its path as a load request names it."""
+def write_untrained_adapters(run_dir: Path, model: str, run_id: str, versions: range) -> dict[int, str]:
+    """A LoRA adapter (rank 8, as peft starts it) for `model`, published in `run_dir` as each of
+    `versions` the way the trainer publishes one; each version's path as a load request names it."""
     from transformers import AutoModelForCausalLM
 
     from shared.config import LoraConfig
@@ -149,8 +149,9 @@ def write_untrained_adapter(run_dir: Path, model: str, run_id: str) -> str:
     wrapped = wrap_lora(AutoModelForCausalLM.from_pretrained(model), LoraConfig(rank=8, alpha=16))
     state = {k: v.contiguous() for k, v in adapter_state(wrapped, wrapped.state_dict()).items()}
     rundir = RunDir(run_dir)
-    write_version(rundir, run_id, 1, Adapter(state, adapter_config(wrapped)), keep_last=10)
-    return f"{run_dir.name}/{rundir.weights.relative(1)}"
+    for version in versions:
+        write_version(rundir, run_id, version, Adapter(state, adapter_config(wrapped)), keep_last=10)
+    return {version: f"{run_dir.name}/{rundir.weights.relative(version)}" for version in versions}
 
 
 @pytest.mark.slow
@@ -166,18 +167,20 @@ def test_a_request_in_flight_keeps_generating_while_another_runs_adapter_loads(
     0.177 s load here, 0.085 s of 0.095 s in CI), so a pause around the whole call would look
     the same. The server's first load is long on the API side (1.35 s here, 46 tokens during
     it); `tests/unit/test_adapter_idle.py` asserts that no load pauses the engine."""
-    path = write_untrained_adapter(run_dir / "streaming", untied_model, "streaming-run")
+    paths = write_untrained_adapters(run_dir / "streaming", untied_model, "streaming-run", range(1, 9))
     body = dict(
         model=untied_model, prompt="1+2=", max_tokens=220, ignore_eos=True, stream=True, return_token_ids=True
     )
-    # a fast machine can generate the 220 tokens before the server's first (cold) load returns: then
-    # nothing was in flight at its end, and the next version's load (warm, shorter) is tried
-    for version in (1, 2, 3):
+    # the 220 tokens take 0.6-1.0 s and a load 0.04-0.8 s here: when the stream ended first, nothing
+    # was in flight at the load's end, and the next version's load is tried on a new stream
+    for version, path in paths.items():
         arrivals, tokens, started, ended, r = stream_through_load(server, body, path, version)
         assert r.status_code == 200, r.text
         if arrivals[-1] > ended:
             break
-    assert arrivals[-1] > ended, "the stream ended before each of 3 loads did: nothing was in flight"
+    assert arrivals[-1] > ended, (
+        f"the stream ended before each of {len(paths)} loads did: nothing was in flight"
+    )
     assert len(tokens) == 220, f"the request in flight got {len(tokens)} of its 220 tokens"
     during = [started, *(t for t in arrivals if started < t < ended), ended]
     longest = max(b - a for a, b in zip(during, during[1:], strict=False))

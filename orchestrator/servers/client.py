@@ -68,6 +68,27 @@ STREAM_INTERVAL = 16  # tokens per streamed chunk of a sample (vLLM's `stream_in
 HEALTH_TIMEOUT_S = 5.0  # bound on one /health probe (one not answered alone takes no busy server out)
 
 
+class AnswerLogprobs(BaseModel):
+    token_logprobs: list[float | None] | None = None
+
+
+class AnswerChoice(BaseModel):
+    """What triad reads of one choice of a `/v1/completions` answer or chunk (vLLM's extra fields
+    `token_ids` and `prompt_token_ids` included). Validated by pydantic-core from the JSON the
+    OpenAI SDK decoded: the SDK's own models cost 0.3 ms a chunk to build (`bench/streaming_cost.py`)."""
+
+    index: int
+    text: str | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    logprobs: AnswerLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionAnswer(BaseModel):
+    choices: list[AnswerChoice]
+
+
 @dataclass
 class StreamedSample:
     """One sample's streamed chunks (vLLM sends its prompt ids with the first, its finish reason with
@@ -81,14 +102,13 @@ class StreamedSample:
     without_ids: bool = False  # a chunk came without `token_ids`
     without_logprobs: bool = False
 
-    def add(self, choice: openai.types.CompletionChoice) -> None:
-        extra = choice.model_extra or {}
-        if self.prompt_ids is None and extra.get("prompt_token_ids") is not None:
-            self.prompt_ids = list(extra["prompt_token_ids"])
-        if extra.get("token_ids") is None:
+    def add(self, choice: AnswerChoice) -> None:
+        if self.prompt_ids is None and choice.prompt_token_ids is not None:
+            self.prompt_ids = choice.prompt_token_ids
+        if choice.token_ids is None:
             self.without_ids = True
         else:
-            self.token_ids.extend(extra["token_ids"])
+            self.token_ids.extend(choice.token_ids)
         if choice.logprobs is None or choice.logprobs.token_logprobs is None:
             self.without_logprobs = True
         else:
@@ -126,9 +146,10 @@ class StreamedSample:
         )
 
 
-def join(samples: dict[int, StreamedSample], chunk: openai.types.Completion) -> None:
-    """Add a chunk of a streamed answer (or a whole answer) to its samples."""
-    for choice in chunk.choices:
+def join(samples: dict[int, StreamedSample], data: object) -> None:
+    """Add a chunk of a streamed answer (or a whole answer), as decoded JSON, to its samples;
+    ValidationError where it is not a completion."""
+    for choice in CompletionAnswer.model_validate(data).choices:
         samples.setdefault(choice.index, StreamedSample()).add(choice)
 
 
@@ -140,8 +161,17 @@ class Health:
 
 
 class InferenceClient:
-    def __init__(self, base_url: str, admin_token: str | None, request_timeout: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        admin_token: str | None,
+        request_timeout: float,
+        stream_interval: int | None = STREAM_INTERVAL,
+    ) -> None:
+        """`stream_interval`: tokens per streamed chunk of a rollout answer; None answers every
+        request whole (what `bench/streaming_cost.py` compares streaming with)."""
         self.base_url = base_url
+        self.stream_interval = stream_interval
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=request_timeout)
         self.openai = openai.AsyncOpenAI(
@@ -194,7 +224,7 @@ class InferenceClient:
     ) -> list[Completion]:
         """`n` samples of `prompt` (text, or token ids to continue exactly), from `model` (a LoRA
         adapter's served name) or the served model. The read timeout bounds the wait for each chunk
-        (vLLM sends a sample's first token at once, then every `STREAM_INTERVAL` tokens), so the
+        (vLLM sends a sample's first token at once, then every `stream_interval` tokens), so the
         request fails once no chunk of it came for `request_timeout`, however long a healthy
         generation takes; a request for no more than one chunk's tokens is answered whole
         (streamed, the embedded default's 8-token requests made its step 12% slower,
@@ -238,8 +268,9 @@ class InferenceClient:
     ) -> dict[int, StreamedSample]:
         """The answer's samples by index, read from its stream or whole."""
         samples: dict[int, StreamedSample] = {}
-        streamed = max_tokens > STREAM_INTERVAL
-        answer = await self.openai.completions.create(
+        interval = self.stream_interval
+        streamed = interval is not None and max_tokens > interval
+        body = dict(
             model=model or self.model,
             prompt=prompt,
             n=n,
@@ -247,17 +278,22 @@ class InferenceClient:
             temperature=temperature,
             logprobs=0,
             stream=streamed,
-            extra_body={
-                "return_token_ids": True,
-                **({"stream_interval": STREAM_INTERVAL} if streamed else {}),
-            },
+            return_token_ids=True,
+            **({"stream_interval": interval} if streamed else {}),
+        )
+        # the SDK sends the request, names its failures and reads the events; `object`: the JSON as
+        # decoded, for `join` to validate
+        if not streamed:
+            whole = await self.openai.post("/completions", cast_to=object, body=body)
+            self.progressed_at = time.time()
+            join(samples, whole)
+            return samples
+        stream = await self.openai.post(
+            "/completions", cast_to=object, body=body, stream=True, stream_cls=openai.AsyncStream[object]
         )
         self.progressed_at = time.time()
-        if not streamed:
-            join(samples, answer)
-            return samples
-        async with answer:  # closed on any exit: a request given up is aborted by the server
-            async for chunk in answer:
+        async with stream:  # closed on any exit: a request given up is aborted by the server
+            async for chunk in stream:
                 self.progressed_at = time.time()
                 join(samples, chunk)
         return samples

@@ -20,12 +20,16 @@ BOUND_S = 0.25
 
 
 def complete(
-    url: str, n: int = 2, prompt: str | list[int] = "1+1=", max_tokens: int = 64
+    url: str,
+    n: int = 2,
+    prompt: str | list[int] = "1+1=",
+    max_tokens: int = 64,
+    stream_interval: int | None = STREAM_INTERVAL,
 ) -> tuple[float, object]:
     """`n` samples of `prompt`, or the error they failed with; and how long the call took."""
 
     async def run():
-        client = InferenceClient(url, None, BOUND_S)
+        client = InferenceClient(url, None, BOUND_S, stream_interval)
         client.model = "fake"
         started = time.monotonic()
         try:
@@ -114,5 +118,14 @@ def test_a_request_for_one_chunk_of_tokens_is_answered_whole_with_the_same_sampl
         server.state.answer = "12345"
         _, whole = complete(server.url, max_tokens=STREAM_INTERVAL)
         _, streamed = complete(server.url, max_tokens=STREAM_INTERVAL + 1)
+    assert server.state.streams == [False, True]
+    assert whole == streamed and [c.text for c in whole] == ["12345"] * 2
+
+
+def test_a_client_with_no_stream_interval_asks_for_every_answer_whole():
+    with FakeServer() as server:
+        server.state.answer = "12345"
+        _, whole = complete(server.url, max_tokens=4 * STREAM_INTERVAL, stream_interval=None)
+        _, streamed = complete(server.url, max_tokens=4 * STREAM_INTERVAL)
     assert server.state.streams == [False, True]
     assert whole == streamed and [c.text for c in whole] == ["12345"] * 2

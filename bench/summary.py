@@ -211,6 +211,20 @@ def gpu_trainer_entries(r: dict) -> list[Entry]:
     return out
 
 
+def streaming_cost_entries(r: dict) -> list[Entry]:
+    out = []
+    for s in r["summary"]:
+        row = (
+            f"streamed rollout answers, {s['length']} tokens a sample: tokens/s; client CPU per token "
+            "(bench.streaming_cost)",
+            f"{s['tokens_per_s_streamed']:.0f}/s; {s['cpu_ms_per_1k_tokens_streamed']:.1f} ms per 1k tokens",
+            f"answered whole: {s['tokens_per_s_whole']:.0f}/s; {s['cpu_ms_per_1k_tokens_whole']:.1f} ms",
+            f"{s['throughput_ratio']:.2f}x the tokens/s, {s['cpu_ratio']:.2f}x the CPU",
+        )
+        out.append((row, r["measured_at"], "python -m bench.streaming_cost WORKDIR"))
+    return out
+
+
 READERS: dict[str, Callable[[dict], list[Entry]]] = {
     SUITE: suite_entries,
     "quick.json": quick_entries,
@@ -226,6 +240,7 @@ READERS: dict[str, Callable[[dict], list[Entry]]] = {
     "gpu_trainer.json": gpu_trainer_entries,
     "gpu_trainer_before.json": gpu_trainer_entries,
     "gpu_trainer_cpu.json": gpu_trainer_entries,
+    "streaming_cost.json": streaming_cost_entries,
 }
 
 

@@ -214,10 +214,13 @@ class Trainer:
         if self.loss.kl_target == "reference":
             # loaded once the policy is sharded: two full copies at once need not fit on a device
             self.reference = load_reference(model_path, device, mesh, compute, self.parallel.attention)
+        # fused: one kernel a parameter on CPU and CUDA, where the default is a loop of tensor ops
+        # (CPU) or foreach ops whose temporaries are the size of the moments (CUDA)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.optim.lr,
             weight_decay=self.optim.weight_decay,
+            fused=True,
         )
         self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
         self.optimizer_s = 0.0  # of the current update: clipping and optimizer steps

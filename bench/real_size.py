@@ -12,8 +12,9 @@ a local path. Phases come from the run's metrics rows (docs/design.md, "Metrics"
 train step (trainer `train_s`), publish (`publish_s`, with its `digest_s`), load (inference
 `load_s`) and hand-off (trainer starts publishing V -> inference's row serving V); medians over
 the 2 steps. Peak RSS per service: every process under `triad up` sampled each 0.5 s, its
-`VmHWM` (the kernel's own peak) and the sum of RSS over the service's processes at each sample.
-Results: bench/results/real_size.{json,md}.
+`VmHWM` (the kernel's own peak) and the sum of RSS over the service's processes at each sample;
+the trainer's largest process's RSS over time, with each step's span (`trainer_peak`), says in
+which phase it peaked. Results: bench/results/real_size.{json,md}.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class RssSampler(threading.Thread):
         self.hwm: dict[int, tuple[str, str, int]] = {}  # pid: service, command, VmHWM bytes
         self.sum_peak = dict.fromkeys(SERVICES, 0)
         self.min_available = psutil.virtual_memory().available
+        self.trainer_rss: dict[int, list[tuple[float, int]]] = {}  # pid: (wall clock, RSS bytes) samples
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -96,7 +98,10 @@ class RssSampler(threading.Thread):
                     with open(f"/proc/{proc.pid}/status") as f:
                         fields = dict(line.split(":", 1) for line in f if ":" in line)
                     hwm = int(fields["VmHWM"].split()[0]) * 1024
-                    sums[service] += int(fields["VmRSS"].split()[0]) * 1024
+                    rss = int(fields["VmRSS"].split()[0]) * 1024
+                    sums[service] += rss
+                    if service == "trainer":
+                        self.trainer_rss.setdefault(proc.pid, []).append((time.time(), rss))
                     cmd = " ".join(proc.cmdline())[:160]
                     self.hwm[proc.pid] = (service, cmd, max(hwm, self.hwm.get(proc.pid, ("", "", 0))[2]))
                 except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError, KeyError):
@@ -117,6 +122,44 @@ class RssSampler(threading.Thread):
                 "processes": len(mine),
             }
         return out
+
+
+def rank0_timeline(sampler: RssSampler, rundir: RunDir) -> dict:
+    """When the trainer's largest process peaked, and in which phase of which step (from each
+    trainer row: it is written after the step's publish, so train runs from `time - publish_s -
+    train_s`); its RSS when the first step began, and at its peak."""
+    pid, samples = max(sampler.trainer_rss.items(), key=lambda kv: max(r for _, r in kv[1]))
+    at, peak = max(samples, key=lambda s: s[1])
+    phase = "start-up (before the first step)"
+    first_train = None
+    for row in rundir.metrics.rows("trainer"):
+        publish_start = row["time"] - row["publish_s"]
+        train_start = publish_start - row["train_s"]
+        first_train = first_train or train_start
+        if train_start <= at < publish_start:
+            phase = f"train, step {row['step']}"
+        elif publish_start <= at <= row["time"] + SAMPLE_S:
+            phase = f"publish, step {row['step']}"
+        elif at > row["time"] + SAMPLE_S:
+            phase = f"after step {row['step']}"
+    before = [r for t, r in samples if first_train is not None and t <= first_train]
+    start = samples[0][0]
+    steps = [
+        {
+            "step": r["step"],
+            "train_from_s": r["time"] - r["publish_s"] - r["train_s"] - start,
+            "ended_s": r["time"] - start,
+        }
+        for r in rundir.metrics.rows("trainer")
+    ]
+    return {
+        "pid": pid,
+        "timeline_gb": [(round(t - start, 1), round(r / 1e9, 2)) for t, r in samples],
+        "steps": steps,
+        "peak_gb": peak / 1e9,
+        "peak_phase": phase,
+        "rss_when_training_began_gb": before[-1] / 1e9 if before else None,
+    }
 
 
 def median(rows: list[dict], key: str) -> float | None:
@@ -185,6 +228,7 @@ def one_run(workdir: Path, model: str, env: dict[str, str]) -> dict:
         "min_available_gb": sampler.min_available / 1e9,
         "phases": phases(RunDir(str(run_dir))),
         "rss": sampler.figures(),
+        "trainer_peak": rank0_timeline(sampler, RunDir(str(run_dir))),
     }
 
 
@@ -253,6 +297,16 @@ def markdown(result: dict) -> str:
         None,
         "{:.2f}",
     )
+    peaks = [res[s].get("trainer_peak") for s in sizes]
+    if all(peaks):
+        lines.append(
+            "| trainer's largest process: RSS when training began; highest RSS sampled, and its phase | "
+            + " | ".join(
+                f"{p['rss_when_training_began_gb'] or 0:.2f} GB; {p['peak_gb']:.2f} GB in {p['peak_phase']}"
+                for p in peaks
+            )
+            + (" | - |" if "ratio" in result else " |")
+        )
     row("wall, triad up, 2 steps (s)", [res[s]["wall_s"] for s in sizes], None, "{:.0f}")
     for key in res[sizes[0]]["phases"]:
         values = [res[s]["phases"].get(key) for s in sizes]

@@ -34,6 +34,7 @@ class FakeState:
     stream_error: int | None = None  # the next streamed answer ends, after its first chunk, on vLLM's
     # error event with this status
     stream_cut: bool = False  # the next streamed answer stops after its first chunk, with no [DONE]
+    misshapen_chunk: bool = False  # the next streamed chunk's token_ids is a string (a server not vLLM)
     answer: str = "2"
     inflight: int = 0
     peak: int = 0
@@ -199,6 +200,9 @@ def make_app(state: FakeState) -> Starlette:
                     chunk = piece(i, char, encode(char), finish if at == last else None)
                     if at == 0:
                         chunk["prompt_token_ids"] = prompt_ids
+                    if state.misshapen_chunk:
+                        state.misshapen_chunk = False
+                        chunk["token_ids"] = "".join(map(str, chunk["token_ids"]))
                     data = {"id": "x", "object": "text_completion", "created": 0, "model": "fake"}
                     yield f"data: {json.dumps({**data, 'choices': [chunk]})}\n\n"
                     if state.stream_cut:

@@ -2,8 +2,9 @@
 HTTP, which streams as vLLM does): a generation longer than `request_timeout` finishes while its
 tokens keep coming, its samples' chunks joined; a request fails once no token of it came for the
 bound, and one given up is closed so the server stops generating it; a stream that ends early or
-on an error event fails with the kind of failure it stands for. A request for no more tokens than
-one chunk holds is answered whole, with the same samples."""
+on an error event fails with the kind of failure it stands for, and a chunk that is not a
+completion is a bad body. A request for no more tokens than one chunk holds is answered whole,
+with the same samples."""
 
 from __future__ import annotations
 
@@ -79,6 +80,18 @@ def test_a_stream_cut_before_each_sample_finished_is_a_bad_body():
         _, out = complete(server.url)
     assert isinstance(out, RequestFailed) and out.kind == "bad_body"
     assert str(out) == f"rollout request to {server.url}: its stream ended before sample 0 of 2 finished"
+
+
+def test_a_chunk_that_is_not_a_completion_is_a_bad_body_that_names_the_field():
+    with FakeServer() as server:
+        server.state.answer, server.state.misshapen_chunk = "12", True
+        _, out = complete(server.url)
+    assert isinstance(out, RequestFailed) and out.kind == "bad_body", out
+    message = str(out)
+    assert message.startswith(f"rollout request to {server.url} answered no completion: ValidationError"), (
+        message
+    )
+    assert "choices.0.token_ids" in message and "\n" not in message, message
 
 
 @pytest.mark.parametrize(("status", "error"), [(500, RequestFailed), (400, RequestRejected)])

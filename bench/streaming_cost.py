@@ -36,11 +36,10 @@ PROMPT_IDS = 16
 
 
 def random_model(workdir: Path) -> str:
-    """`builtin:tiny-tools`'s config, tokenizer and template with seeded random weights."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    """`builtin:tiny-tools`'s config, tokenizer and template with the real-size fixture's seeded
+    random weights (`tests.realsize.write_weights`)."""
     from services.models import resolve_model
+    from tests.realsize import write_weights
 
     source = Path(resolve_model("builtin:tiny-tools"))
     target = workdir / "tiny-tools-random"
@@ -49,12 +48,10 @@ def random_model(workdir: Path) -> str:
     building = workdir / "tiny-tools-random.building"
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
-    for f in source.iterdir():  # the tokenizer, its template and the generation config
-        if f.suffix != ".safetensors" and f.name not in ("triad_build.json", "config.json"):
+    for f in source.iterdir():  # the config, tokenizer, its template and the generation config
+        if f.suffix != ".safetensors" and f.name != "triad_build.json":
             shutil.copy(f, building / f.name)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch.float32)
-    model.save_pretrained(building)
+    write_weights(building)
     building.rename(target)
     return str(target)
 

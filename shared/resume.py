@@ -31,16 +31,23 @@ def discard_after_checkpoint(rundir: RunDir, run_id: str, checkpoint_step: int) 
 
 
 def discard_batches_after(rundir: RunDir, run_id: str, checkpoint_step: int) -> list[str]:
-    """Delete every batch after the checkpoint from the first one that was sampled from newer
-    weights (or is incomplete) on, so that the batches left after it are an unbroken run
-    C+1, C+2, ... the trainer can consume.
+    """Delete every published batch after the checkpoint from the first one that was sampled from
+    newer weights (or follows a gap or an unpublished batch) on, so that the batches left after
+    it are an unbroken run C+1, C+2, ... the trainer can consume.
+
+    A batch without its marker is not deleted: a live orchestrator may be writing it (a trainer
+    started after the orchestrator, or restarted beside it), and one that restarts writes it
+    again from the start (`publish_batch` clears it first).
 
     This is all an orchestrator that sees the trainer rewind may apply: by then the resumed
     trainer may have published versions after C again, and those are its own."""
     removed = []
     expected = checkpoint_step + 1
     for step in (s for s in rundir.rollouts.steps() if s > checkpoint_step):
-        marker = rundir.rollouts.marker(step, run_id)
+        if not rundir.rollouts.has_marker(step):
+            expected = -1  # nothing published after it is kept
+            continue
+        marker = rundir.rollouts.marker(step, run_id)  # None: another run's, or unreadable
         newest_version = getattr(marker, "max_policy_version", None) if marker else None
         if step == expected and newest_version is not None and newest_version <= checkpoint_step:
             expected += 1

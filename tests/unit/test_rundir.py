@@ -135,6 +135,25 @@ def test_resume_drops_batches_after_a_gap(tmp_path):
     assert rundir.rollouts.steps() == [11]
 
 
+def test_resume_leaves_a_batch_being_written_and_drops_what_is_published_after_it(tmp_path):
+    """A trainer started after the orchestrator (or restarted beside it) found batch 1 being written.
+    Before: it deleted the batch's directory, and the orchestrator's write failed (FileNotFoundError,
+    a soak of 2026-11-28). Another run's batch, published, still goes."""
+    from shared.resume import discard_after_checkpoint
+
+    rundir = RunDir(tmp_path)
+    being_written = rundir.rollouts.path(1)
+    being_written.mkdir(parents=True)
+    (being_written / ".tmp-batch.parquet").write_bytes(b"half a batch")
+    batch_with_versions(rundir, "r", 2, 0)  # after a batch that is not published: not kept
+    batch_with_versions(rundir, "another run", 3, 0)
+    assert discard_after_checkpoint(rundir, "r", checkpoint_step=0) == [
+        "rollouts/step_000002",
+        "rollouts/step_000003",
+    ]
+    assert rundir.rollouts.steps() == [1] and (being_written / ".tmp-batch.parquet").is_file()
+
+
 def test_an_orchestrator_following_a_rewind_leaves_the_resumed_trainers_weights(tmp_path):
     """The resumed trainer (checkpoint 3) has already published version 4 again when the
     orchestrator notices: only the old lineage's batches go, not the new weights."""

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.errors import TriadError
-from shared.faults import ORCHESTRATOR_BEFORE_MARKER, audit_read, failpoint
+from shared.faults import ORCHESTRATOR_BEFORE_MARKER, ORCHESTRATOR_HOLD_BATCH, audit_read, failpoint, hold
 from shared.rundir import Marker, RunDir
 from shared.waiting import Peer, poll_cap, wait_for
 from shared.watch import DirWatch
@@ -83,6 +83,7 @@ def publish_batch(
     rundir.rollouts.clear(step)
     with rundir.writing_batch(step) as tmp:
         write_batch(tmp, rows)
+        hold(ORCHESTRATOR_HOLD_BATCH, step)  # tests only: a trainer starts meanwhile
     failpoint(ORCHESTRATOR_BEFORE_MARKER, step)
     tokens = sum(len(r["input_ids"]) for r in rows)
     versions = [r["policy_version"] for r in rows]

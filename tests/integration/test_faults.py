@@ -2,6 +2,8 @@
 
 Each test runs the three services as separate processes on one run directory:
 
+- the trainer starts while the orchestrator is writing batch 1 (held there until the trainer
+  has resumed and waits for it), and leaves it to be finished;
 - the trainer dies mid-step (after its backward pass, before the optimizer
   step); it resumes from its last checkpoint, and the orchestrator, seeing the
   weights it followed disappear, starts over from there; later in the same run
@@ -28,8 +30,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from shared.errors import WaitTimeout
-from shared.faults import AUDIT_VAR, FAILPOINT_VAR, ORCHESTRATOR_BEFORE_MARKER, TRAINER_MID_STEP
-from shared.rundir import RunDir
+from shared.faults import (
+    AUDIT_VAR,
+    FAILPOINT_VAR,
+    ORCHESTRATOR_BEFORE_MARKER,
+    ORCHESTRATOR_HOLD_BATCH,
+    RELEASE_VAR,
+    TRAINER_MID_STEP,
+)
+from shared.liveness import parse_record
+from shared.rundir import TRAINER, RunDir
 from shared.waiting import wait_for
 from tests.helpers import REPO, Server, check_reads, trainer_cmd, triad_cmd
 
@@ -67,15 +77,18 @@ class Run:
             "trainer.optim.lr=1e-4",
         ]
 
-    def start(self, service: str, failpoint: str | None = None) -> None:
+    def start(self, service: str, failpoint: str | None = None, release: Path | None = None) -> None:
         flags = [f"--set={s}" for s in self.sets()]
         cmd = triad_cmd(service, *flags)
         if service == "trainer":
             cmd = trainer_cmd(*flags)
         env = {**os.environ}
         env.pop(FAILPOINT_VAR, None)
+        env.pop(RELEASE_VAR, None)
         if failpoint:
             env[FAILPOINT_VAR] = failpoint
+        if release:
+            env[RELEASE_VAR] = str(release)
         log = open(self.root / f"{service}.log", "ab")  # noqa: SIM115 (the child keeps it)
         self.procs[service] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -129,11 +142,26 @@ def run(tmp_path, tiny_model, monkeypatch):
         r.stop()
 
 
+def trainer_waits_for_batch(run_dir: Path) -> bool | None:
+    """Whether the trainer has resumed and waits for a batch (its live record's progress)."""
+    record = parse_record(RunDir(run_dir).live.read(TRAINER), "the trainer's live record")
+    return (record is not None and record.progress.get("phase") == "waiting for its batch") or None
+
+
 def test_trainer_killed_mid_step_then_orchestrator_killed_mid_write_each_resumes(run):
-    """Two kills in one run: the trainer after step 5's backward pass, then the orchestrator
-    writing batch 7, which it can write only once the resumed trainer has rewound it."""
-    run.start("orchestrator", failpoint=f"{ORCHESTRATOR_BEFORE_MARKER}:7")
+    """A trainer started while the orchestrator writes batch 1, then two kills in one run: the trainer
+    after step 5's backward pass, then the orchestrator writing batch 7, which it can write only once
+    the resumed trainer has rewound it. Before 2026-11-28 the trainer, resuming after update 0,
+    deleted batch 1's directory under the orchestrator's write (FileNotFoundError, a traceback)."""
+    release = run.root / "release"
+    held = f"{ORCHESTRATOR_HOLD_BATCH}:1,{ORCHESTRATOR_BEFORE_MARKER}:7"
+    run.start("orchestrator", failpoint=held, release=release)
+    batch_1 = RunDir(run.run_dir).rollouts.path(1)
+    wait_for(lambda: (batch_1.is_dir() and any(batch_1.iterdir())) or None, "batch 1 being written", 240)
     run.start("trainer", failpoint=f"{TRAINER_MID_STEP}:5")
+    wait_for(lambda: trainer_waits_for_batch(run.run_dir), "the trainer waiting for batch 1", 240, poll=0.2)
+    assert batch_1.is_dir() and any(batch_1.iterdir()), "the trainer deleted the batch being written"
+    release.touch()
     assert run.wait("trainer") != 0  # killed by its own SIGKILL after the step-5 backward pass
     rundir = RunDir(run.run_dir)
     assert [r["step"] for r in rundir.metrics.rows("trainer")] == [1, 2, 3, 4]

@@ -14,6 +14,11 @@ without a fault because the upstream did not answer (`upstream_down`: a server b
 or refused them itself (`upstream_refused`, by status: vLLM's 400 for a prompt over the context).
 A fault is counted once it is served, as what the client saw: a cut body drawn while the upstream
 is down as `upstream_down`, and one of an answer the upstream refused as `cut_http_<status>`.
+With `--two-calls CALL`, a spoiled derender call may also get `two_calls`: the upstream's answer
+rewritten into an assistant turn that asks for CALL twice at once, which is what vLLM's parser
+gives back when a model asks for two calls (a template that allows one, Llama 3.x's, then refuses
+the turn when it is rendered for what follows it). Renders of a turn with more than one call are
+counted by the upstream's answer (`many_call_renders`), so a soak can check each was refused.
 Loopback only: the proxy refuses to listen or forward anywhere else.
 """
 
@@ -32,12 +37,10 @@ import h11
 import httpx
 
 FAULTS = ("http_500", "http_503", "http_429", "http_400", "cut_body", "dropped", "stall")
-SPOILED_ROUTES = (
-    "/v1/completions",
-    "/v1/chat/completions",
-    "/v1/chat/completions/render",
-    "/v1/chat/completions/derender",
-)
+RENDER_ROUTE = "/v1/chat/completions/render"
+DERENDER_ROUTE = "/v1/chat/completions/derender"
+SPOILED_ROUTES = ("/v1/completions", "/v1/chat/completions", RENDER_ROUTE, DERENDER_ROUTE)
+ANSWER_FAULTS = {"two_calls": DERENDER_ROUTE}  # a good answer rewritten, on its one route
 # what the orchestrator counts each fault as (`requests_failed_<kind>`, orchestrator/servers/calls.py)
 COUNTED_AS = {
     "http_500": "http_500",
@@ -72,6 +75,7 @@ class Faults:
         self.calls: Counter[str] = Counter()
         self.upstream_down = 0
         self.upstream_refused: Counter[str] = Counter()
+        self.many_call_renders: Counter[str] = Counter()
         self.lock = threading.Lock()
 
     def draw(self, route: str) -> str | None:
@@ -82,7 +86,7 @@ class Faults:
             self.calls[route] += 1
             if self.rng.random() >= self.share:
                 return None
-            return self.rng.choice(self.kinds)
+            return self.rng.choice([k for k in self.kinds if ANSWER_FAULTS.get(k, route) == route])
 
     def served(self, fault: str, route: str) -> None:
         with self.lock:
@@ -103,6 +107,12 @@ class Faults:
                 self.upstream_refused[f"http_{status}"] += 1
                 self.save()
 
+    def rendered_many_calls(self, status: int) -> None:
+        """The upstream's answer to a render of a turn that holds more than one tool call."""
+        with self.lock:
+            self.many_call_renders["ok" if status == 200 else f"http_{status}"] += 1
+            self.save()
+
     def save(self) -> None:
         if self.path is not None:
             record = {
@@ -111,19 +121,46 @@ class Faults:
                 "calls": self.calls,
                 "upstream_down": self.upstream_down,
                 "upstream_refused": self.upstream_refused,
+                "many_call_renders": self.many_call_renders,
             }
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1))
             tmp.replace(self.path)
 
 
+def two_calls(answer: bytes, call: dict) -> bytes | None:
+    """A derender answer (`choices[0].message`) of a turn without tool calls rewritten to ask for
+    `call` twice, with the content and reasoning it had. None where the answer holds no message or
+    holds calls already: so the orchestrator's start check (a turn with one call of its tool, which
+    must come back as one call) is never spoiled into refusing the server."""
+    try:
+        body = json.loads(answer)
+        message = body["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(message, dict) or message.get("tool_calls"):
+        return None
+    function = {"name": call["name"], "arguments": json.dumps(call["arguments"])}
+    message["tool_calls"] = [{"id": f"call{n}", "type": "function", "function": function} for n in range(2)]
+    return json.dumps(body).encode()
+
+
+def holds_many_calls(request: bytes) -> bool:
+    """Whether a render request's messages hold an assistant turn with more than one tool call."""
+    try:
+        messages = json.loads(request)["messages"]
+        return any(len(m.get("tool_calls") or []) > 1 for m in messages if isinstance(m, dict))
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 class Proxy:
-    def __init__(self, upstream: str, faults: Faults, stall_s: float) -> None:
+    def __init__(self, upstream: str, faults: Faults, stall_s: float, call: dict | None = None) -> None:
         host = urlsplit(upstream).hostname
         if host not in LOOPBACK:
             raise SystemExit(f"fault_proxy forwards to loopback only, not {upstream}")
         self.http = httpx.AsyncClient(base_url=upstream, timeout=None)
-        self.faults, self.stall_s = faults, stall_s
+        self.faults, self.stall_s, self.call = faults, stall_s, call
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)
@@ -159,7 +196,7 @@ class Proxy:
         path = request.target.decode()
         route = path.split("?")[0]
         fault = self.faults.draw(route)
-        if fault not in (None, "cut_body"):
+        if fault not in (None, "cut_body", *ANSWER_FAULTS):
             self.faults.served(fault, route)
         if fault in ("dropped", "stall"):
             if fault == "stall":
@@ -181,7 +218,14 @@ class Proxy:
             self.faults.served(fault if r.is_success else f"{CUT_REFUSAL}{r.status_code}", route)
         elif not r.is_success:
             self.faults.refused_upstream(r.status_code, route)
+        if route == RENDER_ROUTE and holds_many_calls(body):
+            self.faults.rendered_many_calls(r.status_code)
         content = r.content[: len(r.content) // 2] if fault == "cut_body" else r.content
+        if fault == "two_calls" and r.is_success and self.call is not None:
+            rewritten = two_calls(r.content, self.call)
+            if rewritten is not None:
+                self.faults.served(fault, route)
+                content = rewritten
         kept = [
             (k.encode(), v.encode()) for k, v in r.headers.items() if k.encode().lower() not in HOP_BY_HOP
         ]
@@ -199,11 +243,11 @@ class Proxy:
         await writer.drain()
 
 
-async def serve(listen: str, upstream: str, faults: Faults, stall_s: float) -> None:
+async def serve(listen: str, upstream: str, faults: Faults, stall_s: float, call: dict | None) -> None:
     host, port = listen.rsplit(":", 1)
     if host not in LOOPBACK:
         raise SystemExit(f"fault_proxy listens on loopback only, not {host}")
-    proxy = Proxy(upstream, faults, stall_s)
+    proxy = Proxy(upstream, faults, stall_s, call)
     server = await asyncio.start_server(proxy.serve, host, int(port))
     async with server:
         await server.serve_forever()
@@ -217,10 +261,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stall-s", type=float, default=20.0)
     parser.add_argument("--counts", type=Path)
-    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=FAULTS, help="the kinds to draw from")
+    parser.add_argument(
+        "--faults",
+        nargs="+",
+        choices=[*FAULTS, *ANSWER_FAULTS],
+        default=FAULTS,
+        help="the kinds to draw from",
+    )
+    parser.add_argument(
+        "--two-calls",
+        type=json.loads,
+        metavar="CALL",
+        help='the call `two_calls` asks for twice: {"name": ..., "arguments": {...}}; adds it to the kinds',
+    )
     args = parser.parse_args()
-    faults = Faults(args.share, args.seed, args.counts, tuple(args.faults))
-    asyncio.run(serve(args.listen, args.upstream, faults, args.stall_s))
+    kinds = tuple(args.faults) + (("two_calls",) if args.two_calls and "two_calls" not in args.faults else ())
+    faults = Faults(args.share, args.seed, args.counts, kinds)
+    asyncio.run(serve(args.listen, args.upstream, faults, args.stall_s, args.two_calls))
 
 
 if __name__ == "__main__":

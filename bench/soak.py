@@ -10,11 +10,14 @@ would, with three kinds of trouble at once:
     `orchestrator.environment.timeout_s`, raise, or return a megabyte, on `--share` of calls;
 (c) inference is killed (kill -9, engine and worker included) and restarted twice, at a third and
     two thirds of the steps.
-Scenarios: `default`, the embedded default (addition on the 0.5M model), and `chat`, the chat
-calculator on the embedded chat model (`configs/tiny-tools.toml`). Checked for each: every
-service exits 0 on its own, the trainer trains steps 1..N exactly once, every batch's samples
-obey max_async_level, no log holds a traceback, and every injected fault is counted in the
-orchestrator's metrics under its cause. Results: bench/results/soak.{json,md}.
+Scenarios: `default`, the embedded default (addition on the 0.5M model); `chat`, the chat
+calculator on the embedded chat model (`configs/tiny-tools.toml`); and `single_call`, the same
+served with Llama 3.1's chat template (vendored, `shared/data/templates/`) and vLLM's `llama3_json`
+parser, where the proxy also turns a share of parsed turns into turns that ask for two calls at
+once (`two_calls`), which that template refuses to render: each such episode must end truncated.
+Checked for each: every service exits 0 on its own, the trainer trains steps 1..N exactly once,
+every batch's samples obey max_async_level, no log holds a traceback, and every injected fault is
+counted in the orchestrator's metrics under its cause. Results: bench/results/soak.{json,md}.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +35,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from bench.fault_proxy import COUNTED_AS, counted_as
+from bench.fault_proxy import ANSWER_FAULTS, COUNTED_AS, counted_as
 from bench.soak_envs import COUNTS_VAR
 from bench.suite import REPO, RESULTS
 from shared.net import free_port
@@ -59,6 +63,16 @@ SCENARIOS = {
         # (soak of 2026-11-27, stopped at step 18). 40 s allows 0.4 tokens/s per request.
         "request_timeout_s": 40,
     },
+    "single_call": {
+        "config": "configs/tiny-tools.toml",
+        "env": "bench.soak_envs:faulty_calculator",
+        "steps": 30,
+        "vllm_args": (),
+        "template": "llama3_1",
+        "request_timeout_s": 40,
+        "two_calls": {"name": "calculate", "arguments": {"expression": "2*3+4"}},
+        "refusal": "only supports single tool-calls",  # Llama 3.1's template, raised in its render
+    },
 }
 COUNTED = ("requests_failed", "groups_failed", "episodes_truncated", "episodes_dropped", "env_calls_overran")
 ENV_CALLS = ("env_calls_overran", "env_calls_waited", "env_calls_not_started")
@@ -78,10 +92,12 @@ class Soak:
         self.server: Server | None = None
         self.server_port = free_port()
         self.restarts: list[int] = []
+        self.model = tomllib_model(self.spec["config"])
 
     def sets(self) -> list[str]:
         return [
             f"run_dir={self.run_dir}",
+            f"model={self.model}",
             f"max_steps={self.steps}",
             f"max_async_level={ETA}",
             f"orchestrator.environment.name={self.spec['env']}",
@@ -103,10 +119,9 @@ class Soak:
             if self.spec["vllm_args"]
             else []
         )
-        cfg = tomllib_model(self.spec["config"])
         self.server = Server(
             self.run_dir,
-            cfg,
+            self.model,
             self.root / "inference.log",
             *extra,
             f"max_steps={self.steps}",
@@ -125,6 +140,8 @@ class Soak:
 
     def run(self) -> dict:
         self.root.mkdir(parents=True, exist_ok=True)
+        if "template" in self.spec:
+            self.model = str(dressed(self.model, self.spec["template"], self.root / "model"))
         started = time.time()
         self.start_server()
         proxy = [sys.executable, "-m", "bench.fault_proxy", "--listen", f"127.0.0.1:{self.proxy_port}"]
@@ -137,7 +154,10 @@ class Soak:
             str(self.proxy_counts),
         ]
         stall_s = 2 * self.spec["request_timeout_s"]  # a stall outlasts the request bound: a timeout
-        self.start("proxy", [*proxy, "--stall-s", str(stall_s)])
+        proxy += ["--stall-s", str(stall_s)]
+        if "two_calls" in self.spec:
+            proxy += ["--two-calls", json.dumps(self.spec["two_calls"])]
+        self.start("proxy", proxy)
         env = {COUNTS_VAR: str(self.env_counts), "TRIAD_SOAK_SHARE": str(self.share)}
         self.start("orchestrator", triad_cmd("orchestrator", *self.flags()), env)
         self.start("trainer", trainer_cmd(*self.flags()))
@@ -192,12 +212,21 @@ class Soak:
             "proxy_faults": proxy_faults,
             "requests_failed_by_kind": by_kind,
             "requests_counted_one_to_one": all(r["injected"] == r["counted"] for r in by_kind),
+            "many_calls": many_calls(proxy_faults, rows, self.refused_episodes()),
             "environment_faults": json.loads(self.env_counts.read_text()) if self.env_counts.exists() else {},
             "orchestrator_failure_counts": failed,
             "env_calls": {k: sum(r.get(k, 0) or 0 for r in rows) for k in ENV_CALLS},
             "wall_s": round(wall_s, 1),
             "step_s_median": statistics.median(r["step_time_s"] for r in rows[5:]) if len(rows) > 5 else None,
         }
+
+    def refused_episodes(self) -> int | None:
+        """Episodes the orchestrator logged as ended truncated by the template's refusal."""
+        refusal = self.spec.get("refusal")
+        if refusal is None:
+            return None
+        lines = (self.root / "orchestrator.log").read_text(errors="replace").splitlines()
+        return sum(1 for line in lines if "an episode ended truncated" in line and refusal in line)
 
     def batch_lags(self, rundir: RunDir) -> dict:
         """The kept batches' oldest sample version against their step (η: step - 1 - version <= η)."""
@@ -232,12 +261,56 @@ def requests_by_kind(proxy: dict, failed: dict) -> list[dict]:
     `requests_failed_<kind>`."""
     injected: Counter[str] = Counter()
     for fault, n in proxy.get("injected", {}).items():
-        injected[counted_as(fault)] += n
+        if fault not in ANSWER_FAULTS:  # a good answer rewritten: no failed request
+            injected[counted_as(fault)] += n
     injected[COUNTED_AS["upstream_down"]] += proxy.get("upstream_down", 0)
     injected.update(proxy.get("upstream_refused", {}))
     prefix = "requests_failed_"
     kinds = set(injected) | {k.removeprefix(prefix) for k in failed if k.startswith(prefix)}
     return [{"kind": k, "injected": injected[k], "counted": failed.get(prefix + k, 0)} for k in sorted(kinds)]
+
+
+def many_calls(proxy: dict, rows: list[dict], refused: int | None) -> dict:
+    """Turns the proxy made ask for two calls; the renders of such turns by the upstream's answer
+    (a one-call template refuses each; two renders a turn, `ChatRenderer.tail`); the episodes that
+    ended truncated on that refusal; and all episodes the run ended truncated by a refused render
+    (those too, and those a megabyte tool result pushed past the context)."""
+    return {
+        "two_calls": proxy.get("injected", {}).get("two_calls", 0),
+        "renders": proxy.get("many_call_renders", {}),
+        "ended_on_refusal": refused,
+        "episodes_truncated_render": sum(r.get("episodes_truncated_render", 0) or 0 for r in rows),
+    }
+
+
+def dressed(model: str, family: str, out: Path) -> Path:
+    """`model` (its weights linked, not copied) under a vendored family's chat template, with that
+    family's special tokens added to its tokenizer (in the rows its embedding holds beyond the
+    tokenizer's), so vLLM's parser for the family accepts it: `auto` then picks that parser."""
+    import tomllib
+
+    from transformers import AutoTokenizer
+
+    from services.models import resolve_model
+
+    templates = REPO / "shared/data/templates"
+    spec = tomllib.loads((templates / "families.toml").read_text())[family]
+    source = Path(resolve_model(model))
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if not (out / name).exists():
+            (out / name).symlink_to(source / name)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    added = [t for t in spec["special_tokens"] if t not in tokenizer.get_vocab()]
+    tokenizer.add_tokens(added, special_tokens=True)
+    if spec["bos"]:
+        tokenizer.bos_token = spec["bos"]
+    tokenizer.chat_template = (templates / spec["template"]).read_text()
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    if len(tokenizer) > vocab:
+        raise SystemExit(f"{family}'s special tokens do not fit {model}'s embedding of {vocab} rows")
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def tomllib_model(config: str) -> str:
@@ -266,7 +339,12 @@ def markdown(results: list[dict]) -> str:
             "| --- | --- | --- |",
         ]
         for kind, n in sorted(r["proxy_faults"].get("injected", {}).items()):
-            lines.append(f"| {kind} | proxy (generation, render, derender) | {n} |")
+            where = (
+                "proxy (derender's answer)"
+                if kind in ANSWER_FAULTS
+                else "proxy (generation, render, derender)"
+            )
+            lines.append(f"| {kind} | {where} | {n} |")
         for kind, n in sorted(r["environment_faults"].items()):
             lines.append(f"| {kind} | environment | {n} |")
         lines += [
@@ -279,6 +357,14 @@ def markdown(results: list[dict]) -> str:
             "| --- | --- | --- |",
         ]
         lines += [f"| {k['kind']} | {k['injected']} | {k['counted']} |" for k in r["requests_failed_by_kind"]]
+        calls = r.get("many_calls") or {}
+        if calls.get("two_calls"):
+            lines += [
+                "",
+                f"Turns made to ask for two calls: {calls['two_calls']}; renders of such a turn, by vLLM's "
+                f"answer: {calls['renders']}; episodes ended truncated on the template's refusal: "
+                f"{calls['ended_on_refusal']}, by any refused render: {calls['episodes_truncated_render']}",
+            ]
         lines += ["", "| counted by the orchestrator | total |", "| --- | --- |"]
         lines += [f"| {k} | {v} |" for k, v in r["orchestrator_failure_counts"].items()]
         if "env_calls" in r:
@@ -288,6 +374,7 @@ def markdown(results: list[dict]) -> str:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("soak: stopped by SIGTERM"))  # its services too
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))

@@ -1,5 +1,5 @@
 """The soak's fault proxy (`python -m bench.fault_proxy`): what it forwards, what it spoils, and
-that each fault is what a client sees of it."""
+that each fault is what a client sees of it; and the soak's model under another family's template."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import httpx
 import pytest
 
-from bench.fault_proxy import FAULTS, counted_as
+from bench.fault_proxy import FAULTS, counted_as, holds_many_calls, two_calls
 from shared.config import load_config
 from shared.net import free_port
 from shared.waiting import wait_for
@@ -255,3 +255,66 @@ def test_a_request_error_names_its_kind_and_a_context_full_one_is_no_http_answer
     assert transport_kind(httpx.RemoteProtocolError("r")) == "dropped"
     assert failure_kind(ContextFull("900 ids fill the model's context of 900")) == "context_full"
     assert failure_kind(TriadError("anything else")) == "other"
+
+
+CALL = {"name": "calculate", "arguments": {"expression": "2*3+4"}}
+
+
+def derender_answer(message: dict) -> bytes:
+    return json.dumps({"request_id": "triad", "choices": [{"index": 0, "message": message}]}).encode()
+
+
+def test_two_calls_makes_a_turn_without_calls_ask_for_the_call_twice() -> None:
+    """What vLLM's parser gives back when a model asks for two calls at once: the content and
+    reasoning kept, two calls of the given tool with their arguments as a JSON string."""
+    answer = derender_answer({"role": "assistant", "content": "ten", "reasoning": "hm", "tool_calls": []})
+    message = json.loads(two_calls(answer, CALL))["choices"][0]["message"]
+    assert message["content"] == "ten" and message["reasoning"] == "hm"
+    assert [c["function"] for c in message["tool_calls"]] == [
+        {"name": "calculate", "arguments": '{"expression": "2*3+4"}'}
+    ] * 2
+    assert len({c["id"] for c in message["tool_calls"]}) == 2
+
+
+def test_two_calls_leaves_a_turn_with_a_call_and_a_body_without_a_message_alone() -> None:
+    """The orchestrator's start check derenders a turn with one call, which must come back as one."""
+    one = {"id": "a", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}
+    assert two_calls(derender_answer({"role": "assistant", "content": "", "tool_calls": [one]}), CALL) is None
+    assert two_calls(b'{"choices": []}', CALL) is None
+    assert two_calls(b'{"choi', CALL) is None
+
+
+def test_a_render_of_a_turn_with_two_calls_is_told_apart() -> None:
+    call = {"id": "a", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}
+    turn = {"role": "assistant", "content": "", "tool_calls": [call, {**call, "id": "b"}]}
+    user = {"role": "user", "content": "1+1="}
+    assert holds_many_calls(json.dumps({"messages": [user, turn]}).encode())
+    assert not holds_many_calls(json.dumps({"messages": [user, {**turn, "tool_calls": [call]}]}).encode())
+    assert not holds_many_calls(b"not json")
+
+
+def test_the_soaks_model_dressed_in_llama_3_1_is_one_vllms_llama_parser_accepts(tmp_path) -> None:
+    """The chat soak's model under Llama 3.1's template: Llama's special tokens are single ids in the
+    rows its embedding holds beyond the Qwen3 tokenizer, and vLLM's llama3_json parser, which a
+    start refuses without `<|python_tag|>`, accepts the tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from bench.soak import dressed
+    from tests.templates import family
+
+    pytest.importorskip("vllm")
+    from vllm.tool_parsers import ToolParserManager
+
+    source = tmp_path / "qwen3"
+    shutil.copytree(REPO / "shared/data/qwen3_tokenizer", source)
+    shutil.copy(REPO / "tests/data/qwen3_0_6b/config.json", source)
+    tokenizer = AutoTokenizer.from_pretrained(dressed(str(source), "llama3_1", tmp_path / "dressed"))
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    for token in family("llama3_1")["special_tokens"]:
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        assert len(ids) == 1 and ids[0] < vocab, token
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert prompt.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
+    ToolParserManager.get_tool_parser("llama3_json")(tokenizer)

@@ -86,7 +86,8 @@ class Faults:
             self.calls[route] += 1
             if self.rng.random() >= self.share:
                 return None
-            return self.rng.choice([k for k in self.kinds if ANSWER_FAULTS.get(k, route) == route])
+            kinds = [k for k in self.kinds if ANSWER_FAULTS.get(k, route) == route]
+            return self.rng.choice(kinds) if kinds else None
 
     def served(self, fault: str, route: str) -> None:
         with self.lock:
@@ -276,6 +277,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     kinds = tuple(args.faults) + (("two_calls",) if args.two_calls and "two_calls" not in args.faults else ())
+    if "two_calls" in kinds and not args.two_calls:
+        parser.error("the two_calls fault needs --two-calls CALL: the call it asks for twice")
     faults = Faults(args.share, args.seed, args.counts, kinds)
     asyncio.run(serve(args.listen, args.upstream, faults, args.stall_s, args.two_calls))
 

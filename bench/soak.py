@@ -297,9 +297,10 @@ def dressed(model: str, family: str, out: Path) -> Path:
     spec = tomllib.loads((templates / "families.toml").read_text())[family]
     source = Path(resolve_model(model))
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "generation_config.json", "model.safetensors"):
-        if not (out / name).exists():
-            (out / name).symlink_to(source / name)
+    for path in source.iterdir():  # its config and weights; the tokenizer and template are written
+        linked = path.suffix == ".safetensors" or path.name in ("config.json", "generation_config.json")
+        if linked and not (out / path.name).exists():
+            (out / path.name).symlink_to(path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     added = [t for t in spec["special_tokens"] if t not in tokenizer.get_vocab()]
     tokenizer.add_tokens(added, special_tokens=True)

@@ -142,16 +142,14 @@ def test_resume_leaves_a_batch_being_written_and_drops_what_is_published_after_i
     from shared.resume import discard_after_checkpoint
 
     rundir = RunDir(tmp_path)
-    being_written = rundir.rollouts.path(1)
-    being_written.mkdir(parents=True)
-    (being_written / ".tmp-batch.parquet").write_bytes(b"half a batch")
+    half_written = rundir.batch_file(1).with_name(".tmp-half-written")
+    half_written.parent.mkdir(parents=True)
+    half_written.write_bytes(b"half a batch")
     batch_with_versions(rundir, "r", 2, 0)  # after a batch that is not published: not kept
     batch_with_versions(rundir, "another run", 3, 0)
-    assert discard_after_checkpoint(rundir, "r", checkpoint_step=0) == [
-        "rollouts/step_000002",
-        "rollouts/step_000003",
-    ]
-    assert rundir.rollouts.steps() == [1] and (being_written / ".tmp-batch.parquet").is_file()
+    removed = discard_after_checkpoint(rundir, "r", checkpoint_step=0)
+    assert removed == [rundir.rollouts.relative(2), rundir.rollouts.relative(3)]
+    assert rundir.rollouts.steps() == [1] and half_written.is_file()
 
 
 def test_an_orchestrator_following_a_rewind_leaves_the_resumed_trainers_weights(tmp_path):

@@ -284,32 +284,31 @@ def many_calls(proxy: dict, rows: list[dict], refused: int | None) -> dict:
 
 
 def dressed(model: str, family: str, out: Path) -> Path:
-    """`model` (its weights linked, not copied) under a vendored family's chat template, with that
-    family's special tokens added to its tokenizer (in the rows its embedding holds beyond the
-    tokenizer's), so vLLM's parser for the family accepts it: `auto` then picks that parser."""
-    import tomllib
+    """`model` (its weights linked, not copied) under a vendored family's chat template and special
+    tokens (`tests.templates.family_tokenizer`: the Qwen3 tokenizer with them added, in rows the
+    model's embedding holds beyond the tokenizer's), so vLLM's parser for the family accepts it:
+    `auto` then picks that parser. The model keeps its own end-of-turn token, the one it learned."""
+    import copy
 
     from transformers import AutoTokenizer
 
     from services.models import resolve_model
+    from tests.templates import family_tokenizer, qwen3_tokenizer
 
-    templates = REPO / "shared/data/templates"
-    spec = tomllib.loads((templates / "families.toml").read_text())[family]
     source = Path(resolve_model(model))
+    own = AutoTokenizer.from_pretrained(source)
+    if own.get_vocab() != qwen3_tokenizer().get_vocab():
+        raise SystemExit(f"{model}'s tokenizer is not the Qwen3 tokenizer the family tokenizers are built on")
+    tokenizer = copy.deepcopy(family_tokenizer(family))
+    tokenizer.eos_token = own.eos_token
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    if len(tokenizer) > vocab:
+        raise SystemExit(f"{family}'s special tokens do not fit {model}'s embedding of {vocab} rows")
     out.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():  # its config and weights; the tokenizer and template are written
         linked = path.suffix == ".safetensors" or path.name in ("config.json", "generation_config.json")
         if linked and not (out / path.name).exists():
             (out / path.name).symlink_to(path)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    added = [t for t in spec["special_tokens"] if t not in tokenizer.get_vocab()]
-    tokenizer.add_tokens(added, special_tokens=True)
-    if spec["bos"]:
-        tokenizer.bos_token = spec["bos"]
-    tokenizer.chat_template = (templates / spec["template"]).read_text()
-    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
-    if len(tokenizer) > vocab:
-        raise SystemExit(f"{family}'s special tokens do not fit {model}'s embedding of {vocab} rows")
     tokenizer.save_pretrained(out)
     return out
 

@@ -25,6 +25,7 @@ from dataclasses import replace
 from bench import simulate_published as published
 from simulate.hardware import H20, Gpu, mfu_for
 from simulate.pipeline import simulate
+from simulate.scenario import Scenario
 from simulate.setup import Setup
 
 # NeMo-RL performance summary v0.5 (docs/about/performance-summary.md at tag v0.5.0), Llama-3.1-8B,
@@ -79,8 +80,16 @@ def fit_v03(base: Gpu, steps: int = published.STEPS) -> Gpu:
     trainer = V03.colocated_sync().trainer
     tokens = V03.batch_prompts * V03.group_size * (V03.prompt_tokens + V03.mean_tokens)
     seconds = V03_TRAINING_S + V03_LOGPROBS_S - trainer.overhead_s
-    mfu = mfu_for(tokens / (V03.gpus * seconds), V03.params, base, V03.logprob_passes)
+    attention = trainer.attention * mean_sequence(V03)
+    mfu = mfu_for(tokens / (V03.gpus * seconds), V03.params, base, V03.logprob_passes, attention)
     return replace(base, hbm_efficiency=hbm, mfu=mfu)
+
+
+def mean_sequence(sc: Scenario) -> float:
+    """A token's mean sequence length (prompt and completion) over the scenario's length
+    distribution: sum of S**2 over sum of S, what attention's FLOPs per token grow with."""
+    sequences = [sc.prompt_tokens + n for n in sc.lengths().table]
+    return sum(s * s for s in sequences) / sum(sequences)
 
 
 def implied_tokens_per_sample(gpus: int, rate: float, step_s: float, samples: int = SAMPLES) -> float:

@@ -1,8 +1,10 @@
 """From a GPU and a model size to the per-server decode, prefill and trainer rates.
 
 A decode iteration reads the weights once and each running sequence's KV cache (memory bound,
-at `hbm_efficiency` of the HBM bandwidth), and spends `2 * active` FLOPs per sequence (at
+at `hbm_efficiency` of the HBM bandwidth), and spends `2 * active` FLOPs per sequence plus
+`4 * layers * q_heads * head_dim` per token of its context (attention's scores and values; at
 `compute_efficiency` of peak), plus `launch_s` of fixed cost (kernel launches, scheduling, sampling).
+The trainer's attention is `Trainer.attention` (`attention_width`).
 A mixture of experts passes each token through its `active` parameters (FLOPs: decode, prefill,
 training) but holds, reads and ships all of them: a batch of dozens of sequences routes to nearly
 every expert, so an iteration reads the whole weights, and memory, tensor parallelism and the
@@ -17,16 +19,18 @@ from dataclasses import dataclass
 from shared.errors import TriadError
 from simulate.setup import Inference, Trainer
 
-# (parameters, layers, KV heads, head dim): the Qwen2.5 / Llama-3 shapes nearest each size
-SHAPES = (
-    (0.5e9, 24, 2, 64),
-    (1.5e9, 28, 2, 128),
-    (3e9, 36, 2, 128),
-    (7e9, 28, 4, 128),
-    (8e9, 32, 8, 128),
-    (14e9, 48, 8, 128),
-    (32e9, 64, 8, 128),
-    (70e9, 80, 8, 128),
+# (layers, KV heads, head dim, query heads): a model's attention, from its config.json
+Shape = tuple[int, int, int, int]
+# (parameters, shape): the Qwen2.5 / Llama-3 shapes nearest each size
+SHAPES: tuple[tuple[float, Shape], ...] = (
+    (0.5e9, (24, 2, 64, 14)),
+    (1.5e9, (28, 2, 128, 12)),
+    (3e9, (36, 2, 128, 16)),
+    (7e9, (28, 4, 128, 28)),
+    (8e9, (32, 8, 128, 32)),
+    (14e9, (48, 8, 128, 40)),
+    (32e9, (64, 8, 128, 40)),
+    (70e9, (80, 8, 128, 64)),
 )
 
 
@@ -38,13 +42,14 @@ class Gpu:
     memory_bytes: float = 80e9
     # fitted to NeMo-RL v0.3's stated generation time (bench.simulate_rates.fit_v03; a unit test
     # holds these to the fit), with compute_efficiency and launch_s kept as guessed
-    hbm_efficiency: float = 0.861
+    hbm_efficiency: float = 0.869
     compute_efficiency: float = 0.5
     launch_s: float = 0.004
     max_seqs: int = 256  # vLLM's max_num_seqs
-    # the trainer's (6 N FLOPs per prompt or completion token, 2 N more per log-prob pass), fitted to
-    # NeMo-RL v0.3's stated policy training + get logprobs time (fit_v03)
-    mfu: float = 0.3405
+    # the trainer's (6 N FLOPs per prompt or completion token and attention's, 2 N and its attention
+    # more per log-prob pass: `Trainer.train_s`), fitted to NeMo-RL v0.3's stated policy training +
+    # get logprobs time (fit_v03)
+    mfu: float = 0.3521
     handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 
@@ -52,10 +57,22 @@ class Gpu:
 H20 = Gpu(name="H20", peak_flops=148e12, hbm_bytes_per_s=4.0e12, memory_bytes=96e9)  # NVIDIA's data sheet
 
 
-def kv_bytes_per_token(params: float, shape: tuple[int, int, int] | None = None) -> float:
-    """`shape` (layers, KV heads, head dim) where the model's is known; else the nearest dense one's."""
-    layers, heads, dim = shape or min(SHAPES, key=lambda s: abs(s[0] - params) / s[0])[1:]
+def shape_of(params: float, shape: Shape | None = None) -> Shape:
+    """`shape` where the model's is known; else the nearest dense one's."""
+    return shape or min(SHAPES, key=lambda s: abs(s[0] - params) / s[0])[1]
+
+
+def kv_bytes_per_token(params: float, shape: Shape | None = None) -> float:
+    layers, heads, dim, _ = shape_of(params, shape)
     return layers * 2 * heads * dim * 2  # K and V, bf16
+
+
+def attention_width(params: float, shape: Shape | None = None) -> float:
+    """layers x query heads x head dim: a causal sequence of S tokens costs `2 * width * S**2`
+    FLOPs of attention in a forward pass (scores and values, each `2 * head_dim` per query head
+    and pair of positions, half the pairs masked), as `2 * params * S` in its matrix products."""
+    layers, _, dim, q_heads = shape_of(params, shape)
+    return float(layers * q_heads * dim)
 
 
 def tp_for(params: float, gpu: Gpu) -> int:
@@ -66,7 +83,7 @@ def tp_for(params: float, gpu: Gpu) -> int:
     return 8
 
 
-def kv_capacity_tokens(params: float, gpu: Gpu, tp: int, shape: tuple[int, int, int] | None = None) -> float:
+def kv_capacity_tokens(params: float, gpu: Gpu, tp: int, shape: Shape | None = None) -> float:
     """Tokens the KV cache holds on a server: 90% of its memory less the weights (vLLM's default)."""
     return max(0.9 * gpu.memory_bytes * tp - 2 * params, 0.0) / kv_bytes_per_token(params, shape)
 
@@ -77,7 +94,7 @@ def inference_for(
     tp: int | None = None,
     mean_context: float = 0.0,
     active: float = 0.0,
-    shape: tuple[int, int, int] | None = None,
+    shape: Shape | None = None,
 ) -> Inference:
     """`mean_context` (prompt and mean completion): running sequences are held to what the KV cache
     holds at that context (vLLM admits no more than fit; the model has no preemption). `active`:
@@ -87,10 +104,12 @@ def inference_for(
     flops_params = active or params
     fit = int(kv_capacity_tokens(params, gpu, tp, shape) / mean_context) if mean_context else gpu.max_seqs
     bw = gpu.hbm_bytes_per_s * gpu.hbm_efficiency * tp
+    flops_s = gpu.peak_flops * gpu.compute_efficiency * tp
     return Inference(
         iter_base_s=gpu.launch_s + 2 * params / bw,
-        iter_per_seq_s=2 * flops_params / (gpu.peak_flops * gpu.compute_efficiency * tp),
-        iter_per_kv_token_s=kv_bytes_per_token(params, shape) / bw,
+        iter_per_seq_s=2 * flops_params / flops_s,
+        iter_per_kv_token_s=kv_bytes_per_token(params, shape) / bw
+        + 4 * attention_width(params, shape) / flops_s,
         max_seqs=max(1, min(gpu.max_seqs, fit)),
         prefill_tokens_per_s=gpu.peak_flops * gpu.compute_efficiency * tp / (2 * flops_params),
         load_s=gpu.load_s,
@@ -99,7 +118,13 @@ def inference_for(
 
 
 def trainer_for(
-    params: float, gpu: Gpu, colocated: bool = False, logprob_passes: int = 0, active: float = 0.0
+    params: float,
+    gpu: Gpu,
+    colocated: bool = False,
+    logprob_passes: int = 0,
+    active: float = 0.0,
+    shape: Shape | None = None,
+    recompute: bool = False,
 ) -> Trainer:
     """Colocated (one pool of GPUs takes turns) reshards in memory: no transfer to pay."""
     return Trainer(
@@ -111,6 +136,8 @@ def trainer_for(
         publish_overhead_s=0.5,
         logprob_passes=logprob_passes,
         active_params=active,
+        attention=attention_width(params, shape),
+        recompute=recompute,
     )
 
 
@@ -134,7 +161,8 @@ def hbm_efficiency_for(
     other efficiencies kept: the inverse of the iteration time for that batch and context."""
     tp = tp or tp_for(params, gpu)
     memory_s = running / (tokens_per_s_per_gpu * tp) - gpu.launch_s
-    memory_s -= running * 2 * params / (gpu.peak_flops * gpu.compute_efficiency * tp)
+    flops = running * (2 * params + 4 * attention_width(params) * context_tokens)
+    memory_s -= flops / (gpu.peak_flops * gpu.compute_efficiency * tp)
     if memory_s <= 0:
         raise TriadError(
             f"simulate: {tokens_per_s_per_gpu:.0f} tokens/s/GPU at {running} sequences is beyond the "
@@ -144,7 +172,16 @@ def hbm_efficiency_for(
     return read / (memory_s * gpu.hbm_bytes_per_s * tp)
 
 
-def mfu_for(training_tokens_per_s_per_gpu: float, params: float, gpu: Gpu, logprob_passes: int = 0) -> float:
+def mfu_for(
+    training_tokens_per_s_per_gpu: float,
+    params: float,
+    gpu: Gpu,
+    logprob_passes: int = 0,
+    attention_per_token: float = 0.0,
+) -> float:
     """The trainer MFU that a stated training rate (tokens/s/GPU, the log-prob passes included) gives
-    in the model's FLOP count: (6 + 2 * passes) * params per token."""
-    return (6 + 2 * logprob_passes) * params * training_tokens_per_s_per_gpu / gpu.peak_flops
+    in the model's FLOP count, `Trainer.train_s`'s: (6 + 2 * passes) * (params + attention_per_token)
+    per token, `attention_per_token` the attention width times the tokens' mean sequence length
+    (sum of S**2 over sum of S)."""
+    flops = (6 + 2 * logprob_passes) * (params + attention_per_token)
+    return flops * training_tokens_per_s_per_gpu / gpu.peak_flops

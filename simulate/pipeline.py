@@ -42,7 +42,7 @@ class Pipeline:
         self.step, self.accepted, self.pending, self.writing = 1, 0, 0, False
         self.batch: list[Group] = []
         self.queue: deque[Group] = deque()
-        self.ready: deque[tuple[int, int]] = deque()  # written batches: (step, tokens)
+        self.ready: deque[tuple[int, int, float]] = deque()  # written batches: (step, tokens, sq_tokens)
         self.trainer_busy, self.published, self.served, self.loading = False, 0, 0, 0
         self.dropped = 0
         self.guard_since: tuple[float, int] = (0.0, 0)  # (since, free slots) while the guard holds
@@ -144,7 +144,7 @@ class Pipeline:
         tokens = sum(g.tokens for g in self.batch) + self.s.prompt_tokens * samples
         busy = sum(server.busy_s for server in self.servers)
         self.r.written(self.step, now, tokens, samples, busy)
-        self.ready.append((self.step, tokens))
+        self.ready.append((self.step, tokens, sum(g.sq_tokens for g in self.batch)))
         self.step, self.accepted, self.batch, self.writing = self.step + 1, 0, [], False
         self.train(now)
         self.assemble(now)
@@ -153,10 +153,10 @@ class Pipeline:
     def train(self, now: float) -> None:
         if self.trainer_busy or not self.ready:
             return
-        step, tokens = self.ready.popleft()
+        step, tokens, sq_tokens = self.ready.popleft()
         self.trainer_busy = True
         spread = self.jitter.choice(self.s.trainer_factors) if self.s.trainer_factors else 1.0
-        trained = now + self.s.trainer.train_s(tokens, self.s.train_gpus) * spread
+        trained = now + self.s.trainer.train_s(tokens, self.s.train_gpus, sq_tokens) * spread
         published = trained + self.s.trainer.publish_s() * spread
         self.r.trainer_step(step, now, trained, published)
         self.at(published, self.on_published, step)

@@ -3,8 +3,11 @@ the published checks give them. Length distributions are a shared assumption whe
 states none: a capped lognormal with mean `mean_fraction` of `max_tokens` (or `mean_tokens` where
 the source states the mean) and `truncated` of the samples at the cap. `logprob_passes` is the
 modelled system's: forward passes its trainer makes to recompute log-probabilities. A mixture of
-experts gives `active_params` (0: dense) and its KV `shape` (layers, KV heads, head dim); `tp`, a
-server's GPUs where a source states them (0: the smallest that leaves half a GPU for the KV cache)."""
+experts gives `active_params` (0: dense); `shape` (layers, KV heads, head dim, query heads) is the
+model's attention where known (None: the nearest dense one's), for its KV cache and its attention
+FLOPs; `recompute`, a trainer that recomputes activations in its backward pass, where a source
+states it; `tp`, a server's GPUs where a source states them (0: the smallest that leaves half a GPU
+for the KV cache)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 from shared.errors import TriadError
 from simulate.calibrate import fit_lengths
-from simulate.hardware import Gpu, inference_for, tp_for, trainer_for
+from simulate.hardware import Gpu, Shape, inference_for, tp_for, trainer_for
 from simulate.setup import Lengths, Setup
 
 
@@ -31,8 +34,9 @@ class Scenario:
     mean_tokens: float | None = None
     logprob_passes: int = 0
     active_params: float = 0.0
-    shape: tuple[int, int, int] | None = None
+    shape: Shape | None = None
     tp: int = 0
+    recompute: bool = False
 
     def server_gpus(self) -> int:
         return self.tp or tp_for(self.params, self.gpu)
@@ -82,7 +86,15 @@ class Scenario:
             inference=inference_for(
                 self.params, self.gpu, self.server_gpus(), context, self.active_params, self.shape
             ),
-            trainer=trainer_for(self.params, self.gpu, colocated, self.logprob_passes, self.active_params),
+            trainer=trainer_for(
+                self.params,
+                self.gpu,
+                colocated,
+                self.logprob_passes,
+                self.active_params,
+                self.shape,
+                self.recompute,
+            ),
             lengths=lengths,
             prompt_tokens=self.prompt_tokens,
             batch_size=self.batch_prompts,

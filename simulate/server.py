@@ -41,6 +41,7 @@ class Group:
     remaining: int
     version: int  # the oldest version among its samples (the version served when sent)
     tokens: int = 0
+    sq_tokens: float = 0.0  # the sum over its samples of (prompt + completion) squared
     server: int = -1
     done: float = 0.0  # its last sample's end
 
@@ -156,11 +157,12 @@ class Server:
         v = self.v
         limit = v + 1e-9
         pop = heapq.heappop
-        kv = self.kv_const
+        kv, prompt = self.kv_const, self.prompt_tokens
         while running and running[0][0] <= limit:
             _, _, group, _, seq_kv, tokens, version, _ = pop(running)
             kv -= seq_kv
             group.tokens += tokens
+            group.sq_tokens += (prompt + tokens) ** 2
             if version < group.version:
                 group.version = version
             group.remaining -= 1

@@ -75,12 +75,15 @@ class Inference:
 
 @dataclass(frozen=True)
 class Trainer:
-    """A step takes `overhead_s + (6 + 2 * logprob_passes) * active * tokens / (gpus * peak_flops * mfu)`,
-    `tokens` the batch's prompt and completion tokens and `active` the parameters a token passes
-    through (`active_params`, a mixture of experts' active ones; 0: all of `params`): forward and
-    backward, plus a forward pass per recomputation of log-probabilities before the update (verl's
-    `old_log_prob`, NeMo-RL's policy logprobs, AReaL's proximal policy); publishing moves all
-    `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
+    """A step takes `overhead_s + passes * (active * tokens + attention * sq_tokens) / (gpus *
+    peak_flops * mfu)` with `passes = 6 + 2 * (logprob_passes + recompute)`: `tokens` the batch's
+    prompt and completion tokens, `sq_tokens` the sum of each sample's (prompt + completion)
+    squared (a causal sequence's attention, `hardware.attention_width`), and `active` the parameters
+    a token passes through (`active_params`, a mixture of experts' active ones; 0: all of
+    `params`): forward and backward, plus a forward pass per recomputation of log-probabilities
+    before the update (verl's `old_log_prob`, NeMo-RL's policy logprobs, AReaL's proximal policy)
+    and one where activations are recomputed in the backward pass (`recompute`); publishing moves
+    all `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
 
     params: float
     peak_flops: float
@@ -90,9 +93,12 @@ class Trainer:
     publish_overhead_s: float
     logprob_passes: int = 0
     active_params: float = 0.0
+    attention: float = 0.0  # layers x query heads x head dim (0: no attention cost)
+    recompute: bool = False
 
-    def train_s(self, tokens: int, gpus: int) -> float:
-        flops = (6 + 2 * self.logprob_passes) * (self.active_params or self.params) * tokens
+    def train_s(self, tokens: int, gpus: int, sq_tokens: float = 0.0) -> float:
+        passes = 6 + 2 * (self.logprob_passes + self.recompute)
+        flops = passes * (self.active_params or self.params) * tokens + passes * self.attention * sq_tokens
         return self.overhead_s + flops / (max(gpus, 1) * self.peak_flops * self.mfu)
 
     def publish_s(self) -> float:

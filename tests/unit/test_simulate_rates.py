@@ -10,9 +10,11 @@ import pytest
 from bench.simulate_rates import (
     NEMO_V05,
     OLD,
+    V03,
     V03_GENERATION_S,
     fit_v03,
     implied_tokens_per_sample,
+    mean_sequence,
     v03_generation_s,
 )
 from shared.errors import TriadError
@@ -34,7 +36,9 @@ def test_decode_rate_is_the_model_iteration_by_hand() -> None:
     iteration = inf.iter_base_s + 64 * inf.iter_per_seq_s + kv * inf.iter_per_kv_token_s
     assert decode_tokens_per_s_per_gpu(params, gpu, 64, 1500) == pytest.approx(64 / iteration)
     # 4 ms launch + 16 GB of weights and 12.6 GB of KV at 0.6 x 3.35 TB/s + 64 x 32.4 us of compute
-    assert 64 / iteration == pytest.approx(64 / (0.004 + 28.58e9 / 2.01e12 + 64 * 16e9 / 494.5e12), rel=1e-3)
+    # + attention's 4 x 32 layers x 32 heads x 128 FLOPs a KV token
+    compute = 64 * 16e9 + kv * 4 * 32 * 32 * 128
+    assert 64 / iteration == pytest.approx(64 / (0.004 + 28.58e9 / 2.01e12 + compute / 494.5e12), rel=1e-3)
 
 
 @pytest.mark.parametrize("gpu, params, tp", [(Gpu(), 8e9, 0), (H20, 7e9, 0), (Gpu(), 70e9, 4)])
@@ -76,8 +80,12 @@ def test_the_shared_rates_are_the_fit_to_nemo_rl_v03() -> None:
     fitted = fit_v03(OLD)
     assert fitted.hbm_efficiency == pytest.approx(Gpu().hbm_efficiency, abs=0.005)
     assert fitted.mfu == pytest.approx(Gpu().mfu, abs=0.0005)
-    # each sample's 130 prompt tokens trained as well as its 795 completion tokens (NeMo-RL's prompt)
-    assert fitted.mfu == pytest.approx(8 * 8e9 * 2048 * (130 + 795) / (8 * 45 * 989e12))
+    # each sample's 130 prompt tokens trained as well as its 795 completion tokens (NeMo-RL's prompt),
+    # with attention's FLOPs: Llama-3.1-8B's 32 layers x 32 query heads x 128 at the lengths' mean
+    # sequence per token (sum of S**2 over sum of S)
+    per_token = 8e9 + 32 * 32 * 128 * mean_sequence(V03)
+    assert fitted.mfu == pytest.approx(8 * per_token * 2048 * (130 + 795) / (8 * 45 * 989e12))
+    assert 2000 < mean_sequence(V03) < 2150  # the capped lognormal's long tail: mean 925 a sample
     assert v03_generation_s(fitted) == pytest.approx(V03_GENERATION_S, rel=1e-6)
     assert fit_v03(replace(OLD, hbm_efficiency=0.3, mfu=0.9)) == fitted
 
@@ -100,12 +108,14 @@ def test_the_published_table_is_the_same_whichever_targets_and_rates_ran_before(
         published.Target(
             "prime-rl 4B",
             "",
-            published.PRIME_4B[2],
-            lambda r: published.trainer_tokens_per_s(r, *published.PRIME_4B[:2]),
-            True,
+            published.PRIME_4B[3],
+            published.prime(published.PRIME_4B, published.QWEN3_4B_SHAPE),
+            published.SET_2,
             True,
         ),
-        published.Target("weight sync", "", 1.0, lambda r: published.verl_sync_s(r, 7e9), True, True),
+        published.Target(
+            "weight sync", "", 1.0, lambda r: published.verl_sync_s(r, 7e9), published.SET_2, True
+        ),
     ]
     fitted = published.Rates()
     guessed = published.Rates(OLD, replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu))
@@ -114,5 +124,8 @@ def test_the_published_table_is_the_same_whichever_targets_and_rates_ran_before(
     after = published.table(fitted, targets[::-1])[::-1]
     assert after == alone
     assert [r["predicted"] for r in old][:2] != [r["predicted"] for r in alone][:2]
-    assert alone[1]["predicted"] == pytest.approx(8 * 989e12 * Gpu().mfu / (6 * 4e9))
-    assert published.counts(alone)["held out, absolute"] == (sum(r["within_15pct"] for r in alone[1:]), 2)
+    # 64K-token sequences, activations recomputed: 8 x (N + 36 layers x 32 heads x 128 x 65,536) a token
+    assert alone[1]["predicted"] == pytest.approx(
+        8 * 989e12 * Gpu().mfu / (8 * (4e9 + 36 * 32 * 128 * 65536))
+    )
+    assert published.counts(alone)["held out 2, absolute"] == (sum(r["within_15pct"] for r in alone[1:]), 2)

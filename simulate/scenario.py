@@ -104,4 +104,5 @@ class Scenario:
             max_steps=self.steps,
             mode=mode,
             batch_overhead_s=0.5,
+            colocated=colocated,
         )

@@ -128,6 +128,7 @@ class Setup:
     # started together beyond what their lengths give (scheduling, stragglers); the extra is a wait
     # after the server's part that holds none of its capacity
     request_factors: tuple[float, ...] = ()
+    colocated: bool = False  # the servers and the trainer take turns on one pool of `train_gpus`
     seed: int = 0
     notes: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -141,7 +142,8 @@ class Setup:
 
     @property
     def gpus(self) -> int:
-        return self.servers * self.inference.tp + self.train_gpus
+        """The GPUs the setup occupies: one pool when colocated, else the servers' and the trainer's."""
+        return self.train_gpus if self.colocated else self.servers * self.inference.tp + self.train_gpus
 
     def with_(self, **changes: object) -> Setup:
         return replace(self, **changes)

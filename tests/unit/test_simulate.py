@@ -485,3 +485,14 @@ def test_advice_gives_the_gain_over_the_users_setting_and_the_range_the_held_out
     )
     with pytest.raises(TriadError, match="leaves no trainer"):
         advise.advise(argparse.Namespace(**{**vars(args), "current_inference": 8}))
+
+
+def test_a_setup_occupies_its_scenarios_gpus_colocated_or_split():
+    """A colocated pool is counted once: its servers and its trainer take turns on the same GPUs
+    (NeMo-RL's tokens/s/GPU of a colocated run had been divided by twice its GPUs)."""
+    from simulate.scenario import Scenario
+
+    sc = Scenario(gpus=32, params=30.5e9, active_params=3.3e9, tp=2, max_tokens=4000)
+    assert sc.colocated_sync().gpus == 32
+    assert (sc.colocated_sync().servers, sc.colocated_sync().train_gpus) == (16, 32)
+    assert sc.split(16, 1).gpus == 32

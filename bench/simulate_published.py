@@ -104,7 +104,8 @@ PRIME_4B = (4.0e9, 8, 65536, 28965.66)  # Qwen3-4B-Instruct-2507
 # its first run). NeMo-RL performance summary v0.4 (docs/about/performance-summary.md, NVIDIA-NeMo/RL
 # 06beed9), DGX-H100, BF16, Megatron: every row but Llama-3.1-8B (v0.5's runs of the same setup are
 # fitted on) and DeepSeek V3 (multi-head latent attention: the model has no such KV cache).
-# (model, on policy?, GPUs, G-Average Seq len, generation TP, prompts, step s); 32 samples a prompt
+# (model, its parameters and shape, T-Max Sequence Length, on policy?, GPUs, G-Average Seq len,
+# generation TP, prompts, step s); 32 samples a prompt
 QWEN3_32B = dict(params=32.8e9, shape=(64, 8, 128, 64))  # Qwen3-32B
 NEMO_V04 = (
     ("Qwen3-235B", QWEN3_235B, 8192, True, 128, 5671, 16, 16, 506.0),
@@ -114,15 +115,12 @@ NEMO_V04 = (
     ("Qwen3-32B", QWEN3_32B, 4096, True, 32, 3206, 4, 64, 393.0),
     ("Qwen3-32B", QWEN3_32B, 4096, False, 64, 3207, 4, 64, 215.0),
 )
-# prime-rl's trainer baselines at 16,384-token sequences, the same files' other rows (767aaad)
-PRIME_06B_16K = (0.6e9, 1, 16384, 11895.99)  # benchmark-1xh100-Qwen--Qwen3-0.6B-rl-full-1gpu-...-16384
-PRIME_4B_16K = (
-    4.0e9,
-    8,
-    16384,
-    26025.54,
-)  # benchmark-8xh100-Qwen--Qwen3-4B-Instruct-2507-rl-full-8gpu-...-16384
-PRIME_30B_16K = (30.5e9, 8, 16384, 6113.18)  # ...-Qwen--Qwen3-30B-A3B-Instruct-2507-rl-full-8gpu-...-16384
+# prime-rl's trainer baselines at 16,384-token sequences, the same directory's other full-RL H100
+# files (767aaad): benchmark-1xh100-Qwen--Qwen3-0.6B-rl-full-1gpu-..., benchmark-8xh100-Qwen--
+# Qwen3-4B-Instruct-2507-rl-full-8gpu-..., benchmark-8xh100-Qwen--Qwen3-30B-A3B-Instruct-2507-rl-full-8gpu-...
+PRIME_06B_16K = (0.6e9, 1, 16384, 11895.99)
+PRIME_4B_16K = (4.0e9, 8, 16384, 26025.54)
+PRIME_30B_16K = (30.5e9, 8, 16384, 6113.18)
 
 
 def areal_async(sc: Scenario, eta: int = AREAL_ETA, inflight: int | None = AREAL_INFLIGHT) -> Setup:
@@ -248,8 +246,10 @@ def trainer_tokens_per_s(
     return tokens / (trainer.train_s(tokens, gpus, float(tokens * sequence)) - trainer.overhead_s)
 
 
-def prime(row: tuple[float, int, int, float], shape: tuple[int, int, int, int], active: float = 0.0):
-    """A prime-rl baseline row's prediction."""
+def prime(
+    row: tuple[float, int, int, float], shape: tuple[int, int, int, int], active: float = 0.0
+) -> Callable[..., float]:
+    """A prime-rl baseline row's prediction: rates (and log-prob passes, 0) to tokens/s."""
     params, gpus, sequence, _ = row
     return lambda r, logprob_passes=0: trainer_tokens_per_s(
         r, params, gpus, sequence, shape, active, logprob_passes

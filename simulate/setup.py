@@ -75,8 +75,8 @@ class Inference:
 
 @dataclass(frozen=True)
 class Trainer:
-    """A step takes `overhead_s + passes * (active * tokens + attention * sq_tokens) / (gpus *
-    peak_flops * mfu)` with `passes = 6 + 2 * (logprob_passes + recompute)`: `tokens` the batch's
+    """A step takes `overhead_s + factor * (active * tokens + attention * sq_tokens) / (gpus *
+    peak_flops * mfu)` with `factor = 6 + 2 * (logprob_passes + recompute)`: `tokens` the batch's
     prompt and completion tokens, `sq_tokens` the sum of each sample's (prompt + completion)
     squared (a causal sequence's attention, `hardware.attention_width`), and `active` the parameters
     a token passes through (`active_params`, a mixture of experts' active ones; 0: all of
@@ -97,8 +97,8 @@ class Trainer:
     recompute: bool = False
 
     def train_s(self, tokens: int, gpus: int, sq_tokens: float = 0.0) -> float:
-        passes = 6 + 2 * (self.logprob_passes + self.recompute)
-        flops = passes * (self.active_params or self.params) * tokens + passes * self.attention * sq_tokens
+        factor = 6 + 2 * (self.logprob_passes + self.recompute)  # FLOPs a parameter, a token
+        flops = factor * (self.active_params or self.params) * tokens + factor * self.attention * sq_tokens
         return self.overhead_s + flops / (max(gpus, 1) * self.peak_flops * self.mfu)
 
     def publish_s(self) -> float:

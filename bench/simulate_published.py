@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from simulate.hardware import H20, Gpu, trainer_for
+from simulate.hardware import H20, Gpu, Shape, trainer_for
 from simulate.pipeline import simulate
 from simulate.result import Result
 from simulate.scenario import Scenario
@@ -233,7 +233,7 @@ def trainer_tokens_per_s(
     params: float,
     gpus: int,
     sequence: int,
-    shape: tuple[int, int, int, int],
+    shape: Shape,
     active: float = 0.0,
     logprob_passes: int = 0,
 ) -> float:
@@ -246,8 +246,8 @@ def trainer_tokens_per_s(
     return tokens / (trainer.train_s(tokens, gpus, float(tokens * sequence)) - trainer.overhead_s)
 
 
-def prime(
-    row: tuple[float, int, int, float], shape: tuple[int, int, int, int], active: float = 0.0
+def prime_rl_rate(
+    row: tuple[float, int, int, float], shape: Shape, active: float = 0.0
 ) -> Callable[..., float]:
     """A prime-rl baseline row's prediction: rates (and log-prob passes, 0) to tokens/s."""
     params, gpus, sequence, _ = row
@@ -516,7 +516,7 @@ HELD_OUT: list[Target] = [
         "prime-rl Qwen3-0.6B trainer, tokens/s",
         "1 H100, 65,536-token sequences, RL full, recompute, no log-prob pass (assumed)",
         PRIME_06B[3],
-        prime(PRIME_06B, QWEN3_06B_SHAPE),
+        prime_rl_rate(PRIME_06B, QWEN3_06B_SHAPE),
         SET_1,
         True,
     ),
@@ -524,7 +524,7 @@ HELD_OUT: list[Target] = [
         "prime-rl Qwen3-4B trainer, tokens/s",
         "8 H100, 65,536",
         PRIME_4B[3],
-        prime(PRIME_4B, QWEN3_4B_SHAPE),
+        prime_rl_rate(PRIME_4B, QWEN3_4B_SHAPE),
         SET_1,
         True,
     ),
@@ -567,7 +567,7 @@ HELD_OUT_2: list[Target] = nemo_v04_targets() + [
         "prime-rl Qwen3-0.6B trainer at 16K, tokens/s",
         "1 H100, 16,384-token sequences, RL full, recompute, no log-prob pass (assumed)",
         PRIME_06B_16K[3],
-        prime(PRIME_06B_16K, QWEN3_06B_SHAPE),
+        prime_rl_rate(PRIME_06B_16K, QWEN3_06B_SHAPE),
         SET_2,
         True,
     ),
@@ -575,7 +575,7 @@ HELD_OUT_2: list[Target] = nemo_v04_targets() + [
         "prime-rl Qwen3-4B trainer at 16K, tokens/s",
         "8 H100, 16,384",
         PRIME_4B_16K[3],
-        prime(PRIME_4B_16K, QWEN3_4B_SHAPE),
+        prime_rl_rate(PRIME_4B_16K, QWEN3_4B_SHAPE),
         SET_2,
         True,
     ),
@@ -583,7 +583,7 @@ HELD_OUT_2: list[Target] = nemo_v04_targets() + [
         "prime-rl Qwen3-30B-A3B trainer at 16K, tokens/s",
         "8 H100, 16,384, 3.3B active",
         PRIME_30B_16K[3],
-        prime(PRIME_30B_16K, QWEN3_30B["shape"], QWEN3_30B["active_params"]),
+        prime_rl_rate(PRIME_30B_16K, QWEN3_30B["shape"], QWEN3_30B["active_params"]),
         SET_2,
         True,
     ),
@@ -651,8 +651,8 @@ def unstated(rates: Rates) -> list[str]:
         f"{nemo_30b(rates, False, nemo_512):.0f}, one-step-off {nemo_30b(rates, True, nemo_512):.0f} "
         f"tokens/s/GPU (published 1102, 1414)",
         f"prime-rl trainers with one log-prob pass (none tabled): 0.6B "
-        f"{prime(PRIME_06B, QWEN3_06B_SHAPE)(rates, 1):.0f}, 4B "
-        f"{prime(PRIME_4B, QWEN3_4B_SHAPE)(rates, 1):.0f} tokens/s at 64K "
+        f"{prime_rl_rate(PRIME_06B, QWEN3_06B_SHAPE)(rates, 1):.0f}, 4B "
+        f"{prime_rl_rate(PRIME_4B, QWEN3_4B_SHAPE)(rates, 1):.0f} tokens/s at 64K "
         f"(published {PRIME_06B[3]:.0f}, {PRIME_4B[3]:.0f})",
     ]
 

@@ -109,7 +109,7 @@ def test_the_published_table_is_the_same_whichever_targets_and_rates_ran_before(
             "prime-rl 4B",
             "",
             published.PRIME_4B[3],
-            published.prime(published.PRIME_4B, published.QWEN3_4B_SHAPE),
+            published.prime_rl_rate(published.PRIME_4B, published.QWEN3_4B_SHAPE),
             published.SET_2,
             True,
         ),

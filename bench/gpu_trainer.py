@@ -71,6 +71,8 @@ class Setting:
         return ", ".join([*parts, self.attention])
 
 
+CHECKS = ("losses", "forward", "publish")
+
 SETTINGS = (  # most telling first: a run that reaches its budget drops the last ones
     Setting("one", checkpointing=True, compile=False),
     Setting("packed", checkpointing=True, compile=False),
@@ -224,10 +226,14 @@ def measure(setting: Setting, model_dir: Path, workdir: Path, lengths: list[int]
 
 
 def publish_time(model_dir: Path, workdir: Path, versions: int = 2) -> dict:
-    """Seconds to publish a version as bf16 safetensors (gather, write, digest), each of `versions`."""
+    """Seconds to publish a version as bf16 safetensors (gather, write, digest), each of `versions`;
+    the process's peak host RSS before the first and after the last, beside the bf16 model's size."""
+    import resource
+
     import torch.distributed as dist
 
     trainer, run_id = make_trainer(model_dir, workdir, SETTINGS[0], 1024, "auto")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         times = []
         for version in range(1, versions + 1):
@@ -240,6 +246,9 @@ def publish_time(model_dir: Path, workdir: Path, versions: int = 2) -> dict:
             dtype=str(trainer.publisher.dtype),
             phases={"gather_s": published.gather_s, "write_s": published.write_s},
             digest_s=round(published.digest_s, 3),
+            host_peak_before_gib=round(before / 2**20, 2),
+            host_peak_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+            model_gib=round(sum(p.numel() for p in trainer.model.parameters()) * 2 / 2**30, 2),
         )
     finally:
         dist.destroy_process_group()
@@ -378,8 +387,9 @@ def run_job(
 
 def report(results: Path) -> str:
     """bench/results/gpu_trainer.md: the GPU run (`gpu_trainer.json`), the commit before it in the
-    same device calls (`gpu_trainer_before.json`) and the CPU run (`gpu_trainer_cpu.json`) of this
-    bench, each table with its device, date, command and commit."""
+    same device calls (`gpu_trainer_before.json`), an H200's run (`gpu_trainer_h200.json`) and the
+    CPU run (`gpu_trainer_cpu.json`) of this bench, each table with its device, date, command and
+    commit."""
     parts = [
         "# The trainer alone on one device: triad's update at Qwen3-0.6B's shape",
         "",
@@ -391,6 +401,7 @@ def report(results: Path) -> str:
     for name, title in (
         ("gpu_trainer.json", "On the GPU"),
         ("gpu_trainer_before.json", "On the GPU, in the same device calls, before the chunked output layer"),
+        ("gpu_trainer_h200.json", "On an H200: 64K without activation checkpointing, and the publish"),
         ("gpu_trainer_cpu.json", "On this machine's CPU"),
     ):
         path = results / name
@@ -402,7 +413,10 @@ def report(results: Path) -> str:
             parts.append(table(r))
             for again in r.get("reruns", []):
                 device = {k: r[k] for k in ("size", "cuda_device", "cpus", "torch", "transformers")}
-                parts += ["", f"### Again: {again['date']}, `{again['command']}`", "", table(device | again)]
+                parts += ["", f"### Again: {again['date']}, `{again['command']}`", ""]
+                if "commit" in again:
+                    parts += [f"commit: {again['commit']}", ""]
+                parts.append(table(device | again))
     return "\n".join(parts)
 
 
@@ -413,7 +427,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting settings after this")
     parser.add_argument("--tokens", default="8192,16384,65536", help="tokens per update")
     parser.add_argument("--settings", default=None, help="indices into SETTINGS to run (default: all)")
-    parser.add_argument("--skip-checks", action="store_true", help="measure the settings only")
+    parser.add_argument(
+        "--checks", default=",".join(CHECKS), help=f"which of {','.join(CHECKS)} to run ('' for none)"
+    )
     parser.add_argument("--report", action="store_true", help="write bench/results/gpu_trainer.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -428,6 +444,9 @@ def main(argv: list[str] | None = None) -> dict:
         results = Path(__file__).resolve().parent / "results"
         (results / "gpu_trainer.md").write_text(report(results))
         return {}
+    checks = [c for c in args.checks.split(",") if c]
+    if unknown := set(checks) - set(CHECKS):
+        parser.error(f"--checks: no check {', '.join(sorted(unknown))}; choose from {', '.join(CHECKS)}")
     started = time.monotonic()
     lengths = [int(t) for t in args.tokens.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -452,19 +471,21 @@ def main(argv: list[str] | None = None) -> dict:
     def left() -> float:
         return args.budget_s - (time.monotonic() - started)
 
-    if not args.skip_checks:
+    if "losses" in checks:
         result["losses"] = run_job("losses", model_dir, scratch / "losses", lengths, None, left())
         save()
+    if "forward" in checks:
         result["forward"] = run_job("forward", model_dir, scratch / "forward", [min(lengths)], None, left())
         save()
     result["settings"] = []
-    chosen = range(len(SETTINGS)) if args.settings is None else map(int, args.settings.split(","))
+    picked = range(len(SETTINGS)) if args.settings is None else args.settings.split(",")
+    chosen = [int(i) for i in picked if str(i)]
     for i in chosen:
         setting = SETTINGS[i]
         rows = run_job("measure", model_dir, scratch / f"s{i}", lengths, setting, left())
         result["settings"].append(dict(setting=setting.name, rows=rows))
         save()
-    if not args.skip_checks:
+    if "publish" in checks:
         result["publish"] = run_job("publish", model_dir, scratch / "publish", lengths, None, left())
     result["total_s"] = round(time.monotonic() - started, 1)
     save()

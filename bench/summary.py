@@ -208,6 +208,16 @@ def gpu_trainer_entries(r: dict) -> list[Entry]:
         )
         value = f"{row['tokens_per_s']:,.0f} tokens/s, peak {row['peak_gib']} GiB"
         out.append(((figure, value, reference, mfu), r["date"], r["command"]))
+    for run in [r, *r.get("reruns", [])]:
+        published = run.get("publish", {})
+        if "publish_s" in published:
+            figure = (
+                f"trainer alone, Qwen3-0.6B shape, publish a version as {published['dtype']} safetensors, "
+                f"{device} (bench.gpu_trainer{', at ' + run['commit'] if 'commit' in run else ''})"
+            )
+            value = f"{published['publish_s'][-1]} s (gather {published['phases']['gather_s']:.2f} s)"
+            detail = f"digest {published['digest_s']} s; first version {published['publish_s'][0]} s"
+            out.append(((figure, value, "-", detail), run["date"], run["command"]))
     return out
 
 
@@ -240,6 +250,7 @@ READERS: dict[str, Callable[[dict], list[Entry]]] = {
     "gpu_trainer.json": gpu_trainer_entries,
     "gpu_trainer_before.json": gpu_trainer_entries,
     "gpu_trainer_cpu.json": gpu_trainer_entries,
+    "gpu_trainer_h200.json": gpu_trainer_entries,
     "streaming_cost.json": streaming_cost_entries,
 }
 

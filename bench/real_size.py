@@ -1,6 +1,8 @@
 """A shipped config at real size (Qwen3-0.6B) beside the same at 50M: time per phase, peak RSS per service.
 
-    python -m bench.real_size WORKDIR [SIZE ...]    (SIZE: 0.6B, 50M; both by default)
+    python -m bench.real_size WORKDIR [SIZE ...] [--set KEY=VALUE ...] [--name NAME]
+    (SIZE: 0.6B, 50M; both by default. --set: overrides after the CPU ones, e.g.
+    trainer.parallel.activation_checkpointing=true; --name: the results' file stem, real_size)
 
 Each size runs `triad up -c configs/qwen3-0.6b-calculator-1gpu.toml` for 2 steps on CPU with the
 overrides of `tests.realsize.CPU_OVERRIDES` (README, "Real size on CPU"), full weights in a local
@@ -14,11 +16,12 @@ train step (trainer `train_s`), publish (`publish_s`, with its `digest_s`), load
 the 2 steps. Peak RSS per service: every process under `triad up` sampled each 0.5 s, its
 `VmHWM` (the kernel's own peak) and the sum of RSS over the service's processes at each sample;
 the trainer's largest process's RSS over time, with each step's span (`trainer_peak`), says in
-which phase it peaked. Results: bench/results/real_size.{json,md}.
+which phase it peaked. Results: bench/results/NAME.{json,md}.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -199,13 +202,13 @@ def phases(rundir: RunDir) -> dict:
     return out
 
 
-def one_run(workdir: Path, model: str, env: dict[str, str]) -> dict:
+def one_run(workdir: Path, model: str, env: dict[str, str], extra: list[str]) -> dict:
     from shared.net import free_port
     from tests.realsize import CPU_OVERRIDES
 
     run_dir = workdir / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    sets = [f"model={model}", f"run_dir={run_dir}", f"inference.port={free_port()}", *CPU_OVERRIDES]
+    sets = [f"model={model}", f"run_dir={run_dir}", f"inference.port={free_port()}", *CPU_OVERRIDES, *extra]
     cmd = [sys.executable, "-m", "services.cli", "up", "-c", str(CONFIG), *[f"--set={s}" for s in sets]]
     load_before = psutil.getloadavg()
     started = time.time()
@@ -232,17 +235,17 @@ def one_run(workdir: Path, model: str, env: dict[str, str]) -> dict:
     }
 
 
-def run_size(workdir: Path, size: str) -> dict:
+def run_size(workdir: Path, size: str, extra: list[str]) -> dict:
     from tests.realsize import REPO_ID, ensure_realsize_model, parameter_count, realsize_env
 
     workdir.mkdir(parents=True, exist_ok=True)
     if size == "0.6B":
         snapshot = ensure_realsize_model()
-        result = one_run(workdir, REPO_ID, realsize_env())
+        result = one_run(workdir, REPO_ID, realsize_env(), extra)
     else:
         snapshot = workdir / "model"
         build_small(snapshot)
-        result = one_run(workdir, str(snapshot), {"HF_HUB_OFFLINE": "1"})
+        result = one_run(workdir, str(snapshot), {"HF_HUB_OFFLINE": "1"}, extra)
     params = parameter_count(snapshot)
     reference = TRAINER_BYTES_PER_PARAMETER * params
     trainer_peak = result["rss"]["trainer"]["max_process_hwm_gb"] * 1e9
@@ -325,21 +328,26 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    workdir = Path(sys.argv[1])
-    sizes = sys.argv[2:] or ["0.6B", "50M"]
-    results = {size: run_size(workdir / size, size) for size in sizes}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("sizes", nargs="*", choices=("0.6B", "50M"), default=["0.6B", "50M"])
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--name", default="real_size", help="the results' file stem in bench/results")
+    args = parser.parse_args()
+    results = {size: run_size(args.workdir / size, size, args.sets) for size in args.sizes}
     result = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m bench.real_size " + " ".join(sys.argv[1:]),
         "machine": f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, CPU only",
         "config": str(CONFIG.relative_to(REPO)),
+        "sets": args.sets,
         "results": results,
     }
     if {"0.6B", "50M"} <= set(results):
         result["ratio"] = ratios(results["0.6B"], results["50M"])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "real_size.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / "real_size.md").write_text(markdown(result))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(markdown(result))
     print(json.dumps(result))
 
 

@@ -157,21 +157,36 @@ def soak_entries(r: dict) -> list[Entry]:
 
 def real_size_entries(r: dict) -> list[Entry]:
     results = r["results"]
+    sets = f" with {', '.join(r['sets'])}" if r.get("sets") else ""
+    peaks = [
+        (
+            (
+                f"real size: trainer rank 0 VmHWM / (bf16 model + fp32 weights, grads, AdamW) "
+                f"at {size}{sets} (bench.real_size)",
+                f"{d['trainer_peak_over_reference']:.2f}",
+                f"{d['trainer_reference_gb']:.2f} GB",
+                "goal <= 1.3",
+            ),
+            r["date"],
+            r["command"],
+        )
+        for size, d in results.items()
+    ]
     if "ratio" not in r:
         sizes = ", ".join(f"{s}: {d['wall_s']:.0f} s" for s, d in results.items())
-        return [
+        return peaks + [
             (
-                (f"real size, {r['config']}, 2 steps: wall (bench.real_size)", sizes, "-", "-"),
+                (f"real size, {r['config']}{sets}, 2 steps: wall (bench.real_size)", sizes, "-", "-"),
                 r["date"],
                 r["command"],
             )
         ]
     big, small, ratio = results["0.6B"]["phases"], results["50M"]["phases"], r["ratio"]
-    rows = []
+    rows = peaks
     for key in ("vllm_start_s", "generate_s", "train_s", "publish_s", "load_s", "hand_off_s"):
         if key in ratio:
             row = (
-                f"real size: {key} at 0.6B / 50M, {r['config']} on CPU (bench.real_size)",
+                f"real size: {key} at 0.6B / 50M, {r['config']}{sets} on CPU (bench.real_size)",
                 f"{big[key]:.2f} s",
                 f"50M {small[key]:.2f} s",
                 f"{ratio[key]:.1f}x (parameters {ratio['parameters']:.1f}x)",
@@ -180,7 +195,7 @@ def real_size_entries(r: dict) -> list[Entry]:
     for service in ("inference", "orchestrator", "trainer"):
         big_rss, small_rss = (results[s]["rss"][service]["peak_rss_sum_gb"] for s in ("0.6B", "50M"))
         row = (
-            f"real size: peak RSS of {service} at 0.6B / 50M (bench.real_size)",
+            f"real size: peak RSS of {service} at 0.6B / 50M{sets} (bench.real_size)",
             f"{big_rss:.2f} GB",
             f"50M {small_rss:.2f} GB",
             f"{ratio.get(f'rss_{service}', 0):.1f}x (parameters {ratio['parameters']:.1f}x)",
@@ -240,6 +255,7 @@ READERS: dict[str, Callable[[dict], list[Entry]]] = {
     "quick.json": quick_entries,
     "soak.json": soak_entries,
     "real_size.json": real_size_entries,
+    "real_size_ac.json": real_size_entries,
     "delta_publish.json": delta_publish_entries,
     "weight_deltas.json": weight_deltas_entries,
     "stock_servers.json": stock_servers_entries,

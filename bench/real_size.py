@@ -123,6 +123,7 @@ class RssSampler(threading.Thread):
                 "max_process_hwm_gb": top[1] / 1e9,
                 "max_process": top[0],
                 "processes": len(mine),
+                "process_hwm_gb": {cmd: round(hwm / 1e9, 3) for cmd, hwm in sorted(mine, key=lambda m: m[1])},
             }
         return out
 
@@ -320,6 +321,18 @@ def markdown(result: dict) -> str:
         row(f"peak RSS {service}, all its processes (GB)", values, ratio.get(f"rss_{service}"), "{:.2f}")
         values = [res[s]["rss"][service]["max_process_hwm_gb"] for s in sizes]
         row(f"peak RSS {service}, largest process VmHWM (GB)", values, None, "{:.2f}")
+        if all("process_hwm_gb" in res[s]["rss"][service] for s in sizes):
+            cells = [
+                "; ".join(
+                    f"`{cmd[:48]}` {gb:.2f}" for cmd, gb in res[s]["rss"][service]["process_hwm_gb"].items()
+                )
+                for s in sizes
+            ]
+            lines.append(
+                f"| {service}: each process's VmHWM (GB) | "
+                + " | ".join(cells)
+                + (" | - |" if "ratio" in result else " |")
+            )
     loads = ", ".join(
         f"{s}: {res[s]['load_avg_before'][0]:.1f} -> {res[s]['load_avg_after'][0]:.1f}" for s in sizes
     )

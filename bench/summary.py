@@ -256,6 +256,8 @@ READERS: dict[str, Callable[[dict], list[Entry]]] = {
     "soak.json": soak_entries,
     "real_size.json": real_size_entries,
     "real_size_ac.json": real_size_entries,
+    "real_size_deltas.json": real_size_entries,
+    "real_size_full.json": real_size_entries,
     "delta_publish.json": delta_publish_entries,
     "weight_deltas.json": weight_deltas_entries,
     "stock_servers.json": stock_servers_entries,

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -51,11 +52,14 @@ def extras_for(gpu: bool) -> list[str]:
 
 
 def index_answers(url: str, timeout_s: float = 5.0) -> bool:
-    """Whether `url` answers at all within `timeout_s` (urllib honours the proxy variables)."""
+    """Whether `url` answers at all within `timeout_s`, even with an HTTP error (urllib honours
+    the proxy variables)."""
     try:
         request = urllib.request.Request(url + "/torch/", method="HEAD")
         with urllib.request.urlopen(request, timeout=timeout_s):
             return True
+    except urllib.error.HTTPError:
+        return True
     except OSError:
         return False
 

@@ -4,8 +4,10 @@ pipe, and a failed install as its own lines and one line naming the log."""
 
 from __future__ import annotations
 
+import http.server
 import io
 import stat
+import threading
 from pathlib import Path
 
 from services.setup_venv import (
@@ -13,10 +15,12 @@ from services.setup_venv import (
     PipStatus,
     Progress,
     extras_for,
+    index_answers,
     install_args,
     run_pip,
     setup,
 )
+from shared.net import free_port
 
 # real pip lines (`pip install --progress-bar off -e .[...]` on this machine)
 PIP_LINES = """\
@@ -158,3 +162,21 @@ def test_a_failed_install_ends_with_pip_s_error_and_one_line_naming_the_log(tmp_
         f"triad: set-up of {venv} failed while installing (pip exit code 1) "
         f"(pip's whole output: {venv}/setup.log)"
     )
+
+
+def test_an_index_answers_with_any_http_status_and_not_without_a_server(tmp_path: Path):
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 (http.server's name)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert index_answers(f"http://127.0.0.1:{server.server_port}/whl/cpu")
+    finally:
+        server.shutdown()
+    assert not index_answers(f"http://127.0.0.1:{free_port()}/whl/cpu", timeout_s=2)

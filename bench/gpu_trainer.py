@@ -227,7 +227,7 @@ def measure(setting: Setting, model_dir: Path, workdir: Path, lengths: list[int]
 
 def publish_time(model_dir: Path, workdir: Path, versions: int = 2) -> dict:
     """Seconds to publish a version as bf16 safetensors (gather, write, digest), each of `versions`;
-    the process's peak host RSS before the first and after the last, beside the bf16 model's size."""
+    the process's peak host RSS before the first and after the last, beside the published model's size."""
     import resource
 
     import torch.distributed as dist
@@ -248,7 +248,10 @@ def publish_time(model_dir: Path, workdir: Path, versions: int = 2) -> dict:
             digest_s=round(published.digest_s, 3),
             host_peak_before_gib=round(before / 2**20, 2),
             host_peak_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-            model_gib=round(sum(p.numel() for p in trainer.model.parameters()) * 2 / 2**30, 2),
+            model_gib=round(
+                sum(p.numel() for p in trainer.model.parameters()) * trainer.publisher.dtype.itemsize / 2**30,
+                2,
+            ),
         )
     finally:
         dist.destroy_process_group()
@@ -478,8 +481,9 @@ def main(argv: list[str] | None = None) -> dict:
         result["forward"] = run_job("forward", model_dir, scratch / "forward", [min(lengths)], None, left())
         save()
     result["settings"] = []
-    picked = range(len(SETTINGS)) if args.settings is None else args.settings.split(",")
-    chosen = [int(i) for i in picked if str(i)]
+    chosen = list(range(len(SETTINGS)))
+    if args.settings is not None:
+        chosen = [int(i) for i in args.settings.split(",") if i]
     for i in chosen:
         setting = SETTINGS[i]
         rows = run_job("measure", model_dir, scratch / f"s{i}", lengths, setting, left())

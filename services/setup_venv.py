@@ -175,7 +175,14 @@ def setup(
     extras = extras_for(gpu())
     out.write(f"triad: setting up {venv} with [{','.join(extras)}] (once; a few minutes)\n")
     if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)])
+        if made.returncode != 0:
+            print(
+                f"triad: could not create {venv} with `{sys.executable} -m venv` (exit code "
+                f"{made.returncode}; its message is above: on Debian or Ubuntu, install python3-venv)",
+                file=sys.stderr,
+            )
+            return 2
     python, log = venv / "bin" / "python", venv / "setup.log"
     log.write_text("")
     cpu = "inference-cpu" in extras
@@ -199,7 +206,8 @@ def setup(
     if checked.returncode != 0:
         with open(log, "a") as sink:
             sink.write(checked.stderr)
-        return fail(f"set-up of {venv} failed: {checked.stderr.strip().splitlines()[-1]}", log)
+        said = checked.stderr.strip().splitlines() or [f"exit code {checked.returncode}, nothing on stderr"]
+        return fail(f"set-up of {venv} failed: `{IMPORT_CHECK}` gave {said[-1]}", log)
     out.write(f"triad: set up in {time.monotonic() - progress.started:.0f} s\n")
     return 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import io
 import stat
+import sys
 import threading
 from pathlib import Path
 
@@ -180,3 +181,35 @@ def test_an_index_answers_with_any_http_status_and_not_without_a_server(tmp_path
     finally:
         server.shutdown()
     assert not index_answers(f"http://127.0.0.1:{free_port()}/whl/cpu", timeout_s=2)
+
+
+def test_a_venv_python_cannot_make_is_one_line_naming_the_package_to_install(
+    tmp_path: Path, monkeypatch, capsys
+):
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    venv = tmp_path / "venv"
+    assert (
+        setup(venv, repo=tmp_path, out=io.StringIO(), gpu=lambda: True, cpu_index_answers=lambda u: True) == 2
+    )
+    assert capsys.readouterr().err == (
+        f"triad: could not create {venv} with `/bin/false -m venv` (exit code 1; its message is above: "
+        "on Debian or Ubuntu, install python3-venv)\n"
+    )
+
+
+def test_an_import_check_that_dies_silently_still_says_what_failed(tmp_path: Path, capsys):
+    venv = fake_venv(tmp_path, "exit 0")
+    python = venv / "bin" / "python"
+    python.write_text(
+        python.read_text().replace(
+            'if [ "$1" = "-c" ]; then exit 0; fi', 'if [ "$1" = "-c" ]; then exit 139; fi'
+        )
+    )
+    assert (
+        setup(venv, repo=tmp_path, out=io.StringIO(), gpu=lambda: True, cpu_index_answers=lambda u: True) == 2
+    )
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"triad: set-up of {venv} failed: "
+        "`import vllm, torch, transformers, pyarrow, openai, pytest, matplotlib` "
+        f"gave exit code 139, nothing on stderr (pip's whole output: {venv}/setup.log)"
+    )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.families import NONE, family_of, parsers_for
+from shared.diskspace import CACHE_ADVICE
 from shared.errors import TriadError
 from shared.storage import atomic_write_bytes, machine_cache
 
@@ -237,7 +238,8 @@ class ParserCache:
             return kept["tool_parser"], kept["reasoning_parser"]
         tool, reasoning = choose_parsers(tokenizer, tool_parser, reasoning_parser, end_ids, hints)
         self.directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps({"tool_parser": tool, "reasoning_parser": reasoning}).encode())
+        data = json.dumps({"tool_parser": tool, "reasoning_parser": reasoning}).encode()
+        atomic_write_bytes(path, data, CACHE_ADVICE)
         return tool, reasoning
 
 

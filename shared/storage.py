@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol
 
+from shared.diskspace import RUN_DIR_ADVICE, full_disk_is_one_line
 from shared.errors import TriadError
 from shared.tmpname import TMP_PREFIX
 from shared.watch import DirWatch, open_watch
@@ -86,20 +87,22 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it into place on success."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name, dir=path.parent)
-    os.fchmod(fd, FILE_MODE)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
+def atomic_path(path: Path, advice: str = RUN_DIR_ADVICE) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it into place on success. A full disk is
+    a one-line `DiskFull` (with `advice`), raised once the temporary file is gone."""
+    with full_disk_is_one_line(path.parent, path.name, advice):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name, dir=path.parent)
+        os.fchmod(fd, FILE_MODE)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp_path, path)
+        finally:
+            tmp_path.unlink(missing_ok=True)
 
 
 def raise_unless_gone(function, path: str, exc_info) -> None:
@@ -108,8 +111,8 @@ def raise_unless_gone(function, path: str, exc_info) -> None:
         raise exc_info[1]
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
+def atomic_write_bytes(path: Path, data: bytes, advice: str = RUN_DIR_ADVICE) -> None:
+    with atomic_path(path, advice) as tmp:
         tmp.write_bytes(data)
 
 
@@ -164,15 +167,16 @@ class LocalStore:
         """Append in place; a row torn by a writer killed mid-write is ended with a newline
         first, so the appended data starts a line of its own."""
         path = self.local_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab+") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size:
-                f.seek(size - 1)
-                torn = f.read(1) != b"\n"
-                f.seek(0, os.SEEK_END)
-                data = b"\n" + data if torn else data
-            f.write(data)
+        with full_disk_is_one_line(path.parent, path.name):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "ab+") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    torn = f.read(1) != b"\n"
+                    f.seek(0, os.SEEK_END)
+                    data = b"\n" + data if torn else data
+                f.write(data)
 
     def read_bytes(self, key: str) -> bytes | None:
         """The file's bytes; None if it does not exist."""
@@ -187,18 +191,19 @@ class LocalStore:
     def create_once(self, key: str, data: bytes) -> bool:
         """Write `key` only if it does not exist yet; whether this call created it."""
         path = self.local_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        try:
-            os.link(tmp, path)  # fails if another writer created it first
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
+        with full_disk_is_one_line(path.parent, path.name):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+            try:
+                os.fchmod(fd, FILE_MODE)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.link(tmp, path)  # fails if another writer created it first
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
 
     @contextmanager
     def writing(self, key: str) -> Iterator[Path]:
@@ -210,8 +215,9 @@ class LocalStore:
     def writing_dir(self, key: str) -> Iterator[Path]:
         """A local directory whose files end up under `key`: here, the directory itself."""
         path = self.local_path(key)
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
+        with full_disk_is_one_line(path, key):
+            path.mkdir(parents=True, exist_ok=True)
+            yield path
 
     def exists(self, key: str) -> bool:
         return self.local_path(key).exists()

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from shared.diskspace import CACHE_ADVICE, DiskFull, is_disk_full
 from shared.errors import TriadError, WaitTimeout
 
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -74,7 +75,7 @@ class StallWatch:
                 for call in stalled:
                     call[3] = now
             for url, what, start, _ in stalled:
-                log.warning("waiting for object store %s (%s): no answer for %.0f s", url, what, now - start)
+                log.warning("waiting for object store %s (%s): not done after %.0f s", url, what, now - start)
 
 
 WATCH = StallWatch()
@@ -104,6 +105,9 @@ class StoreCall:
             except OSError as e:
                 if any(p in str(e) for p in PERMANENT):
                     raise TriadError(f"object store {self.url}: {what} failed: {short(e)}") from None
+                if is_disk_full(e):
+                    failed = f"object store {self.url}: {what} failed: {short(e)}"
+                    raise DiskFull(f"{failed}: {CACHE_ADVICE}") from None
                 waited = time.monotonic() - start
                 if waited >= self.timeout_s:
                     raise WaitTimeout(

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from shared.errors import WaitTimeout
 from shared.net import free_port  # tests import it from here too
@@ -84,6 +87,27 @@ def run_triad(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+@contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's syntax: "64k", "24m") mounted at `path` for the block: a disk
+    that really fills. Skips the test where this process cannot mount (not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (root can): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
+def resize_disk(path: Path, size: str) -> None:
+    """Give the tmpfs `small_disk` mounted at `path` a new size."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
 
 
 # what a user of the embedded chat model (a tiny Qwen3 on Qwen3's own template) adds to `vllm serve`

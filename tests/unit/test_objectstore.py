@@ -296,7 +296,7 @@ def test_a_request_that_hangs_is_named_while_it_hangs(moto_env, tmp_path, caplog
     with moto.stopped():
         threading.Timer(7.0, lambda: moto.proc.send_signal(signal.SIGCONT)).start()
         assert store.read_bytes("h.txt") == b"held"
-    assert f"waiting for object store {store.url} (reading h.txt): no answer for" in caplog.text
+    assert f"waiting for object store {store.url} (reading h.txt): not done after" in caplog.text
 
 
 class VanishingSource:

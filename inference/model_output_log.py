@@ -24,6 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from shared.diskspace import CACHE_ADVICE
 from shared.storage import atomic_write_bytes
 
 PARSER_LOGGERS = ("vllm.tool_parsers.", "vllm.reasoning.")
@@ -67,5 +68,5 @@ def write_stock_logging_config(directory: Path) -> Path:
     data = json.dumps(stock_logging_config(), indent=1, sort_keys=True).encode()
     path = directory / f"vllm-logging-{hashlib.sha256(data).hexdigest()[:16]}.json"
     if not path.exists():
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(path, data, CACHE_ADVICE)
     return path

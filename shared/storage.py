@@ -195,8 +195,8 @@ class LocalStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
             try:
-                os.fchmod(fd, FILE_MODE)
                 with os.fdopen(fd, "wb") as f:
+                    os.fchmod(f.fileno(), FILE_MODE)
                     f.write(data)
                 os.link(tmp, path)  # fails if another writer created it first
                 return True

@@ -89,6 +89,21 @@ def run_triad(
     )
 
 
+def short_up_sets(run_dir: Path, steps: int, checkpoint_every: int) -> list[str]:
+    """`triad up` on the embedded tiny model, as small as a step gets: 4 prompts x 4 samples of
+    4 tokens, no evaluation, a checkpoint every `checkpoint_every` steps."""
+    return [
+        f"run_dir={run_dir}",
+        f"max_steps={steps}",
+        f"inference.port={free_port()}",
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.sampling.max_tokens=4",
+        "orchestrator.eval.every=0",
+        f"trainer.checkpoint.every={checkpoint_every}",
+    ]
+
+
 @contextmanager
 def small_disk(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of `size` (mount's syntax: "64k", "24m") mounted at `path` for the block: a disk

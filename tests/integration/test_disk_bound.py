@@ -22,7 +22,7 @@ import pytest
 
 from shared.batch import load_batch
 from shared.rundir import TRAINER, RunDir, Steps
-from tests.helpers import free_port, run_triad
+from tests.helpers import run_triad, short_up_sets
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 100
@@ -68,17 +68,7 @@ class Sampler(threading.Thread):
 
 def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
-    sets = [
-        f"run_dir={run_dir}",
-        f"max_steps={STEPS}",
-        f"inference.port={free_port()}",
-        "orchestrator.batch_size=4",
-        "orchestrator.group_size=4",
-        "orchestrator.sampling.max_tokens=4",
-        "orchestrator.eval.every=0",
-        f"trainer.checkpoint.every={EVERY}",
-        f"max_async_level={ETA}",
-    ]
+    sets = [*short_up_sets(run_dir, STEPS, EVERY), f"max_async_level={ETA}"]
     rundir = RunDir(run_dir)
     sampler = Sampler(rundir)
     sampler.start()

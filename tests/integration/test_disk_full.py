@@ -20,7 +20,7 @@ import pytest
 
 from shared.rundir import RunDir
 from shared.waiting import wait_for
-from tests.helpers import REPO, free_port, run_triad, small_disk, triad_cmd
+from tests.helpers import REPO, run_triad, short_up_sets, small_disk, triad_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 10
@@ -29,19 +29,7 @@ LEFT_FREE = 64 * 1024  # smaller than a weights version of the tiny model (~1 Mi
 
 
 def sets(run_dir: Path) -> list[str]:
-    return [
-        f"--set={s}"
-        for s in (
-            f"run_dir={run_dir}",
-            f"max_steps={STEPS}",
-            f"inference.port={free_port()}",
-            "orchestrator.batch_size=4",
-            "orchestrator.group_size=4",
-            "orchestrator.sampling.max_tokens=4",
-            "orchestrator.eval.every=0",
-            f"trainer.checkpoint.every={EVERY}",
-        )
-    ]
+    return [f"--set={s}" for s in short_up_sets(run_dir, STEPS, EVERY)]
 
 
 def fill(disk: Path, leave: int) -> Path:

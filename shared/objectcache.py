@@ -158,6 +158,15 @@ class CacheTransfers:
                 return target  # whole already (its marker came last): another process fetched it
         infos = self._infos(key, recursive=True)
         check_inside(self.url, self.path(key), infos)
+        with full_disk_is_one_line(target.parent, f"a copy of {key}", CACHE_ADVICE):
+            self._fetch_into(key, target, last, marker, infos)
+        return target
+
+    def _fetch_into(
+        self, key: str, target: Path, last: str | None, marker: bytes | None, infos: list[pafs.FileInfo]
+    ) -> None:
+        """Download `key` into a staging directory beside `target`, then rename it into place;
+        the staging directory is gone afterwards, whatever happened."""
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = target.parent / f"{TMP_PREFIX}{owner_tag()}-fetch-{uuid.uuid4().hex}"
         try:
@@ -180,7 +189,6 @@ class CacheTransfers:
                 self._lease(target).mkdir(exist_ok=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return target
 
     def drop_local(self, key: str) -> None:
         """Forget this process's copy of `key` (keeps the cache bounded): the copy itself goes

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from shared.diskspace import CACHE_ADVICE, DiskFull, is_disk_full
+from shared.diskspace import is_disk_full
 from shared.errors import TriadError, WaitTimeout
 
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -106,8 +106,7 @@ class StoreCall:
                 if any(p in str(e) for p in PERMANENT):
                     raise TriadError(f"object store {self.url}: {what} failed: {short(e)}") from None
                 if is_disk_full(e):
-                    failed = f"object store {self.url}: {what} failed: {short(e)}"
-                    raise DiskFull(f"{failed}: {CACHE_ADVICE}") from None
+                    raise  # this machine's disk, not the store: the caller that knows where says so
                 waited = time.monotonic() - start
                 if waited >= self.timeout_s:
                     raise WaitTimeout(

@@ -16,7 +16,6 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from shared.diskspace import DiskFull, is_disk_full
-from shared.errors import TriadError
 from shared.storage import LocalStore
 from shared.storecall import StoreCall
 from shared.tmpname import TMP_PREFIX
@@ -102,13 +101,14 @@ def test_other_errors_pass_unchanged(store):
 
 
 def test_a_full_local_disk_under_an_object_store_call_is_not_retried():
+    """The store answered; this machine's disk is full: retrying cannot help, and the caller that
+    knows the local directory says it (`test_objectstore.py`: a fetch into a full cache)."""
     calls = []
 
     def download():
         calls.append(1)
         raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
 
-    with pytest.raises(DiskFull, match="fetching version_dir failed: .*No space left.*TRIAD_CACHE"):
+    with pytest.raises(OSError, match="No space left on device"):
         StoreCall("s3://bucket/run", timeout_s=60)("fetching version_dir", download)
     assert calls == [1]
-    assert issubclass(DiskFull, TriadError)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
 
 import pytest
 
+from shared.diskspace import DiskFull
 from shared.errors import TriadError, WaitTimeout
 from shared.objectstore import ObjectStore
 from shared.rundir import RunDir, pull_step_dir
 from shared.storage import open_store
+from shared.tmpname import TMP_PREFIX
+from tests.helpers import small_disk
 from tests.s3 import MotoServer
 
 BUCKET = "triad-unit"
@@ -401,3 +405,21 @@ def test_scratch_names_carry_this_machines_name(store):
 
     with store.writing_dir("w/scratch") as d:
         assert d.name.startswith(f".tmp-{os.getpid()}@{this_host()}-write-")
+
+
+def test_a_fetch_into_a_full_cache_is_one_line_naming_the_cache(moto_env, tmp_path):
+    """A version bigger than the disk under this machine's cache: one line naming the cache's
+    directory and TRIAD_CACHE, nothing of the copy left behind, and not retried."""
+    writer = ObjectStore(f"s3://{BUCKET}/full-cache", tmp_path / "writer-cache", timeout_s=20)
+    writer.write_bytes("version_dir/tensors.bin", os.urandom(512 * 1024))
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        reader = ObjectStore(f"s3://{BUCKET}/full-cache", disk / "cache", timeout_s=20)
+        with pytest.raises(DiskFull) as caught:
+            reader.fetch("version_dir")
+        text = str(caught.value)
+        assert "\n" not in text
+        where = disk / "cache" / BUCKET / "full-cache"
+        assert f"no space left on the disk of {where} while writing a copy of version_dir" in text
+        assert "TRIAD_CACHE" in text
+        left = [p.name for p in where.iterdir() if p.name != f"{TMP_PREFIX}lock"]  # the cache's lock stays
+        assert left == []  # neither the copy nor its staging directory

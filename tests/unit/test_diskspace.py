@@ -21,7 +21,6 @@ from shared.storecall import StoreCall
 from shared.tmpname import TMP_PREFIX
 from tests.helpers import small_disk
 
-pytestmark = pytest.mark.unit
 BIG = torch.zeros(64 * 1024)  # 256 KiB of float32: more than the disk below holds
 
 

@@ -37,6 +37,7 @@ from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.errors import TriadError
 from shared.fleet import Registration, default_url
 from shared.logs import restore_root_levels, root_levels
+from shared.net import check_can_listen
 from shared.rundir import INFERENCE, RunDir
 from shared.storage import machine_cache
 
@@ -177,7 +178,9 @@ def run_stock_vllm(
     if "VLLM_LOGGING_CONFIG_PATH" not in env:  # a user's own configuration is kept
         env["VLLM_LOGGING_CONFIG_PATH"] = str(write_stock_logging_config(machine_cache()))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
-    for name, value in cpu_env(parse_vllm_args(cmd[3:]), cpu_build).items():
+    args = parse_vllm_args(cmd[3:])
+    check_can_listen(args.host or "0.0.0.0", args.port, "inference.port")
+    for name, value in cpu_env(args, cpu_build).items():
         env.setdefault(name, value)
     mark_server(env)  # the exec keeps this pid
     os.execve(sys.executable, cmd, env)
@@ -250,7 +253,11 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     token = cfg.inference.token()
     server_id = uuid.uuid4().hex[:12]  # names its metrics file and its fleet record
     metrics = RunDir.of(cfg).metrics.writer(INFERENCE, server_id)
-    listen_address, sock = setup_server(args, reuse_port=False)
+    try:
+        listen_address, sock = setup_server(args, reuse_port=False)
+    except OSError:  # taken since run_inference's check: its line says by what
+        check_can_listen(args.host or "0.0.0.0", args.port, "inference.port")
+        raise
     async with build_async_engine_client(args) as engine:
         check_engine(engine)
         await engine.collective_rpc("triad_check_worker")
@@ -292,6 +299,7 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
     check_parsers(args)
+    check_can_listen(args.host or "0.0.0.0", args.port, "inference.port")
     for name, value in cpu_env(args).items():
         os.environ.setdefault(name, value)
     mark_server()

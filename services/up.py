@@ -31,6 +31,7 @@ from services.tiny_model import cache_root
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.liveness import check_free
+from shared.net import check_can_listen
 from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
@@ -74,8 +75,13 @@ def error_line(lines: list[str]) -> str | None:
 
 
 def check_before_launch(cfg: TriadConfig, model: str) -> None:
-    """What the config and a local model's config.json settle before any service starts (a child
-    would find it too, but after its start-up and among a launcher's lines)."""
+    """What the config, a local model's config.json and this machine settle before any service
+    starts (a child would find it too, but after its start-up and among a launcher's lines)."""
+    check_model_config(cfg, model)
+    check_can_listen(cfg.inference.host, cfg.inference.port, "inference.port")
+
+
+def check_model_config(cfg: TriadConfig, model: str) -> None:
     config_json = Path(model) / "config.json"
     if not config_json.is_file():
         return  # a hub id: the services read it themselves

@@ -4,6 +4,7 @@ reaching the user as that line."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -62,3 +63,22 @@ def test_a_piped_up_prints_a_line_at_least_every_30_s_through_build_and_start(tm
     ours = [t for t in texts if t.startswith(("building builtin:", "starting: "))]
     unprintable = [t for t in ours if not t.isprintable()]
     assert not unprintable, f"control characters on a pipe: {unprintable[:3]}"
+
+
+@pytest.mark.parametrize("command", ["up", "inference"])
+def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path, tiny_model: str, command: str):
+    run_dir = tmp_path / "run"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out = run_triad(command, f"--set=run_dir={run_dir}", f"--set=inference.port={port}", timeout=120)
+    assert out.returncode == 2, out.stderr
+    line = (
+        f"triad {command}: error: cannot listen on 127.0.0.1:{port} (Address already in use): stop the "
+        "process that holds the port, or set inference.port to a free one"
+    )
+    # `triad inference` has imported vLLM, whose import logs a few lines of its own first
+    assert out.stderr.splitlines()[-1] == line and "Traceback" not in out.stderr + out.stdout
+    assert command != "up" or out.stderr == line + "\n"
+    assert not RunDir(run_dir).logs_dir.exists(), "a service was started"

@@ -161,23 +161,23 @@ LM_HEAD_LORA = ["trainer.lora.rank=8", 'trainer.lora.target_modules=["lm_head"]'
 def test_an_adapter_on_a_tied_lm_head_is_refused_before_launch(tmp_path, model_config, overrides, refused):
     import json
 
-    from services.up import check_before_launch
+    from services.up import check_model_config
     from shared.config import TIED_LM_HEAD
 
     (tmp_path / "config.json").write_text(json.dumps(model_config))
     cfg = load_config(None, overrides)
     if refused:
         with pytest.raises(TriadError, match="lm_head shares its weight") as e:
-            check_before_launch(cfg, str(tmp_path))
+            check_model_config(cfg, str(tmp_path))
         assert str(e.value) == TIED_LM_HEAD
     else:
-        check_before_launch(cfg, str(tmp_path))
-    check_before_launch(cfg, "Qwen/Qwen3-0.6B")  # a hub id: left to the services
+        check_model_config(cfg, str(tmp_path))
+    check_model_config(cfg, "Qwen/Qwen3-0.6B")  # a hub id: left to the services
 
 
 def test_an_unreadable_model_config_is_one_line(tmp_path):
-    from services.up import check_before_launch
+    from services.up import check_model_config
 
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(TriadError, match=f"cannot read the model's config {tmp_path}/config.json"):
-        check_before_launch(load_config(None, []), str(tmp_path))
+        check_model_config(load_config(None, []), str(tmp_path))

@@ -13,7 +13,7 @@ import logging
 from math import comb
 
 from orchestrator.environments import Environment, Prompt, eval_prompts
-from orchestrator.episodes import Episodes
+from orchestrator.episodes import UNSEEDED, Episodes, Seeds
 from orchestrator.servers.pool import RolloutFailed, ServerPool
 from shared.config import TriadConfig
 from shared.metrics import MetricsWriter
@@ -30,8 +30,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-async def evaluate(prompts: list[Prompt], k: int, episodes: Episodes) -> dict[str, float]:
-    groups = await asyncio.gather(*(episodes.group(p, k) for p in prompts), return_exceptions=True)
+async def evaluate(
+    prompts: list[Prompt], k: int, episodes: Episodes, seeds: Seeds = UNSEEDED
+) -> dict[str, float]:
+    """Held-out prompt i's requests are seeded below `seeds.at("eval", i)`: the same at every evaluation."""
+    groups = await asyncio.gather(
+        *(episodes.group(p, k, seeds.at("eval", i)) for i, p in enumerate(prompts)), return_exceptions=True
+    )
     scored = [g for g in groups if not isinstance(g, BaseException)]
     for g in groups:
         if isinstance(g, BaseException) and not isinstance(g, RolloutFailed):
@@ -50,10 +55,16 @@ async def evaluate(prompts: list[Prompt], k: int, episodes: Episodes) -> dict[st
 
 
 async def evaluate_and_log(
-    step: int, prompts: list[Prompt], pool: ServerPool, k: int, writer: MetricsWriter, episodes: Episodes
+    step: int,
+    prompts: list[Prompt],
+    pool: ServerPool,
+    k: int,
+    writer: MetricsWriter,
+    episodes: Episodes,
+    seeds: Seeds,
 ) -> None:
     versions = sorted({s.version for s in pool.healthy()})
-    result = await evaluate(prompts, k, episodes)
+    result = await evaluate(prompts, k, episodes, seeds)
     await asyncio.to_thread(writer.log, step, policy_versions=versions, **result)  # off the event loop
     summary = ", ".join(f"{name} {value:.3f}" for name, value in result.items())
     log.info("eval after step %d: %s", step, summary)
@@ -70,8 +81,11 @@ class EvalSchedule:
         self.every, self.k, self.max_steps = oc.eval.every, oc.eval.k, cfg.max_steps
         self.held_out = eval_prompts(env, oc.eval.size) if oc.eval.every else []
         self.pool, self.writer, self.episodes = pool, writer, episodes
+        self.seeds = Seeds.of_run(cfg.seed, oc.sampling.seeded)
 
     def after(self, step: int, tasks: asyncio.TaskGroup) -> None:
         if self.every and (step % self.every == 0 or step == self.max_steps):
-            evaluation = evaluate_and_log(step, self.held_out, self.pool, self.k, self.writer, self.episodes)
+            evaluation = evaluate_and_log(
+                step, self.held_out, self.pool, self.k, self.writer, self.episodes, self.seeds
+            )
             tasks.create_task(evaluation)

@@ -53,7 +53,7 @@ from orchestrator.batches.staleness import is_fresh, oldest_allowed_version, ste
 from orchestrator.batches.stats import StepCounters, rates
 from orchestrator.draws import Draw, Draws, resume_position
 from orchestrator.environments import Environment, load_environment, max_turns
-from orchestrator.episodes import episodes_for
+from orchestrator.episodes import Seeds, episodes_for
 from orchestrator.evaluation import EvalSchedule
 from orchestrator.failures import Failures
 from orchestrator.fleet import Fleet
@@ -107,6 +107,7 @@ class Orchestrator:
         # resume after the newest batch (or the checkpoint, if batches up to it were pruned)
         self.first_step = max(newest_batch(self.rundir, run_id), newest_checkpoint(self.rundir, run_id)) + 1
         self.draws = Draws(env, cfg.seed, resume_position(self.rundir, run_id, self.first_step - 1))
+        self.seeds = Seeds.of_run(cfg.seed, self.oc.sampling.seeded)
         for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
             self.rundir.metrics.drop_after(kind, self.first_step - 1)
         self.metrics = self.rundir.metrics.writer(ORCHESTRATOR)
@@ -165,7 +166,8 @@ class Orchestrator:
 
     async def generate_group(self, draw: Draw) -> None:
         try:
-            samples = await self.episodes.group(draw.prompt, self.oc.group_size)
+            seeds = self.seeds.at("draw", draw.number)
+            samples = await self.episodes.group(draw.prompt, self.oc.group_size, seeds)
         except RolloutFailed as e:
             self.pending -= 1
             self.draws.consumed(draw.number)

@@ -206,6 +206,12 @@ class SamplingConfig(Table):
 
     max_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
+    seeded: bool = Field(
+        False,
+        description="each request's seed derived from the run's `seed` and the request's place in the run "
+        "(draw, episode, turn): a rerun on the same weights samples the same tokens; false: the server's "
+        "own randomness",
+    )
 
 
 class OrchestratorConfig(Table):

@@ -68,6 +68,7 @@ class FakeState:
     models_asked: list[str] = field(default_factory=list)  # each completion request's `model`
     max_model_len: int | None = None  # as vLLM: in /v1/models, and a longer request is answered 400
     max_tokens_asked: list[int] = field(default_factory=list)
+    seeds_asked: list[int | None] = field(default_factory=list)  # each completion request's `seed`
     streams: list[bool] = field(default_factory=list)  # whether each completion request asked a stream
     fail_after: int | None = None  # completion requests after this many answer 500
     finish_reasons: list[str | None] = field(default_factory=list)  # the next completions' (vLLM's: abort...)
@@ -143,6 +144,7 @@ def make_app(state: FakeState) -> Starlette:
             return answer
         state.models_asked.append(body.get("model"))
         state.max_tokens_asked.append(body.get("max_tokens"))
+        state.seeds_asked.append(body.get("seed"))
         state.streams.append(bool(body.get("stream")))
         prompt = body["prompt"]
         asked = len(prompt) if isinstance(prompt, list) else len(encode(prompt))

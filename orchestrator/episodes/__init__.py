@@ -16,6 +16,7 @@ from orchestrator.environments import Environment, Prompt, env_tools
 from orchestrator.episodes.agents import AgentRollouts
 from orchestrator.episodes.chat import ChatRollouts
 from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.seeds import UNSEEDED, Seeds
 from orchestrator.episodes.text import TextRollouts
 from orchestrator.failures import Failures
 from orchestrator.servers.pool import ServerPool
@@ -28,8 +29,9 @@ class Episodes(Protocol):
     async def start(self, prompt: Prompt) -> None:
         """Check, once before the run, that `prompt`'s episodes can be served; fail with one line if not."""
 
-    async def group(self, prompt: Prompt, size: int) -> list[Sample]:
-        """`size` episodes of `prompt`, scored (an agent episode may make several samples)."""
+    async def group(self, prompt: Prompt, size: int, seeds: Seeds = UNSEEDED) -> list[Sample]:
+        """`size` episodes of `prompt`, scored (an agent episode may make several samples); episode
+        i's requests seeded below `seeds.at(i)`."""
 
     async def stop(self) -> None: ...
 

@@ -41,6 +41,7 @@ from orchestrator.environments import env_metrics, group_rewards
 from orchestrator.episodes.agent_proxy import AgentProxy
 from orchestrator.episodes.render import ChatRenderer
 from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.seeds import UNSEEDED, Seeds
 from orchestrator.episodes.tool_calls import assistant_message
 from orchestrator.episodes.turns import TurnParser, pool_renderer
 from orchestrator.servers.client import RequestRejected
@@ -128,8 +129,11 @@ class EpisodeRecorder:
     """One episode's side of the proxy: turns each chat-completions call into token ids,
     samples it from the pool and records it."""
 
-    def __init__(self, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str) -> None:
+    def __init__(
+        self, pool: ServerPool, oc: OrchestratorConfig, tool_parser: str, seeds: Seeds = UNSEEDED
+    ) -> None:
         self.pool, self.oc, self.tool_parser = pool, oc, tool_parser
+        self.seeds, self.asked = seeds, 0  # call i's request seeded at seeds.at(i)
         self.episode = AgentEpisode()
         self.server: Server | None = None  # the server that answered the last call: the next one prefers it
         self.closed = asyncio.Event()
@@ -186,7 +190,9 @@ class EpisodeRecorder:
         cancelled by the end of its episode leaves it as it was."""
         sample = chain.sample
         before = sample.input_ids + ids
-        (c,), server, version = await self.pool.complete(before, 1, self.server, max_tokens=max_tokens)
+        seed = self.seeds.at(self.asked).value
+        self.asked += 1
+        (c,), server, version = await self.pool.complete(before, 1, self.server, max_tokens, seed)
         self.server = server
         parsed = await chain.parser.parse(c, before, server)
         if self.closed.is_set():
@@ -252,8 +258,8 @@ class AgentRollouts:
     async def stop(self) -> None:
         await self.proxy.stop()
 
-    async def episode(self, prompt) -> AgentEpisode:
-        recorder = EpisodeRecorder(self.pool, self.oc, self.tool_parser)
+    async def episode(self, prompt, seeds: Seeds) -> AgentEpisode:
+        recorder = EpisodeRecorder(self.pool, self.oc, self.tool_parser, seeds)
         episode = self.proxy.open(recorder)
         try:
             url, model = self.proxy.base_url(episode), self.proxy.model
@@ -274,10 +280,10 @@ class AgentRollouts:
         recorder.episode.result = result
         return recorder.episode
 
-    async def group(self, prompt, size: int) -> list[Sample]:
+    async def group(self, prompt, size: int, seeds: Seeds = UNSEEDED) -> list[Sample]:
         """Every sample of `size` episodes, each with its episode's reward. A call that failed on the
         server side (the agent got a 502) makes the episode no outcome of the policy: the group is dropped."""
-        episodes = await asyncio.gather(*(self.episode(prompt) for _ in range(size)))
+        episodes = await asyncio.gather(*(self.episode(prompt, seeds.at(i)) for i in range(size)))
         failed = next((e.failed for e in episodes if e.failed), "")
         if failed:
             raise RolloutFailed(f"environment {self.env.name!r}: an agent episode's call failed: {failed}")

@@ -26,6 +26,7 @@ from orchestrator.environments import Environment, Prompt, env_tools, group_rewa
 from orchestrator.episodes.render import PROBE_USER, check_messages
 from orchestrator.episodes.run import finished_episodes, run_episode
 from orchestrator.episodes.sample import Sample
+from orchestrator.episodes.seeds import UNSEEDED, Seeds
 from orchestrator.episodes.tool_calls import ParsedTurn, assistant_message, probe_call
 from orchestrator.episodes.tools import ToolRunner, tool_message
 from orchestrator.episodes.turns import TurnParser, pool_renderer
@@ -89,9 +90,9 @@ class ChatRollouts:
     async def stop(self) -> None:
         return None
 
-    async def group(self, prompt: Prompt, size: int) -> list[Sample]:
+    async def group(self, prompt: Prompt, size: int, seeds: Seeds = UNSEEDED) -> list[Sample]:
         """`size` scored episodes of `prompt` (fewer with `orchestrator.partial_groups`)."""
-        episodes = [self.episode(prompt) for _ in range(size)]
+        episodes = [self.episode(prompt, seeds.at(i)) for i in range(size)]
         samples = await finished_episodes(episodes, self.oc.partial_groups, self.failures)
         seen = [s.conversation if prompt.is_chat else s.completion for s in samples]
         rewards = await group_rewards(self.env, prompt, seen, self.oc.environment.timeout_s)
@@ -115,11 +116,11 @@ class ChatRollouts:
         reply = await respond(self.env, prompt, seen, self.oc.environment.timeout_s)
         return [] if reply is None else [{"role": "user", "content": reply}]
 
-    async def episode(self, prompt: Prompt) -> Sample:
+    async def episode(self, prompt: Prompt, seeds: Seeds) -> Sample:
         sample = Sample()
         await run_episode(
             sample,
-            self.turns(prompt, sample),
+            self.turns(prompt, sample, seeds),
             self.oc.environment.episode_timeout_s,
             self.where,
             self.failures,
@@ -127,7 +128,7 @@ class ChatRollouts:
         sample.completion = text_of(sample.conversation)
         return sample
 
-    async def turns(self, prompt: Prompt, sample: Sample) -> None:
+    async def turns(self, prompt: Prompt, sample: Sample, seeds: Seeds) -> None:
         """The episode's turns, appended to `sample`; what follows a turn joins the conversation
         once its ids are rendered, so that a truncated episode's conversation is its ids'."""
         try:
@@ -138,7 +139,9 @@ class ChatRollouts:
         server = None
         for turn in range(max(max_turns(self.env), 1)):
             before = list(sample.input_ids)
-            (c,), server, version = await self.pool.complete(before, 1, prefer=server)
+            (c,), server, version = await self.pool.complete(
+                before, 1, prefer=server, seed=seeds.at(turn).value
+            )
             sample.record_turn(c, server.url, version)
             parsed = await self.parser.parse(c, before, server)
             message = assistant_message(parsed)

@@ -220,18 +220,24 @@ class InferenceClient:
         return min(max_tokens, left)
 
     async def complete(
-        self, prompt: str | list[int], n: int, max_tokens: int, temperature: float, model: str | None = None
+        self,
+        prompt: str | list[int],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        model: str | None = None,
+        seed: int | None = None,
     ) -> list[Completion]:
         """`n` samples of `prompt` (text, or token ids to continue exactly), from `model` (a LoRA
-        adapter's served name) or the served model. The read timeout bounds the wait for each chunk
-        (vLLM sends a sample's first token at once, then every `stream_interval` tokens), so the
-        request fails once no chunk of it came for `request_timeout`, however long a healthy
-        generation takes; a request for no more than one chunk's tokens is answered whole
-        (streamed, the embedded default's 8-token requests made its step 12% slower,
-        `bench/quick.py`)."""
+        adapter's served name) or the served model, with the server's randomness or `seed`. The
+        read timeout bounds the wait for each chunk (vLLM sends a sample's first token at once,
+        then every `stream_interval` tokens), so the request fails once no chunk of it came for
+        `request_timeout`, however long a healthy generation takes; a request for no more than one
+        chunk's tokens is answered whole (streamed, the embedded default's 8-token requests made
+        its step 12% slower, `bench/quick.py`)."""
         self.inflight += 1
         try:
-            samples = await self._samples(prompt, n, max_tokens, temperature, model)
+            samples = await self._samples(prompt, n, max_tokens, temperature, model, seed)
         except openai.APITimeoutError:
             raise ServerUnreachable(f"rollout request to {self.base_url} timed out", "timeout") from None
         except openai.APIStatusError as e:
@@ -264,7 +270,13 @@ class InferenceClient:
         return [samples[i].completion(prompt) for i in range(n)]
 
     async def _samples(
-        self, prompt: str | list[int], n: int, max_tokens: int, temperature: float, model: str | None
+        self,
+        prompt: str | list[int],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        model: str | None,
+        seed: int | None,
     ) -> dict[int, StreamedSample]:
         """The answer's samples by index, read from its stream or whole."""
         samples: dict[int, StreamedSample] = {}
@@ -280,6 +292,7 @@ class InferenceClient:
             stream=streamed,
             return_token_ids=True,
             **({"stream_interval": interval} if streamed else {}),
+            **({"seed": seed} if seed is not None else {}),
         )
         # the SDK sends the request, names its failures and reads the events; `object`: the JSON as
         # decoded, for `join` to validate

@@ -118,16 +118,22 @@ class ServerPool:
             await asyncio.sleep(0.1)
 
     async def complete(
-        self, prompt: str | list[int], n: int, prefer: Server | None = None, max_tokens: int | None = None
+        self,
+        prompt: str | list[int],
+        n: int,
+        prefer: Server | None = None,
+        max_tokens: int | None = None,
+        seed: int | None = None,
     ) -> tuple[list[Completion], Server, int]:
-        """Completions, the server that made them, and the version it served when asked."""
+        """Completions, the server that made them, and the version it served when asked; `seed`
+        (a retry sends the same): the request's, from `episodes.seeds`."""
         max_tokens = max_tokens or self.oc.sampling.max_tokens
 
         async def ask(server: Server) -> tuple[list[Completion], int, float, float]:
             version, started, wall = server.version, time.monotonic(), time.time()
             model = server.backend.model(version)  # a LoRA run's adapter of that version
             room = server.client.room(prompt, max_tokens)
-            out = await server.client.complete(prompt, n, room, self.oc.sampling.temperature, model)
+            out = await server.client.complete(prompt, n, room, self.oc.sampling.temperature, model, seed)
             return out, version, time.monotonic() - started, wall
 
         (out, version, latency, wall), server = await self.request(ask, "a rollout", prefer)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import subprocess
 from pathlib import Path
 
@@ -23,11 +24,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from orchestrator.environments import Prompt
 from orchestrator.envs.calculator import ChatCalculator, calculate
+from orchestrator.episodes import UNSEEDED, Seeds, episodes_for
 from orchestrator.episodes.tool_calls import parse_tool_calls
 from orchestrator.episodes.tools import ToolRunner, tool_schema
+from orchestrator.failures import Failures
 from orchestrator.loop import Orchestrator, connect_servers
+from orchestrator.servers.backends.frozen import Frozen
 from orchestrator.servers.client import InferenceClient
-from orchestrator.servers.pool import ServerPool
+from orchestrator.servers.pool import Server, ServerPool
 from shared.batch import read_batch
 from shared.config import TriadConfig, load_config
 from shared.rundir import RunDir
@@ -42,8 +46,8 @@ class Recording(InferenceClient):
 
     calls: list[tuple[list[int], list[int], list[float]]] = []
 
-    async def complete(self, prompt, n, max_tokens, temperature, model=None):
-        out = await super().complete(prompt, n, max_tokens, temperature, model)
+    async def complete(self, prompt, n, max_tokens, temperature, model=None, seed=None):
+        out = await super().complete(prompt, n, max_tokens, temperature, model, seed)
         ids = prompt if isinstance(prompt, list) else out[0].prompt_ids
         Recording.calls += [(list(ids), c.token_ids, c.logprobs) for c in out]
         return out
@@ -287,9 +291,9 @@ def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, c
 
 
 class Slow(InferenceClient):
-    async def complete(self, prompt, n, max_tokens, temperature, model=None):
+    async def complete(self, prompt, n, max_tokens, temperature, model=None, seed=None):
         await asyncio.sleep(2)
-        return await super().complete(prompt, n, max_tokens, temperature, model)
+        return await super().complete(prompt, n, max_tokens, temperature, model, seed)
 
 
 def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(
@@ -375,6 +379,39 @@ def test_bad_environment_messages_get_one_line_errors(tmp_path, chat_model, chat
     assert len(errors) == 1 and "environment 'bad': prompt: message 0 is malformed (role" in errors[0], (
         result.stderr
     )
+
+
+def test_seeded_tool_episodes_sample_the_same_tokens_again_and_unseeded_ones_do_not(
+    tmp_path, chat_model, chat_server
+):
+    """`orchestrator.sampling.seeded`: a group of four multi-turn tool episodes (their turns sent
+    concurrently, so each batch the server runs is shaped by timing), rolled out twice with the
+    same seeds, is the same token ids; its four episodes differ from each other; and without seeds
+    two roll-outs differ."""
+    cfg, _ = config(tmp_path / "run", chat_model, chat_server.url, "calculator")
+    env = ChatCalculator()
+    prompt = env.sample(random.Random(0))
+
+    async def roll_out(seeds: Seeds) -> list[list[int]]:
+        client = InferenceClient(chat_server.url, None, 120)
+        try:
+            await client.wait_ready(60, None)
+            pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
+            episodes = episodes_for(env, pool, cfg.orchestrator, cfg.inference.tool_parser, Failures(50))
+            await episodes.start(prompt)
+            samples = await episodes.group(prompt, 4, seeds)
+            return [s.input_ids for s in samples]
+        finally:
+            await client.close()
+
+    seeds = Seeds.of_run(cfg.seed, seeded=True).at("draw", 0)
+    first, again = asyncio.run(roll_out(seeds)), asyncio.run(roll_out(seeds))
+    assert first == again
+    assert len({tuple(ids) for ids in first}) == 4, "two episodes of the group sampled alike"
+    other = asyncio.run(roll_out(Seeds.of_run(cfg.seed, seeded=True).at("draw", 1)))
+    assert other != first
+    unseeded = [asyncio.run(roll_out(UNSEEDED)) for _ in range(2)]
+    assert unseeded[0] != unseeded[1]
 
 
 @pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])

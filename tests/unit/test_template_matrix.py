@@ -206,7 +206,7 @@ class Pool:
     async def request(self, call, what, prefer=None):
         return await call(self.server), self.server
 
-    async def complete(self, prompt, n, prefer=None, max_tokens=None):
+    async def complete(self, prompt, n, prefer=None, max_tokens=None, seed=None):
         self.asked.append(list(prompt))
         ids = self.turns.pop(0)
         return [Completion(list(prompt), ids, [-0.5] * len(ids), "", False, "stop")], self.server, 3

@@ -426,13 +426,14 @@ def test_multi_turn_tool_episodes_hold_the_ids_sampled_and_appended_and_vllms_lo
     of the sampled tokens are vLLM's, and those of the base model within 1e-3."""
     Recording.calls = []
     kwargs = f"orchestrator.chat.template_kwargs={{enable_thinking={str(thinking).lower()}}}"
-    cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "calculator", kwargs)
+    seeded = "orchestrator.sampling.seeded=true"  # the same episodes at every run
+    cfg, flags = config(tmp_path / "run", chat_model, chat_server.url, "calculator", kwargs, seeded)
     train(cfg, flags, ChatCalculator(), tmp_path / "trainer.log")
     tok = AutoTokenizer.from_pretrained(chat_model)
     recorded = recordings()
     rundir = RunDir(cfg.run_dir)
     model = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
-    turns, worst = [], 0.0
+    turns, tool_prompts, worst = [], set(), 0.0
     for step in range(1, STEPS + 1):
         rows = read_batch(rundir.batch_file(step)).to_pylist()
         assert len(rows) == 16 and {r["env"] for r in rows} == {"calculator"}
@@ -453,9 +454,13 @@ def test_multi_turn_tool_episodes_hold_the_ids_sampled_and_appended_and_vllms_lo
             )
             assert row["input_ids"][:prompt_end] == tok(expected, add_special_tokens=False).input_ids
             worst = max(worst, base_model_gap(model, row))  # the policy is frozen: all of version 0
+            if turns[-1] >= 2:
+                tool_prompts.add(user)
     called = sum(t >= 2 for t in turns)
     print(f"thinking {thinking}: {called} of {len(turns)} episodes called the tool; logprob gap {worst:.1e}")
-    assert called >= len(turns) // 4, f"too few episodes called the tool: {turns}"
+    # the checks above ran on tool turns of several prompts (how often the random tiny model calls
+    # the tool is not what this test is about; seeded, the count is the same at every run)
+    assert called >= 8 and len(tool_prompts) >= 4, f"too few episodes called the tool: {turns}"
     assert worst < 1e-3, worst
     trainer = rundir.metrics.rows("trainer")
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))

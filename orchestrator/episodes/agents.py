@@ -258,7 +258,7 @@ class AgentRollouts:
     async def stop(self) -> None:
         await self.proxy.stop()
 
-    async def episode(self, prompt, seeds: Seeds) -> AgentEpisode:
+    async def episode(self, prompt, seeds: Seeds = UNSEEDED) -> AgentEpisode:
         recorder = EpisodeRecorder(self.pool, self.oc, self.tool_parser, seeds)
         episode = self.proxy.open(recorder)
         try:

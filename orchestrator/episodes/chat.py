@@ -116,7 +116,7 @@ class ChatRollouts:
         reply = await respond(self.env, prompt, seen, self.oc.environment.timeout_s)
         return [] if reply is None else [{"role": "user", "content": reply}]
 
-    async def episode(self, prompt: Prompt, seeds: Seeds) -> Sample:
+    async def episode(self, prompt: Prompt, seeds: Seeds = UNSEEDED) -> Sample:
         sample = Sample()
         await run_episode(
             sample,

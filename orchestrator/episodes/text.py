@@ -69,7 +69,7 @@ class TextRollouts:
     async def stop(self) -> None:
         return None
 
-    async def episode(self, prompt: Prompt, seeds: Seeds) -> Sample:
+    async def episode(self, prompt: Prompt, seeds: Seeds = UNSEEDED) -> Sample:
         sample = Sample()
         work = turns(self.env, prompt, self.pool, self.oc.environment.timeout_s, sample, seeds)
         return await run_episode(

@@ -209,6 +209,7 @@ class AgentProxy:
         try:
             sock.bind((host, port))
         except OSError as e:
+            sock.close()
             raise TriadError(f"orchestrator.agents.proxy_port: cannot listen on {host}:{port}: {e}") from None
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off")

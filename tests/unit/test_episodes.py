@@ -4,6 +4,7 @@ results capped, and the agent proxy's failures, ids and exposure (issue 32, item
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import openai
@@ -20,6 +21,7 @@ from orchestrator.servers.client import InferenceClient
 from orchestrator.servers.pool import RolloutFailed, Server, ServerPool
 from shared.config import load_config
 from shared.errors import TriadError
+from shared.net import free_port
 from tests.fake_openai import FakeServer
 
 REPLY = "x" * 30
@@ -166,6 +168,19 @@ def test_episode_ids_are_unguessable():
     proxy = AgentProxy(cfg.orchestrator)
     ids = {proxy.open(EpisodeRecorder(None, cfg.orchestrator, "auto")) for _ in range(50)}
     assert len(ids) == 50 and all(len(i) >= 20 for i in ids)
+
+
+def test_a_proxy_port_in_use_is_one_line():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proxy = AgentProxy(load_config(None, [f"orchestrator.agents.proxy_port={port}"]).orchestrator)
+        with pytest.raises(TriadError) as e:
+            asyncio.run(proxy.start())
+    assert str(e.value) == (
+        f"orchestrator.agents.proxy_port: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"
+    )
 
 
 def test_a_proxy_off_loopback_needs_a_token_and_then_asks_for_it():

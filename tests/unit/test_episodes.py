@@ -178,9 +178,8 @@ def test_a_proxy_port_in_use_is_one_line():
         proxy = AgentProxy(load_config(None, [f"orchestrator.agents.proxy_port={port}"]).orchestrator)
         with pytest.raises(TriadError) as e:
             asyncio.run(proxy.start())
-    assert str(e.value) == (
-        f"orchestrator.agents.proxy_port: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"
-    )
+    held = "[Errno 98] Address already in use"
+    assert str(e.value) == f"orchestrator.agents.proxy_port: cannot listen on 127.0.0.1:{port}: {held}"
 
 
 def test_a_proxy_off_loopback_needs_a_token_and_then_asks_for_it():

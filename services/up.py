@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.disk_plan import room_warning
 from services.exporters import make_exporters
 from services.models import resolve_model
 from services.progress import ProgressPrinter, StartTimes
@@ -239,6 +240,8 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     if resume_from or rundir.rollouts.steps():
         print(f"triad up: resuming after update {resume_from} (the newest checkpoint)")
         discard_after_checkpoint(rundir, run.run_id, resume_from)
+    if warning := room_warning(cfg, Path(model), rundir):
+        print(f"triad up: warning: {warning}", file=sys.stderr)
     commands = child_commands(cfg, config_path, overrides, model)
     cpus = placement(cfg)
     if cfg.inference.cpus == "auto" and cpus[INFERENCE]:

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from services.disk_plan import disk_plan, model_size
 from shared.batch import load_batch
+from shared.config import load_config
 from shared.rundir import TRAINER, RunDir, Steps
 from tests.helpers import run_triad, short_up_sets
 
@@ -103,3 +105,8 @@ def test_run_dir_stays_bounded_over_100_steps(tmp_path, tiny_model):
     logs_and_metrics = size(rundir.logs_dir) + size(rundir.metrics_file(TRAINER).parent)
     assert logs_and_metrics < STEPS * 4096 + 256 * 1024, logs_and_metrics
     assert sampler.peak < 40 * MB, sampler.peak  # the figure docs/reliability.md gives for this run
+    # `triad up`'s disk plan (services/disk_plan.py), from the model's headers, against what was written
+    plan = disk_plan(load_config(None, sets), model_size(Path(tiny_model)))
+    assert (plan.versions, plan.checkpoints) == (w + k + 1, k + 1)
+    assert 0.9 < plan.version_bytes / weights_size < 1.1, (plan, weights_size)
+    assert 0.9 < plan.checkpoint_bytes / checkpoint_size < 1.1, (plan, checkpoint_size)

@@ -4,7 +4,9 @@ episode in its group, the turn or agent call in its episode), so a rerun, or a r
 the server for the same random numbers at the same place, whatever order the requests reach it in.
 
 On the same weights that is the same tokens, as far as the server's logits are the same: a batch
-of another shape can round them otherwise (vLLM promises no batch invariance by default). A
+of another shape can round them otherwise, unless vLLM runs batch-invariant kernels
+(`VLLM_BATCH_INVARIANT=1`, GPU backends; vLLM then warns about any random sampling without a
+seed, which is what this option gives each request). A
 request for `n` samples gets one seed; vLLM gives its sample i the seed + i. Held-out prompts get
 the same seeds at every evaluation, so two evaluations differ by the weights, not by the draws.
 """

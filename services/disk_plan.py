@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from shared.config import TriadConfig
-from shared.diskspace import size_text
+from shared.diskspace import disk_usage, size_text
 from shared.rundir import RunDir
 from shared.storage import LocalStore
 
@@ -120,11 +119,11 @@ def room_warning(cfg: TriadConfig, model_dir: Path, rundir: RunDir) -> str | Non
     plan = disk_plan(cfg, size) if size else None
     if plan is None:
         return None
-    root = rundir.root
-    while not root.exists() and root != root.parent:
-        root = root.parent
-    free = shutil.disk_usage(root).free
-    held = rundir.store.size("") if rundir.root.exists() else 0
+    usage = disk_usage(rundir.root)
+    if usage is None or plan.total <= usage[0]:
+        return None
+    free = usage[0]
+    held = rundir.store.size("") if rundir.root.exists() else 0  # walked only when it matters
     if plan.total <= free + held:
         return None
     return (

@@ -39,15 +39,24 @@ def is_disk_full(error: BaseException) -> bool:
     return False
 
 
-def free_space(path: Path) -> str:
-    """'1.2 GiB free of 20.0 GiB' on the filesystem holding `path` (its nearest existing parent)."""
+def disk_usage(path: Path) -> tuple[int, int] | None:
+    """(free, total) bytes of the filesystem holding `path` (its nearest existing parent); None
+    where it cannot be read."""
     while not path.exists() and path != path.parent:
         path = path.parent
     try:
         usage = shutil.disk_usage(path)
     except OSError:
+        return None
+    return usage.free, usage.total
+
+
+def free_space(path: Path) -> str:
+    """'1.2 GiB free of 20.0 GiB' on the filesystem holding `path`."""
+    usage = disk_usage(path)
+    if usage is None:
         return "free space unknown"
-    return f"{size_text(usage.free)} free of {size_text(usage.total)}"
+    return f"{size_text(usage[0])} free of {size_text(usage[1])}"
 
 
 def size_text(n: int) -> str:

@@ -75,13 +75,18 @@ class EvalSchedule:
     each in its own task beside the next steps (none with `every = 0`)."""
 
     def __init__(
-        self, cfg: TriadConfig, env: Environment, pool: ServerPool, writer: MetricsWriter, episodes: Episodes
+        self,
+        cfg: TriadConfig,
+        env: Environment,
+        pool: ServerPool,
+        writer: MetricsWriter,
+        episodes: Episodes,
+        seeds: Seeds,
     ) -> None:
         oc = cfg.orchestrator
         self.every, self.k, self.max_steps = oc.eval.every, oc.eval.k, cfg.max_steps
         self.held_out = eval_prompts(env, oc.eval.size) if oc.eval.every else []
-        self.pool, self.writer, self.episodes = pool, writer, episodes
-        self.seeds = Seeds.of_run(cfg.seed, oc.sampling.seeded)
+        self.pool, self.writer, self.episodes, self.seeds = pool, writer, episodes, seeds
 
     def after(self, step: int, tasks: asyncio.TaskGroup) -> None:
         if self.every and (step % self.every == 0 or step == self.max_steps):

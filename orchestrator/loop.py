@@ -111,7 +111,7 @@ class Orchestrator:
         for kind in (ORCHESTRATOR, EVAL):  # rows of batches a restart or a rewind discarded
             self.rundir.metrics.drop_after(kind, self.first_step - 1)
         self.metrics = self.rundir.metrics.writer(ORCHESTRATOR)
-        self.evals = EvalSchedule(cfg, env, pool, self.rundir.metrics.writer(EVAL), self.episodes)
+        self.evals = EvalSchedule(cfg, env, pool, self.rundir.metrics.writer(EVAL), self.episodes, self.seeds)
         self.queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=self.oc.max_inflight)
         self.changed = asyncio.Condition()
         self.step = self.first_step

@@ -13,17 +13,22 @@ import pytest
 
 from shared.config import TIED_LM_HEAD
 from shared.rundir import ORCHESTRATOR, RunDir
-from tests.helpers import free_port, processes_mentioning, run_triad, triad_cmd
+from tests.helpers import free_port, processes_mentioning, run_triad, small_disk, triad_cmd
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_orchestrator_s_error_line_is_what_up_prints(tmp_path: Path, tiny_model: str) -> None:
-    run_dir = tmp_path / "run"
-    sets = [f"run_dir={run_dir}", f"inference.port={free_port()}", "orchestrator.environment.name=nosuch"]
-    out = run_triad("up", *[f"--set={s}" for s in sets], timeout=300)
+    """On a disk too small for what the run keeps (a real 24 MiB tmpfs, the run's plan 32 MiB),
+    `triad up` warns first, starts the services, and the orchestrator's error is its last line."""
+    with small_disk(tmp_path / "disk", "24m") as disk:
+        run_dir = disk / "run"
+        sets = [f"run_dir={run_dir}", f"inference.port={free_port()}", "orchestrator.environment.name=nosuch"]
+        out = run_triad("up", *[f"--set={s}" for s in sets], timeout=300)
     assert out.returncode == 2, out.stderr
     error = out.stderr.strip().splitlines()
+    assert error[0].startswith(f"triad up: warning: the disk of {run_dir} has 24.0 MiB free, and this run ")
+    assert "can keep 32.0 MiB there: 6 weights versions of 2.1 MiB" in error[0]
     assert error[-1].startswith("triad up: error: orchestrator: unknown environment 'nosuch': not a built-in")
     assert error[-1].endswith(f"(exit code 2; log: {RunDir(run_dir).log_file(ORCHESTRATOR)})")
     assert "Traceback" not in out.stderr + out.stdout

@@ -143,7 +143,7 @@ def stock_vllm_cmd(
     at = args.index("--worker-extension-cls")
     args = args[:at] + args[at + 2 :]
     parsed = parse_vllm_args(args)
-    host = parsed.host or "0.0.0.0"
+    host = bind_host(parsed)
     if host not in LOOPBACK_HOSTS:
         raise TriadError(
             f"inference.backend = 'vllm' would serve vLLM's unauthenticated RL routes on {host!r}: "
@@ -179,7 +179,7 @@ def run_stock_vllm(
         env["VLLM_LOGGING_CONFIG_PATH"] = str(write_stock_logging_config(machine_cache()))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(cmd[3:])
-    check_can_listen(args.host or "0.0.0.0", args.port, "inference.port")
+    check_can_listen(bind_host(args), args.port, "inference.port")
     for name, value in cpu_env(args, cpu_build).items():
         env.setdefault(name, value)
     mark_server(env)  # the exec keeps this pid
@@ -207,6 +207,11 @@ def cpu_env(args: Namespace, cpu_build: Callable[[], bool] = on_cpu_build) -> di
     return env
 
 
+def bind_host(args: Namespace) -> str:
+    """The address vLLM binds: `--host`, or every IPv4 address without one."""
+    return args.host or "0.0.0.0"
+
+
 def parse_vllm_args(argv: list[str]) -> Namespace:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -219,7 +224,7 @@ def parse_vllm_args(argv: list[str]) -> Namespace:
 
 def advertised_url(cfg: TriadConfig, args: Namespace) -> str:
     """The URL `--join` registers: `inference.advertise_url`, or the address vLLM binds."""
-    return cfg.inference.advertise_url or default_url(args.host or "0.0.0.0", args.port)
+    return cfg.inference.advertise_url or default_url(bind_host(args), args.port)
 
 
 @asynccontextmanager
@@ -255,8 +260,8 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     metrics = RunDir.of(cfg).metrics.writer(INFERENCE, server_id)
     try:
         listen_address, sock = setup_server(args, reuse_port=False)
-    except OSError:  # taken since run_inference's check: its line says by what
-        check_can_listen(args.host or "0.0.0.0", args.port, "inference.port")
+    except OSError:  # taken since run_inference's check: that check's one line, if it is that
+        check_can_listen(bind_host(args), args.port, "inference.port")
         raise
     async with build_async_engine_client(args) as engine:
         check_engine(engine)
@@ -299,11 +304,11 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.inference.kv_cache_gib))))
     args = parse_vllm_args(vllm_cli_args(cfg, model_path))
     check_parsers(args)
-    check_can_listen(args.host or "0.0.0.0", args.port, "inference.port")
+    check_can_listen(bind_host(args), args.port, "inference.port")
     for name, value in cpu_env(args).items():
         os.environ.setdefault(name, value)
     mark_server()
-    check_admin_exposure(args.host or "0.0.0.0", cfg.inference.token())
+    check_admin_exposure(bind_host(args), cfg.inference.token())
     join_as = advertised_url(cfg, args) if join else None
     if join_as is not None:
         check_advertised_exposure(join_as, cfg.inference.token())

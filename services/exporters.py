@@ -10,10 +10,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from contextlib import AbstractContextManager
 from numbers import Number
+from pathlib import Path
 from typing import Protocol
 
 from shared.config import TriadConfig
+from shared.diskspace import RUN_DIR_ADVICE, full_disk_is_one_line
 from shared.rundir import RunDir
 
 log = logging.getLogger("triad.metrics")
@@ -30,17 +33,27 @@ def scalars(row: dict) -> dict[str, float]:
 
 
 class TensorBoardExporter:
+    """Its event file is in the run directory: a full disk there is one line, as for every
+    other writer of the run (TensorBoard's writer thread reports it at a later call)."""
+
     def __init__(self, log_dir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=log_dir)
+        self.log_dir = Path(log_dir)
+        with self._full_disk_is_one_line():
+            self.writer = SummaryWriter(log_dir=log_dir)
+
+    def _full_disk_is_one_line(self) -> AbstractContextManager[None]:
+        return full_disk_is_one_line(self.log_dir, "TensorBoard events", RUN_DIR_ADVICE)
 
     def write(self, service: str, row: dict) -> None:
-        for key, value in scalars(row).items():
-            self.writer.add_scalar(f"{service}/{key}", value, row["step"])
+        with self._full_disk_is_one_line():
+            for key, value in scalars(row).items():
+                self.writer.add_scalar(f"{service}/{key}", value, row["step"])
 
     def close(self) -> None:
-        self.writer.close()
+        with self._full_disk_is_one_line():
+            self.writer.close()
 
 
 class WandbExporter:

@@ -1,4 +1,5 @@
 import io
+import time
 from contextlib import redirect_stdout
 
 import pytest
@@ -9,6 +10,7 @@ from shared.errors import TriadError
 from shared.metrics import MetricsWriter, drop_rows_after, read_metrics
 from shared.rundir import RunDir
 from shared.storage import LocalStore
+from tests.helpers import small_disk
 
 try:
     import tensorboard  # noqa: F401
@@ -191,3 +193,23 @@ def test_wandb_exporter_in_offline_mode_logs_every_row(tmp_path):
         return records.count(b"orchestrator/reward_mean") >= 5 and records.count(b"trainer/loss") >= 5 or None
 
     wait_for(logged, f"five logged rows of each service in {log_file}", 20, poll=0.05)
+
+
+def test_a_full_disk_under_the_tensorboard_export_is_one_line_naming_it(tmp_path):
+    """TensorBoard's writer thread hits the full disk and raises at a later call: that call's
+    error is the run directory's one line, not the thread's traceback."""
+    from services.exporters import TensorBoardExporter
+    from shared.diskspace import DiskFull
+
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        exporter = TensorBoardExporter(str(disk / "tb"))
+        (disk / "filler").write_bytes(bytes(200 * 1024))  # what is left: less than a few rows
+        row = {f"metric_{i}": 0.5 for i in range(50)}
+        with pytest.raises(DiskFull) as e:
+            for step in range(1, 100_000):
+                exporter.write("trainer", {"step": step, **row})
+                time.sleep(0.001)  # the writer thread's turn
+        assert str(e.value).startswith(
+            f"no space left on the disk of {disk / 'tb'} while writing TensorBoard events ("
+        )
+        assert "\n" not in str(e.value)

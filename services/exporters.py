@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import threading
 from contextlib import AbstractContextManager
 from numbers import Number
 from pathlib import Path
 from typing import Protocol
 
 from shared.config import TriadConfig
-from shared.diskspace import RUN_DIR_ADVICE, full_disk_is_one_line
+from shared.diskspace import RUN_DIR_ADVICE, full_disk_is_one_line, is_disk_full
 from shared.rundir import RunDir
 
 log = logging.getLogger("triad.metrics")
@@ -34,14 +35,17 @@ def scalars(row: dict) -> dict[str, float]:
 
 class TensorBoardExporter:
     """Its event file is in the run directory: a full disk there is one line, as for every
-    other writer of the run (TensorBoard's writer thread reports it at a later call)."""
+    other writer of the run. TensorBoard's writer thread meets the full disk first and dies
+    with it; the next call here raises it again, and that call's line is the only report."""
 
     def __init__(self, log_dir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
+        before = set(threading.enumerate())
         with self._full_disk_is_one_line():
             self.writer = SummaryWriter(log_dir=log_dir)
+        self._quiet = QuietDiskFull(set(threading.enumerate()) - before)
 
     def _full_disk_is_one_line(self) -> AbstractContextManager[None]:
         return full_disk_is_one_line(self.log_dir, "TensorBoard events", RUN_DIR_ADVICE)
@@ -52,8 +56,31 @@ class TensorBoardExporter:
                 self.writer.add_scalar(f"{service}/{key}", value, row["step"])
 
     def close(self) -> None:
-        with self._full_disk_is_one_line():
-            self.writer.close()
+        try:
+            with self._full_disk_is_one_line():
+                self.writer.close()
+        finally:
+            self._quiet.remove()
+
+
+class QuietDiskFull:
+    """A `threading.excepthook` that prints nothing for a full disk in `threads`, whose owner
+    raises that error again in the caller's thread; any other error of any thread goes to the
+    hook that was there before."""
+
+    def __init__(self, threads: set[threading.Thread]) -> None:
+        self.threads = threads
+        self.previous = threading.excepthook
+        threading.excepthook = self.hook
+
+    def hook(self, args: threading.ExceptHookArgs) -> None:
+        if args.thread in self.threads and args.exc_value is not None and is_disk_full(args.exc_value):
+            return
+        self.previous(args)
+
+    def remove(self) -> None:
+        if threading.excepthook == self.hook:
+            threading.excepthook = self.previous
 
 
 class WandbExporter:

@@ -1,3 +1,4 @@
+import contextlib
 import io
 import time
 from contextlib import redirect_stdout
@@ -195,12 +196,16 @@ def test_wandb_exporter_in_offline_mode_logs_every_row(tmp_path):
     wait_for(logged, f"five logged rows of each service in {log_file}", 20, poll=0.05)
 
 
-def test_a_full_disk_under_the_tensorboard_export_is_one_line_naming_it(tmp_path):
+def test_a_full_disk_under_the_tensorboard_export_is_one_line_naming_it(tmp_path, monkeypatch):
     """TensorBoard's writer thread hits the full disk and raises at a later call: that call's
-    error is the run directory's one line, not the thread's traceback."""
+    error is the run directory's one line, and the thread's traceback is not printed."""
+    import threading
+
     from services.exporters import TensorBoardExporter
     from shared.diskspace import DiskFull
 
+    printed: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", printed.append)
     with small_disk(tmp_path / "disk", "256k") as disk:
         exporter = TensorBoardExporter(str(disk / "tb"))
         (disk / "filler").write_bytes(bytes(200 * 1024))  # what is left: less than a few rows
@@ -213,3 +218,7 @@ def test_a_full_disk_under_the_tensorboard_export_is_one_line_naming_it(tmp_path
             f"no space left on the disk of {disk / 'tb'} while writing TensorBoard events ("
         )
         assert "\n" not in str(e.value)
+        with contextlib.suppress(DiskFull):
+            exporter.close()
+        assert threading.excepthook == printed.append
+    assert [type(args.exc_value) for args in printed] == []

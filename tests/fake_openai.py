@@ -45,6 +45,8 @@ class FakeState:
     # {"model_path", ...}; POST /update_weights_from_disk {"model_path"} -> 200 {"success": true,
     # "message", "num_paused_requests"} or 400 {"success": false, "message", ...}
     sglang_model: str | None = None  # None: no SGLang routes (404)
+    admin_status: int = 404  # GET /admin/weights: 404 as a server without triad's admin routes; 401
+    # as triad's to a client without its admin token; any other status (a 500) as given
     sglang_loaded: list[str] = field(default_factory=list)
     sglang_refuse: str | None = None  # the next load fails with this message
     # vLLM's RL routes (`VLLM_SERVER_DEV_MODE=1`, vllm/entrypoints/rl/online/api_router.py): pause,
@@ -220,6 +222,10 @@ def make_app(state: FakeState) -> Starlette:
         finally:
             track(-1)
 
+    async def admin_weights(request: Request) -> JSONResponse:
+        detail = {401: "missing or wrong admin token", 404: "Not Found"}.get(state.admin_status, "boom")
+        return JSONResponse({"detail": detail}, status_code=state.admin_status)
+
     async def model_info(request: Request) -> JSONResponse:
         if state.sglang_model is None:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
@@ -291,6 +297,7 @@ def make_app(state: FakeState) -> Starlette:
             *(Route(route, vllm_rl, methods=["POST"]) for route in rl_routes),
             Route("/weight_info", vllm_rl),
             Route("/get_model_info", model_info),
+            Route("/admin/weights", admin_weights),
             Route("/update_weights_from_disk", update_from_disk, methods=["POST"]),
             Route("/health", health),
             Route("/v1/models", models),

@@ -242,3 +242,27 @@ def test_a_file_changed_after_done_is_reloaded_once_then_stops_the_run_naming_th
 
     asyncio.run(run())
     assert loads_of(run_dir, 7) == 1 and loads_of(run_dir, 8) == 2  # reloaded once, then stopped
+
+
+@pytest.mark.parametrize("token", ["wrong", None])
+def test_an_orchestrator_without_the_servers_admin_token_stops_in_one_line(
+    server: Server, tiny_model: str, tmp_path, token: str | None
+):
+    """The server's admin routes answer 401 to it: taken for a server without them, the run would
+    train on the base model's samples for its whole length; it stops before any rollout, naming
+    the route and the token."""
+    from tests.helpers import run_triad
+
+    run_dir = tmp_path / "run"
+    sets = [f"run_dir={run_dir}", f"model={tiny_model}", f'orchestrator.servers.urls=["{server.url}"]']
+    if token:
+        sets.append(f"inference.admin_token={token}")
+    result = run_triad("orchestrator", *[f"--set={s}" for s in sets], timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == [
+        f"triad orchestrator: error: {server.url}/admin/weights answered 401: the server's admin routes "
+        "want a token this orchestrator does not hold; give it the server's inference.admin_token "
+        "(or admin_token_file)"
+    ], result.stderr
+    assert not RunDir(run_dir).rollouts.steps()

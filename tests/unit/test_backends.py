@@ -64,6 +64,32 @@ def test_a_server_without_weight_routes_is_frozen(tmp_path: Path):
         assert asyncio.run(run()) == "none"
 
 
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        (401, "answered 401: the server's admin routes want a token this orchestrator does not hold; "),
+        (500, "answered 500 while finding how the server loads weights; check the server's log, or set "),
+    ],
+)
+def test_an_admin_route_that_refuses_or_fails_is_no_server_without_weight_routes(tmp_path, status, says):
+    """A 401 from triad's admin routes (the orchestrator lacks the server's token) or a 500 taken
+    for "no such route" would freeze the policy for the whole run: detection stops, naming it."""
+    with FakeServer() as fake:
+        fake.state.admin_status = status
+        fake.state.vllm_routes = True  # a later route that answers must not be taken instead
+
+        async def run() -> None:
+            client = InferenceClient(fake.url, None, 30)
+            try:
+                await detect(client, "auto", tmp_path, timeout=30)
+            finally:
+                await client.close()
+
+        with pytest.raises(TriadError) as caught:
+            asyncio.run(run())
+    assert str(caught.value).startswith(f"{fake.url}/admin/weights {says}"), str(caught.value)
+
+
 def test_stock_vllm_backend_drives_its_rl_routes_and_reports_vllms_version(tmp_path: Path):
     with FakeServer() as fake:
         fake.state.vllm_routes = True

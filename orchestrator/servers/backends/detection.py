@@ -35,15 +35,37 @@ async def backend_for(client: InferenceClient, cfg: TriadConfig, run_id: str) ->
     return backend
 
 
+DETECT_TIMEOUT_S = 10
+
+
 async def _answers(client: InferenceClient, route: str) -> bool:
+    """Whether the server has `route`: 200 yes; 404 (or 405) no. Any other answer is no ground
+    for a guess: a wrong or missing admin token (401, 403) taken for a server without `/admin`
+    would train the whole run on the base model's samples."""
+    url = f"{client.base_url}{route}"
     try:
-        return (await client.http.get(route, timeout=10)).status_code == 200
-    except httpx.HTTPError:
-        return False
+        status = (await client.http.get(route, timeout=DETECT_TIMEOUT_S)).status_code
+    except httpx.HTTPError as e:
+        raise TriadError(
+            f"{url} did not answer while finding how the server loads weights ({type(e).__name__}: {e}); "
+            "check the server, or set inference.backend"
+        ) from None
+    if status in (401, 403):
+        raise TriadError(
+            f"{url} answered {status}: the server's admin routes want a token this orchestrator does not "
+            "hold; give it the server's inference.admin_token (or admin_token_file)"
+        )
+    if status not in (200, 404, 405):
+        raise TriadError(
+            f"{url} answered {status} while finding how the server loads weights; check the server's log, "
+            "or set inference.backend"
+        )
+    return status == 200
 
 
 async def detect(client: InferenceClient, kind: str, run_dir: Path | str, timeout: float) -> WeightBackend:
-    """The backend `kind` names, or for `auto` the first kind the server answers to."""
+    """The backend `kind` names, or for `auto` the first kind the server answers to; TriadError
+    where the server's answer does not tell (`_answers`)."""
     if kind == "auto":
         if await _answers(client, "/admin/weights"):
             kind = "triad"

@@ -47,6 +47,7 @@ class AdapterManager:
         self.models = None
         self.loaded: dict[str, AdapterInfo] = {}
         self.paths: dict[str, str] = {}  # served name -> its directory, relative to the run directory
+        self.digests: dict[str, str] = {}  # served name -> the version digest of what vLLM holds
         self._lock = asyncio.Lock()
 
     @property
@@ -98,12 +99,20 @@ class AdapterManager:
         check_marker_version(path, request.version)
         check_size(path)
         digests = await asyncio.to_thread(file_digests, AdapterFiles.file_at(path))
+        digest = version_digest(digests)
         new = served_adapter_name(request.name, request.version)
         previous = self.loaded.get(request.name)
         kept = [*previous.kept, previous.served_as] if previous is not None else []
+        if new in kept and self.digests.get(new) != digest:
+            # a trainer that resumed from a checkpoint publishes this version number again, with
+            # other weights: vLLM's copy under the name is what was discarded
+            log.info("reloading adapter %s: version %d was published again", new, request.version)
+            await self.call("unload_lora_adapter", new)
+            kept.remove(new)
         if new not in kept:
             await self.call("load_lora_adapter", new, str(path))
         self.paths[new] = served
+        self.digests[new] = digest
         kept = [k for k in kept if k != new]
         cut = max(len(kept) - (ADAPTER_VERSIONS_KEPT - 1), 0)
         stale, kept = kept[:cut], kept[cut:]
@@ -113,7 +122,7 @@ class AdapterManager:
             version=request.version,
             served_as=new,
             path=served,
-            digest=version_digest(digests),
+            digest=digest,
             tensor_digests=digests,
             kept=kept,
             loaded_at=self.clock(),
@@ -135,6 +144,7 @@ class AdapterManager:
 
     def forget(self, served_as: str) -> None:
         """Drop the local copy of an unloaded version's directory unless another version uses it."""
+        self.digests.pop(served_as, None)
         directory = self.paths.pop(served_as, None)
         if directory is not None and directory not in self.paths.values():
             self.rundir.store.drop_local(directory)

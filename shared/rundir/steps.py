@@ -189,9 +189,13 @@ class AdapterFiles:
         return step_dir / _ADAPTER_FILE
 
     @staticmethod
+    def config_at(step_dir: Path) -> Path:
+        return step_dir / _ADAPTER_CONFIG
+
+    @staticmethod
     def is_adapter_at(step_dir: Path) -> bool:
         """Whether a weights directory holds a LoRA adapter (not full weights)."""
-        return (step_dir / _ADAPTER_CONFIG).is_file() and (step_dir / _ADAPTER_FILE).is_file()
+        return AdapterFiles.config_at(step_dir).is_file() and AdapterFiles.file_at(step_dir).is_file()
 
 
 class StepDirAt:

@@ -122,6 +122,30 @@ def test_each_adapter_version_on_vllm_gives_the_trainers_greedy_logprobs(
     models = [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=10).json()["data"]]
     assert f"run-a@v{STEPS}" in models and "run-a@v1" not in models  # old versions unloaded
 
+    # a trainer that resumed from a checkpoint publishes version STEPS again with other weights
+    # (here version 1's): the server serves those, not the adapter it holds under that name
+    republish(rundir, run_id, source=1, version=STEPS)
+    r = load_adapter(server, "run-a", run_id, STEPS, rundir.weights.relative(STEPS))
+    assert r.status_code == 200 and r.json()["digest"] == rundir.weights.marker(STEPS, run_id).digest, r.text
+    model = merged(untied_model, rundir.weights.path(STEPS))
+    for prompt in prompts:
+        tokens, served = greedy(server.url, f"run-a@v{STEPS}", prompt)
+        expected = transformers_logprobs(model, prompt, tokens)
+        assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
+
+
+def republish(rundir: RunDir, run_id: str, source: int, version: int) -> None:
+    """`version` written again, as the trainer writes it, with the adapter of `source`."""
+    from safetensors.torch import load_file
+
+    from shared.rundir import AdapterFiles
+    from trainer.versions import Adapter, write_version
+
+    source_dir = rundir.weights.path(source)
+    state = load_file(AdapterFiles.file_at(source_dir))
+    config = json.loads(AdapterFiles.config_at(source_dir).read_text())
+    write_version(rundir, run_id, version, Adapter(state, config), keep_last=100)
+
 
 @pytest.mark.slow
 def test_an_adapter_name_another_run_owns_is_refused(server: Server, run_dir: Path):

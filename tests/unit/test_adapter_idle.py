@@ -2,7 +2,8 @@
 sweep unloads the adapter of a run that stopped updating (and so says the admin list), keeps one
 that keeps updating or whose new version is loading when the sweep comes; a failed unload
 leaves the record on the new version; local copies from an object store go with their version;
-no load or unload pauses the engine (other runs keep generating)."""
+no load or unload pauses the engine (other runs keep generating); a version number published
+again with other weights (a trainer that resumed) is loaded again."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class FakeModels:
     def __init__(self) -> None:
         self.served: set[str] = set()
         self.unloaded: list[str] = []
+        self.loads: list[str] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.waiting: set[str] = set()
         self.refuse_unload: set[str] = set()
@@ -59,6 +61,7 @@ class FakeModels:
         if request.lora_name in self.served or request.lora_name in self.refuse_load:
             return types.SimpleNamespace(error=types.SimpleNamespace(message=f"{request.lora_name} refused"))
         self.served.add(request.lora_name)
+        self.loads.append(request.lora_name)
         return "loaded"
 
     async def unload_lora_adapter(self, request) -> str:
@@ -225,3 +228,33 @@ def test_local_copies_from_an_object_store_go_with_their_version(tmp_path, monke
         asyncio.run(run())
     finally:
         moto.close()
+
+
+def test_a_version_published_again_with_other_weights_is_loaded_again(rundir):
+    """The trainer resumed from its checkpoint after update 1 and publishes 2 and 3 again, with
+    other weights: the server holds 2 (kept) and 3 (served) under those names, and must not serve
+    the discarded adapters; loading the same files again (a retry) loads nothing."""
+    from shared.digest import version_digest
+    from trainer.versions import Adapter, write_version
+
+    async def run() -> None:
+        models = FakeModels()
+        manager = AdapterManager(LoraEngine(), rundir, rundir.metrics.writer(INFERENCE))
+        manager.models = models
+        for version in (1, 2, 3):
+            await load(manager, rundir, "a", version)
+        assert (await load(manager, rundir, "a", 3)).version == 3 and models.loads == ["a@v1", "a@v2", "a@v3"]
+        written = {}
+        for version in (2, 3):
+            state = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.full((2, 4), -float(version))}
+            adapter = Adapter(state, {"r": 2, "peft_type": "LORA"})
+            written[version] = write_version(rundir, "r", version, adapter, keep_last=10).digests
+        for version in (2, 3):
+            info = await load(manager, rundir, "a", version)
+            assert info.digest == version_digest(written[version]) and info.tensor_digests == written[version]
+        assert models.loads == ["a@v1", "a@v2", "a@v3", "a@v2", "a@v3"]
+        assert models.unloaded == ["a@v1", "a@v2", "a@v3"]  # v1 replaced; v2 and v3 as they were
+        assert manager.loaded["a"].served_as == "a@v3" and manager.loaded["a"].kept == ["a@v2"]
+        assert models.served == {"a@v2", "a@v3"}
+
+    asyncio.run(run())

@@ -138,7 +138,8 @@ class Orchestrator:
     # -- producer -----------------------------------------------------------
     async def wait_until_may_start(self) -> None:
         """Block until a group may start; stop once the trainer, whose fresh weights alone can
-        unblock us, has made no progress for `weights_stall_s`."""
+        unblock us, has made no progress for `weights_stall_s`, or once it has published them
+        and no server has been healthy to load them for `servers.ready_timeout_s`."""
         async with self.changed:
             while not self.may_start_group():
                 target, free = self.next_group_step(), self.oc.max_inflight - self.pending
@@ -147,10 +148,14 @@ class Orchestrator:
                     free > 0 and target <= self.cfg.max_steps and stale, free
                 )  # the guard alone
                 needed = oldest_allowed_version(target, self.cfg.max_async_level)
+                # on nothing but weights the trainer has not published (else on servers to load them)
+                on_trainer = self.weights.trainer_version < needed
                 await self.weights.trainer.while_stalled(
-                    self.pending == 0 and target <= self.cfg.max_steps,  # on nothing but new weights
+                    self.pending == 0 and target <= self.cfg.max_steps and on_trainer,
                     f"{self.rundir.weights.describe_marker(needed)} from the trainer",
                 )
+                if stale:
+                    self.weights.wait_on_servers(needed)
                 with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel on 3.11
                     async with asyncio.timeout(min(RENEW_S, self.oc.weights_stall_s / 4)):
                         await self.changed.wait()

@@ -72,6 +72,7 @@ class ServerPool:
         self.latencies: list[float] = []  # of successful requests since the last `take_latencies`
         self.spans: list[list[float]] = []  # [wall-clock start, seconds] of those requests
         self.failed: Counter[str] = Counter()  # failed request attempts since `take_requests`, by kind
+        self.none_healthy_since: float | None = None  # monotonic; `check_some_healthy`'s
 
     def add(self, server: Server) -> None:
         self.servers.append(server)
@@ -111,11 +112,23 @@ class ServerPool:
             if healthy:
                 return min(healthy, key=lambda s: s.client.inflight)
             if time.monotonic() > deadline:
-                out = "; ".join(f"{s.url}: {s.why_out}" for s in self.servers)
-                raise TriadError(
-                    f"no inference server healthy for {self.oc.servers.ready_timeout_s:g} s ({out})"
-                )
+                raise self.none_healthy()
             await asyncio.sleep(0.1)
+
+    def none_healthy(self) -> TriadError:
+        out = "; ".join(f"{s.url}: {s.why_out}" for s in self.servers)
+        return TriadError(f"no inference server healthy for {self.oc.servers.ready_timeout_s:g} s ({out})")
+
+    def check_some_healthy(self) -> None:
+        """For a wait polled while the servers must load weights (not `pick`ing one): TriadError once
+        no server has been healthy for `servers.ready_timeout_s` of these calls, as `pick` ends."""
+        now = time.monotonic()
+        if self.healthy():
+            self.none_healthy_since = None
+        elif self.none_healthy_since is None:
+            self.none_healthy_since = now
+        elif now - self.none_healthy_since > self.oc.servers.ready_timeout_s:
+            raise self.none_healthy()
 
     async def complete(
         self,

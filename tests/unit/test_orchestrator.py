@@ -828,3 +828,61 @@ def test_a_cancelled_batch_write_finishes_before_the_cancellation_reaches_the_ru
 
     asyncio.run(main())
     assert events == ["written", "cancelled", "written"]
+
+
+def test_with_no_server_healthy_to_load_the_last_version_the_run_stops_naming_it(tmp_path):
+    """After the last batch the orchestrator waits for the servers to serve the trainer's last
+    version; once the trainer has published it and the only server is out, the wait is on that
+    server and ends as a wait for a server does, naming it."""
+
+    async def run() -> tuple[float, TriadError]:
+        sets = ("max_steps=3", "orchestrator.servers.ready_timeout_s=1")
+        orch = make(tmp_path, ["http://127.0.0.1:9"], *sets)
+        server = orch.pool.servers[0]
+        server.version = 2
+        orch.pool.take_out(server, "connection refused")
+        orch.weights.trainer_version = 3
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TriadError) as caught:
+            await asyncio.wait_for(orch.weights.wait_for_version(3), 10)
+        waited = asyncio.get_running_loop().time() - started
+        await close(orch)
+        return waited, caught.value
+
+    waited, error = asyncio.run(run())
+    assert 1 <= waited < 3
+    assert str(error) == (
+        "no inference server healthy for 1 s "
+        "(http://127.0.0.1:9: connection refused; it has not answered yet)"
+    )
+
+
+def test_a_guard_held_while_no_server_can_load_published_weights_names_the_servers_not_the_trainer(tmp_path):
+    """The η guard holds the producer for version 1, which the trainer has published; the only
+    server is out: the run stops within `servers.ready_timeout_s` (and a wake-up) naming the
+    server, not after `weights_stall_s` blaming a trainer that did its part."""
+    with FakeServer() as fake:
+
+        async def run() -> tuple[float, BaseException]:
+            sets = (
+                "max_async_level=0",
+                "max_steps=10",
+                "orchestrator.servers.ready_timeout_s=1",
+                "orchestrator.weights_stall_s=600",
+            )
+            orch = make(tmp_path, [fake.url], *sets)
+            producer = asyncio.create_task(orch.produce())
+            await orch.assemble(1)
+            orch.pool.take_out(orch.pool.servers[0], "/health did not answer")
+            orch.weights.trainer_version = 1
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(ExceptionGroup) as caught:
+                await asyncio.wait_for(producer, 30)
+            waited = asyncio.get_running_loop().time() - started
+            await close(orch)
+            (error,) = caught.value.subgroup(TriadError).exceptions
+            return waited, error
+
+        waited, error = asyncio.run(run())
+    assert 1 <= waited < 5
+    assert str(error).startswith(f"no inference server healthy for 1 s ({fake.url}: /health did not answer; ")

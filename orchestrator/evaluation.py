@@ -1,7 +1,9 @@
 """Evaluation on a held-out set: pass@1 and pass@k, without blocking training.
 
-For each prompt `k` samples are drawn; with `c` of them correct (reward >= 1),
+For each prompt `k` episodes are run; with `c` of them correct (reward >= 1),
 pass@1 = c / k and pass@k = 1 - C(k - c, k) / C(k, k), i.e. 1 if any is correct.
+An episode is counted once however many samples it made (an agent's calls), and
+one that made none, or was dropped (`orchestrator.partial_groups`), is not correct.
 The general unbiased estimator (Chen et al., 2021) for n >= k samples is
 1 - C(n - c, k) / C(n, k); `pass_at_k` computes it.
 """
@@ -13,7 +15,7 @@ import logging
 from math import comb
 
 from orchestrator.environments import Environment, Prompt, eval_prompts
-from orchestrator.episodes import UNSEEDED, Episodes, Seeds
+from orchestrator.episodes import UNSEEDED, Episodes, Sample, Seeds
 from orchestrator.servers.pool import RolloutFailed, ServerPool
 from shared.config import TriadConfig
 from shared.metrics import MetricsWriter
@@ -30,6 +32,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def episode_rewards(group: list[Sample]) -> list[float]:
+    """Each episode's reward once: an agent's episode makes a sample per call, and they share it;
+    any other sample is an episode of its own."""
+    by_episode = {
+        ("episode", s.episode) if s.episode is not None else ("sample", i): s.reward
+        for i, s in enumerate(group)
+    }
+    return list(by_episode.values())
+
+
 async def evaluate(
     prompts: list[Prompt], k: int, episodes: Episodes, seeds: Seeds = UNSEEDED
 ) -> dict[str, float]:
@@ -43,8 +55,9 @@ async def evaluate(
             raise g
     if not scored:
         return {"eval_failed_prompts": float(len(prompts))}
-    correct = [sum(s.reward >= SOLVED for s in g) for g in scored]
-    rewards = [s.reward for g in scored for s in g]
+    outcomes = [episode_rewards(g) for g in scored]
+    correct = [sum(r >= SOLVED for r in rewards) for rewards in outcomes]
+    rewards = [r for group in outcomes for r in group]
     return {
         "eval_reward_mean": sum(rewards) / len(rewards),
         "eval_pass@1": sum(pass_at_k(k, c, 1) for c in correct) / len(correct),

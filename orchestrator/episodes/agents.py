@@ -289,10 +289,10 @@ class AgentRollouts:
             raise RolloutFailed(f"environment {self.env.name!r}: an agent episode's call failed: {failed}")
         rewards = await group_rewards(self.env, prompt, episodes, self.oc.environment.timeout_s)
         samples = []
-        for episode, reward in zip(episodes, rewards, strict=True):
+        for i, (episode, reward) in enumerate(zip(episodes, rewards, strict=True)):
             metrics = await env_metrics(self.env, prompt, episode, self.oc.environment.timeout_s)
             for sample in episode.samples:
-                sample.reward, sample.metrics = reward, metrics
+                sample.reward, sample.metrics, sample.episode = reward, metrics, i
                 samples.append(sample)
         if not samples:
             raise RolloutFailed(f"environment {self.env.name!r}: no agent episode of a prompt made a call")

@@ -27,6 +27,8 @@ class Sample:
     tool_errors: int = 0
     servers: list[str] = field(default_factory=list)  # the URLs of the servers that sampled it
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, e.g. per rubric function
+    episode: int | None = None  # its episode's place in the group where an episode makes several
+    # samples (an agent's calls); None: the sample is an episode of its own
 
     def add(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.input_ids += ids

@@ -17,7 +17,9 @@ from orchestrator.environments import env_metrics, eval_prompts, load_environmen
 from orchestrator.envs.basic import ReverseText, positional_match
 from orchestrator.envs.calculator import TextCalculator, evaluate
 from orchestrator.envs.grade_school import GradeSchoolMath, extract_answer, is_correct
+from orchestrator.episodes.sample import Sample
 from orchestrator.episodes.text import TextRollouts
+from orchestrator.evaluation import evaluate as evaluate_held_out
 from orchestrator.evaluation import pass_at_k
 from orchestrator.failures import EpisodeEnded, RolloutFailed
 from orchestrator.servers.backends.frozen import Frozen
@@ -99,6 +101,35 @@ def test_calculator_responds_to_tool_calls_and_scores_the_final_answer():
     assert env.respond(p, f"answer: {p.answer}") is None
     assert env.reward(p, f"calc(1)\n= 1\nanswer: {p.answer}") == 1.0
     assert env.reward(p, "answer: 0") == 0.0
+
+
+class AgentEpisodes:
+    """Groups as `AgentRollouts.group` makes them: every sample of `k` episodes, each episode's
+    samples (one per agent call) with its reward; `calls[i]` samples for episode i."""
+
+    def __init__(self, rewards: list[float], calls: list[int]) -> None:
+        self.rewards, self.calls = rewards, calls
+
+    async def group(self, prompt, size: int, seeds=None) -> list[Sample]:
+        assert size == len(self.rewards)
+        return [
+            Sample(reward=reward, episode=i)
+            for i, (reward, calls) in enumerate(zip(self.rewards, self.calls, strict=True))
+            for _ in range(calls)
+        ]
+
+
+def test_held_out_pass_at_k_counts_an_agent_episode_once_however_many_calls_it_made():
+    """4 episodes of a planner-and-worker agent, 2 calls each (8 samples), 3 solved: pass@1 is
+    3/4 (per sample it was 6 of 4, which raised); an episode that made no call is not solved."""
+    from orchestrator.environments import Prompt
+
+    prompts = [Prompt("a", "1"), Prompt("b", "2")]
+    result = asyncio.run(evaluate_held_out(prompts, 4, AgentEpisodes([1.0, 1.0, 0.0, 1.0], [2, 2, 2, 2])))
+    assert result["eval_pass@1"] == 0.75 and result["eval_pass@4"] == 1.0
+    assert result["eval_reward_mean"] == 0.75 and result["eval_prompts"] == 2.0
+    result = asyncio.run(evaluate_held_out(prompts, 4, AgentEpisodes([1.0, 0.5, 0.0, 1.0], [3, 1, 0, 0])))
+    assert result["eval_pass@1"] == 0.25 and result["eval_reward_mean"] == 0.75
 
 
 def test_shaping_and_pass_at_k_values():

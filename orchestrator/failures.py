@@ -26,6 +26,7 @@ CAUSES = {
     "generate": "the server refused a generation request (4xx)",
     "render": "the server refused to render the chat (4xx: over the context, a template that raises)",
     "derender": "the server refused to parse a model turn (4xx)",
+    "tokenize": "the server refused to tokenize an environment reply (4xx)",
     "prompt": "the environment gave a malformed chat prompt",
     "respond": "the environment's respond raised, returned no str, or ran past its bound "
     "(orchestrator.environment.timeout_s)",

@@ -116,7 +116,9 @@ def make_app(state: FakeState) -> Starlette:
         loras = [{**card, "id": name, "parent": "fake"} for name in state.adapters]
         return JSONResponse({"object": "list", "data": [*loras, card]})
 
-    async def tokenize(request: Request) -> JSONResponse:
+    async def tokenize(request: Request) -> Response:
+        if (answer := spoiled(request)) is not None:
+            return answer
         if state.tokenize_failures > 0:
             state.tokenize_failures -= 1
             return JSONResponse({"error": {"message": "connection reset"}}, status_code=500)

@@ -324,18 +324,31 @@ class InferenceClient:
         return Health(True)
 
     async def tokenize(self, text: str) -> list[int]:
-        """Token ids of `text` as the server's tokenizer makes them (no special tokens)."""
+        """Token ids of `text` as the server's tokenizer makes them (no special tokens); an error
+        answer as `answer_error` maps it (a refusal ends the episode, the rest are retried)."""
         body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+        url = f"{self.base_url}/tokenize"
         try:
             r = await self.http.post("/tokenize", json=body)
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"POST {url} failed: {e!r}", transport_kind(e)) from None
         except httpx.HTTPError as e:
-            raise TriadError(f"POST {self.base_url}/tokenize failed: {e!r}") from None
+            raise TriadError(f"POST {url} failed: {e!r}") from None
         if r.status_code != 200:
-            raise TriadError(
-                f"POST {self.base_url}/tokenize answered {r.status_code}: multi-turn environments need "
-                "a server with vLLM's /tokenize route"
+            need = (
+                ": multi-turn environments need a server with vLLM's /tokenize route"
+                if r.status_code == 404
+                else ""
             )
-        return list(r.json()["tokens"])
+            message = f"POST {url} answered {r.status_code}: {one_line(r.text, 300)}{need}"
+            raise answer_error(r.status_code, r.headers, message, "tokenize")
+        try:
+            tokens = r.json()["tokens"]
+            if not all(isinstance(t, int) for t in tokens):
+                raise TypeError(f"token ids that are not all ints: {one_line(repr(tokens), 100)}")
+        except (ValueError, KeyError, TypeError) as e:  # a cut or invalid body
+            raise RequestFailed(f"POST {url} answered no 'tokens': {one_line(repr(e), 200)}") from None
+        return list(tokens)
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -198,6 +198,49 @@ def test_multi_turn_rollout_masks_environment_tokens_and_keeps_server_tokens():
         assert sample.reward == 0.0
 
 
+def test_a_tokenize_answer_that_is_cut_busy_or_a_refusal_never_ends_the_run():
+    """The environment's replies are tokenized by the server: a cut body and a 429 are retried
+    (after its Retry-After) like a rollout, without counting against the server; a refusal (400)
+    ends each episode there, truncated after its first turn, counted under `tokenize`."""
+    cfg = load_config(
+        None,
+        [
+            'orchestrator.environment.name="calculator"',
+            "orchestrator.group_size=2",
+            "orchestrator.servers.retry_backoff_s=0",
+        ],
+    )
+    env = TextCalculator(max_turns=2)
+    prompt = env.sample(random.Random(0))
+    with FakeServer() as fake:
+        fake.state.answer = "calc(2*3)"
+        fake.state.spoiled_route = "/tokenize"
+
+        async def run():
+            client = InferenceClient(fake.url, None, 5)
+            client.model = "fake"
+            pool = ServerPool([Server(client, Frozen())], cfg.orchestrator)
+            rollouts = TextRollouts(env, pool, cfg.orchestrator)
+            fake.state.busy, fake.state.cut_bodies = [(429, 0.2)], 1
+            retried = await rollouts.group(prompt, 2)
+            assert not fake.state.busy and fake.state.cut_bodies == 0 and pool.servers[0].failures == 0
+            failed = {k: v for k, v in pool.take_requests().items() if k.startswith("requests_failed")}
+            assert failed == {
+                "requests_failed": 2,
+                "requests_failed_http_429": 1,
+                "requests_failed_bad_body": 1,
+            }
+            fake.state.busy = [(400, None)] * 2
+            refused = await rollouts.group(prompt, 2)
+            await client.close()
+            return retried, refused, rollouts.failures.take()
+
+        retried, refused, counted = asyncio.run(run())
+    assert [(s.turns, s.truncated) for s in retried] == [(2, False), (2, False)]
+    assert [(s.turns, s.truncated) for s in refused] == [(1, True), (1, True)]
+    assert counted["episodes_truncated_tokenize"] == 2
+
+
 def test_a_reward_that_times_out_drops_its_group_and_says_why():
     class Slow:
         name = "slow"

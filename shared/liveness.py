@@ -157,7 +157,9 @@ class Lease:
             if held is None:
                 if self.live.create(self.role, self.body()):
                     return
-                continue  # created by another process meanwhile: look at it
+                continue  # created by another process meanwhile (or by us: `ours`): look at it
+            if self.ours(held):
+                return
             now = self.clock()
             if not held.holder_is_gone(now):
                 raise TriadError(
@@ -183,9 +185,17 @@ class Lease:
             )
         )
         if held is None:  # removed under us (by hand): ours again only if nobody else took it
-            return self.live.create(self.role, self.body())
+            if self.live.create(self.role, self.body()):
+                return True
+            again = parse_record(self.live.read(self.role), self.live.describe(self.role))
+            return again is not None and self.ours(again)
         self.live.write(self.role, self.body())
         return True
+
+    def ours(self, held: LiveRecord) -> bool:
+        """Whether a record found is this lease's own: on an object store a create whose reply
+        was lost is retried, and the retry finds the record the first attempt wrote."""
+        return held.holder == self.record.holder
 
     def start(self) -> Lease:
         """Acquire, then renew in a thread until `close`."""

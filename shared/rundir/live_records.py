@@ -21,7 +21,8 @@ class LiveRecords:
 
     def create(self, role: str, body: bytes) -> bool:
         """Write the record only if none exists (the store's conditional create); whether this
-        call wrote it."""
+        call's last attempt wrote it (an earlier attempt whose reply was lost may have: the record
+        then says whose it is)."""
         return self.store.create_once(self.key(role), body)
 
     def write(self, role: str, body: bytes) -> None:

@@ -175,8 +175,10 @@ class WeightManager:
             started = time.monotonic()
             loaded = await self._swap("triad_broadcast_receive", spec)
             load_s = time.monotonic() - started
-            self.info = WeightsInfo(
-                version=request.version, path=served, base_path=self.base_path, **digest_fields(loaded)
+            self._now_serving(
+                WeightsInfo(
+                    version=request.version, path=served, base_path=self.base_path, **digest_fields(loaded)
+                )
             )
         log.info("serving weights version %d (broadcast, generation %d)", request.version, spec["generation"])
         self.metrics.log(
@@ -194,7 +196,7 @@ class WeightManager:
             return answers
         except Exception:
             # half-loaded weights are no version at all: make every client re-align
-            self.info = WeightsInfo(version=-1, path="", base_path=self.base_path)
+            self._now_serving(WeightsInfo(version=-1, path="", base_path=self.base_path))
             raise
         finally:
             await self.engine.resume_generation()
@@ -222,16 +224,21 @@ class WeightManager:
         if path is not None:
             self._check_pulled(served, path, version)
             path = await asyncio.to_thread(self._full, version, path)
-        previous = self.info.path
         started = time.monotonic()
         loaded = await self._swap("triad_load_weights", str(path) if path else None)
         load_s = time.monotonic() - started
         digests = digest_fields(loaded)
-        self.info = WeightsInfo(version=version, path=served, base_path=self.base_path, **digests)
+        self._now_serving(WeightsInfo(version=version, path=served, base_path=self.base_path, **digests))
         self.deltas.served(version, path, digests.get("digest"))
-        if previous not in (served, self.base_path, ""):
-            self.rundir.store.drop_local(previous)  # the cache holds the served version only
         return load_s
+
+    def _now_serving(self, info: WeightsInfo) -> None:
+        """Record the version now served, by files or by broadcast; the cache holds its copy only
+        (a copy from an object store of the version served before is dropped)."""
+        previous = self.info.path
+        self.info = info
+        if previous not in (info.path, self.base_path, ""):
+            self.rundir.store.drop_local(previous)
 
     def _full(self, version: int, path: Path) -> Path:
         """A directory of full weights for the pulled version: itself, or a delta rebuilt."""

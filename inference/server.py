@@ -314,7 +314,7 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
         check_advertised_exposure(join_as, cfg.inference.token())
     rundir = RunDir.of(cfg)
     rundir.check_writable()  # a bad bucket, credentials or endpoint fail here, not at the first load
-    rundir.store.sweep()  # partial copies of versions that a killed server was fetching
+    rundir.store.sweep()  # what a killed server left: partial copies, the version it served
     cli_env_setup()
 
     import uvloop

@@ -33,6 +33,7 @@ T = TypeVar("T")
 # at 1 MiB, 2.0 s at 16). AWS suggests 8-16 MB per ranged GET; one buffer per file in flight.
 COPY_CHUNK = 16 << 20
 log = logging.getLogger("triad.store")
+LEASE_INFIX = "-lease-"  # a lease's name: TMP_PREFIX, its owner's tag, this, the copy's name
 
 
 def sweep_dead_tmp(cache: Path) -> list[Path]:
@@ -204,12 +205,12 @@ class CacheTransfers:
     def _lease(target: Path) -> Path:
         """This process's lease on the copy `target`: an empty directory beside it, which
         `sweep_dead_tmp` removes once its process is gone."""
-        return target.parent / f"{TMP_PREFIX}{owner_tag()}-lease-{target.name}"
+        return target.parent / f"{TMP_PREFIX}{owner_tag()}{LEASE_INFIX}{target.name}"
 
     @staticmethod
     def _leased(target: Path) -> bool:
         """Whether a live process (of any machine sharing the cache) holds a lease on `target`."""
-        suffix = f"-lease-{target.name}"
+        suffix = f"{LEASE_INFIX}{target.name}"
         siblings = target.parent.iterdir() if target.parent.is_dir() else []
         owners = [owner_of(p.name, TMP_PREFIX) for p in siblings if p.name.endswith(suffix)]
         return any(owner is not None and owner_alive(*owner) for owner in owners)
@@ -227,5 +228,14 @@ class CacheTransfers:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def sweep(self) -> list[Path]:
-        """At start: remove the cache's scratch and staging directories of dead processes."""
-        return sweep_dead_tmp(self.cache)
+        """At start: remove the cache's scratch and staging directories of dead processes, and
+        the copies their leases alone held (a killed server's served version: no `drop_local`
+        came for it)."""
+        with self._cache_lock():
+            swept = sweep_dead_tmp(self.cache)
+            for lease in [p for p in swept if LEASE_INFIX in p.name]:
+                target = lease.parent / lease.name.split(LEASE_INFIX, 1)[1]
+                if target.is_dir() and not self._leased(target):
+                    shutil.rmtree(target, ignore_errors=True)
+                    swept.append(target)
+        return swept

@@ -398,6 +398,33 @@ def test_one_process_dropping_its_copy_keeps_it_for_another_that_fetched_it(stor
     assert store.sweep() == [copy.parent / f".tmp-{other.pid}@{this_host()}-lease-5"]
 
 
+def test_the_copy_a_killed_server_served_goes_at_the_next_start_and_a_living_ones_stays(store, monkeypatch):
+    """A server killed while it serves a version never drops its copy: the sweep at the next
+    start removes its lease and the copy with it, unless a living process also holds the copy."""
+    import subprocess
+    import sys
+
+    from shared import objectcache
+    from shared.tmpname import this_host
+
+    for key in ("w/6", "w/7"):
+        with store.writing_dir(key) as d:
+            (d / "tensors.bin").write_bytes(b"w" * 256)
+        store.write_bytes(f"{key}/marker.json", b"marker")
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    mine = objectcache.owner_tag
+    monkeypatch.setattr(objectcache, "owner_tag", lambda: f"{killed.pid}@{this_host()}")
+    served = store.fetch("w/6", last="marker.json")
+    shared = store.fetch("w/7", last="marker.json")
+    monkeypatch.setattr(objectcache, "owner_tag", mine)
+    assert store.fetch("w/7", last="marker.json") == shared  # this living process holds it too
+    killed.kill()
+    killed.wait()
+    lease = f".tmp-{killed.pid}@{this_host()}-lease-"
+    assert sorted(store.sweep()) == sorted([served.parent / f"{lease}6", served.parent / f"{lease}7", served])
+    assert not served.exists() and (shared / "tensors.bin").read_bytes() == b"w" * 256
+
+
 def test_scratch_names_carry_this_machines_name(store):
     import os
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from inference.admin import WeightManager, add_admin_routes
 from shared.admin_api import LoadWeightsRequest
 from shared.metrics import MetricsWriter
-from shared.rundir import INFERENCE, RunDir
+from shared.rundir import INFERENCE, Handshake, RunDir
 from shared.storage import LocalStore
 from trainer.versions import FullWeights, Metadata, write_version
 
@@ -174,3 +174,38 @@ def test_the_cache_sweep_removes_what_dead_processes_left_and_keeps_the_living(t
     assert sorted(sweep_dead_tmp(tmp_path)) == sorted(left)
     assert not any(d.exists() for d in left) and all(d.is_dir() for d in kept)
     assert sweep_dead_tmp(tmp_path / "missing") == []
+
+
+def test_the_cache_holds_the_served_version_only_whether_it_came_by_files_or_by_broadcast(setup):
+    """From an object store each version is fetched into the server's cache: the copy of the
+    version served before goes when a broadcast replaces it (it stayed for the life of the
+    process), and when a failed load leaves no version served."""
+    from shared.admin_api import BroadcastInit, BroadcastReceive
+    from shared.broadcast import SendReady, write_handshake
+
+    rundir, store, engine, manager, client = setup
+    cached = lambda version: (store.cache / rundir.weights.relative(version)).is_dir()  # noqa: E731
+    assert post(client, rundir, 1).json()["version"] == 1 and cached(1)
+    group = dict(host="127.0.0.1", port=29500, generation=0, world_size=2, rank_offset=1, timeout_s=5)
+    asyncio.run(manager.broadcast_init(BroadcastInit(**group)))
+    for version in (3, 4):  # sent by broadcast: a directory with the send-ready handshake only
+        write_handshake(
+            rundir,
+            version,
+            Handshake.SEND_READY,
+            SendReady(run_id=RUN_ID, version=version, tensors=[], bucket_bytes=1),
+        )
+
+    def receive(version: int):
+        return asyncio.run(
+            manager.broadcast_receive(
+                BroadcastReceive(version=version, path=rundir.weights.relative(version))
+            )
+        )
+
+    assert receive(3).version == 3 and not cached(1) and not cached(3)
+    assert post(client, rundir, 2).json()["version"] == 2 and cached(2)
+    engine.during_load = lambda spec: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        receive(4)
+    assert manager.info.version == -1 and not cached(2)

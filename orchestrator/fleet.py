@@ -148,9 +148,12 @@ class Fleet:
             )
 
     async def leave(self, url: str, why: str) -> None:
+        """Out of the pool at once; its client is closed once no weight load or alignment is in
+        flight on it (each holds `loading`, and skips a server whose client is closed)."""
         server = self.joined.pop(url)
         self.pool.remove(server, why)
-        await server.client.close()
+        async with server.loading:
+            await server.client.close()
 
     async def close(self) -> None:
         for task in list(self.admitting.values()):

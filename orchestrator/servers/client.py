@@ -350,6 +350,10 @@ class InferenceClient:
             raise RequestFailed(f"POST {url} answered no 'tokens': {one_line(repr(e), 200)}") from None
         return list(tokens)
 
+    @property
+    def closed(self) -> bool:
+        return self.http.is_closed
+
     async def close(self) -> None:
         await self.http.aclose()
         await self.openai.close()

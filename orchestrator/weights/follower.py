@@ -118,7 +118,7 @@ class WeightFollower:
 
     async def load(self, server: Server, version: int) -> None:
         async with server.loading:
-            if server.version >= version:
+            if server.version >= version or server.client.closed:  # closed: it left the fleet
                 return
             try:
                 await self.checked.load(server, version, self.rundir.weights.relative(version))
@@ -168,6 +168,8 @@ class WeightFollower:
         if not server.backend.updates:
             return
         async with server.loading:
+            if server.client.closed:  # it left the fleet
+                return
             info = await server.backend.current()
             newest, checkpoint, holds = await asyncio.to_thread(self.newest_for, info)
             current_lineage = info.version <= checkpoint or info.version == server.version

@@ -379,3 +379,48 @@ def test_a_joiner_slower_than_the_trainer_is_refused_after_a_bounded_bring_up(tm
     assert len(refusals) == 1, refusals
     assert f"still behind the trainer after loading {BRING_UP_LOADS} versions while joining" in refusals[0]
     assert f"(serves {2 + BRING_UP_LOADS}, the trainer has published {3 + BRING_UP_LOADS})" in refusals[0]
+
+
+def test_a_joiner_that_leaves_during_a_weight_load_is_closed_after_it_and_never_loaded_again(tmp_path):
+    """A clean shutdown of a joined server while the follower loads a version into it: its client
+    closed under the load made the load's next request raise httpx's RuntimeError, which no
+    handler takes, and the follower's task (the run) ended. The client now closes after the load,
+    and a load that comes later skips the server."""
+    with FakeServer() as fixed, FakeServer() as joiner:
+        fleet, rundir, run_id = fleet_of(tmp_path, fixed.url)
+        gate = asyncio.Event()
+
+        class AsksAfterAWait(FakeBackend):
+            """As the admin backend: store reads in a thread between its requests."""
+
+            client: InferenceClient
+
+            async def load(self, version: int, path: str):
+                if version == 3:
+                    await gate.wait()
+                    await self.client.http.get("/health")
+                return await super().load(version, path)
+
+        async def scenario():
+            Registration(rundir, joiner.url).beat()
+            await fleet.poll()
+            await until(lambda: joiner.url in fleet.joined)
+            server = fleet.joined[joiner.url]
+            server.backend.__class__ = AsksAfterAWait
+            server.backend.client = server.client
+            for version in (3, 4):
+                rundir.weights.write_marker(version, run_id)
+            loading = asyncio.create_task(fleet.weights.load(server, 3))
+            await asyncio.sleep(0.05)
+            leaving = asyncio.create_task(fleet.leave(joiner.url, "it left the fleet"))
+            await asyncio.sleep(0.05)
+            assert not leaving.done() and not server.client.closed  # waits for the load
+            gate.set()
+            await loading
+            await leaving
+            assert server.client.closed and server.version == 3
+            await fleet.weights.load(server, 4)  # a load that picked it before it left: skipped
+            assert server.backend.loads == [2, 3] and not fleet.pool.has(server)
+            await fleet.close()
+
+        asyncio.run(scenario())

@@ -79,14 +79,14 @@ def env_tools(env: Environment) -> list[Callable[..., Any]]:
 
 
 async def _call(fn: Callable[..., Any], timeout: float, what: str, *args: Any) -> Any:
-    """fn(*args) through `env_calls` (a sync fn in a pool thread), bounded by `timeout` from now;
-    TooManyStuck if it never started, every thread it could have had being stuck all that time."""
+    """fn(*args) through `env_calls` (a sync fn in a pool thread), bounded by `timeout` from now
+    (TimeoutError); TooManyStuck if it never started, every thread it could have had being stuck
+    all that time. What fn raises, its own TimeoutError (a socket's) too, is a TriadError: the
+    bound reaches the call as a cancellation, never as a TimeoutError inside it."""
     try:
         async with asyncio.timeout(timeout):
             try:
                 return await env_calls.call(fn, *args)
-            except TimeoutError:
-                raise
             except Exception as e:
                 raise TriadError(one_line(f"{what} raised {type(e).__name__}: {e}")) from e
     except TimeoutError:

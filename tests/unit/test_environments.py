@@ -241,6 +241,32 @@ def test_a_tokenize_answer_that_is_cut_busy_or_a_refusal_never_ends_the_run():
     assert counted["episodes_truncated_tokenize"] == 2
 
 
+def test_an_environment_s_own_timeout_error_is_an_error_it_raised_not_a_run_past_the_bound():
+    """A reward or metrics function whose own socket timed out raises TimeoutError: that is its
+    error (metrics: the group dropped, not "none kept"), not orchestrator.environment.timeout_s."""
+
+    class Flaky:
+        name = "flaky"
+
+        def sample(self, rng):
+            return None
+
+        async def reward(self, prompt, completion):
+            raise TimeoutError("the grader's socket timed out")
+
+        def metrics(self, prompt, seen):
+            raise TimeoutError("the judge's socket timed out")
+
+    with pytest.raises(RolloutFailed) as e:
+        asyncio.run(score(Flaky(), None, "x", timeout=5))
+    assert str(e.value) == "environment 'flaky': reward raised TimeoutError: the grader's socket timed out"
+    assert e.value.cause == "reward"
+    with pytest.raises(RolloutFailed) as e:
+        asyncio.run(env_metrics(Flaky(), None, "x", timeout=5))
+    assert str(e.value) == "environment 'flaky': metrics raised TimeoutError: the judge's socket timed out"
+    assert e.value.cause == "metrics"
+
+
 def test_a_reward_that_times_out_drops_its_group_and_says_why():
     class Slow:
         name = "slow"

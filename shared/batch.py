@@ -100,6 +100,18 @@ def publish_batch(
     return tokens
 
 
+def batch_temperature(marker: Marker, where: str) -> float:
+    """The temperature batch `marker` was sampled at (`publish_batch` writes it): the trainer's
+    logprobs divide the logits by it, so a marker without one is refused, never trained at 1."""
+    value = getattr(marker, "temperature", None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise TriadError(
+            f"{where} holds no sampling temperature (temperature = {value!r}): its batch was not written by "
+            "this orchestrator's publish_batch; remove that step's directory and restart the orchestrator"
+        )
+    return float(value)
+
+
 def wait_for_batch_marker(
     rundir: RunDir,
     step: int,

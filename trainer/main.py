@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from shared.batch import load_batch_reader, read_batch_rows, wait_for_batch_marker
+from shared.batch import batch_temperature, load_batch_reader, read_batch_rows, wait_for_batch_marker
 from shared.config import TriadConfig
 from shared.digest import load_cpu_kernel
 from shared.faults import TRAINER_MID_STEP, failpoint
@@ -361,7 +361,8 @@ class Trainer:
             t_read = time.monotonic()
             rows = read_batch_rows(self.rundir, step, TRAINER)
             t1 = time.monotonic()
-            stats = self.train_step(step, rows, float(getattr(marker, "temperature", 1.0)))
+            temperature = batch_temperature(marker, self.rundir.rollouts.describe_marker(step))
+            stats = self.train_step(step, rows, temperature)
             t2 = time.monotonic()
             alarm.observe(step, stats["mismatch_kl"], batch_servers(rows))  # every rank: all stop together
             # checkpointed versions are also written as files: a restarted server loads them

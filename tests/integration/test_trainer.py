@@ -422,3 +422,34 @@ def test_the_drift_alarm_fires_when_the_sampler_temperature_differs(
     assert "step 2: mismatch KL" in out and "for 2 updates in a row" in out, out[-3000:]
     rows = RunDir(run_dir).metrics.rows(TRAINER)
     assert [row["step"] for row in rows] == [1] and rows[0]["mismatch_kl"] > 1.0
+
+
+def test_a_batch_marker_without_a_temperature_stops_the_trainer_in_one_line(tiny_model: str, tmp_path):
+    """The marker's temperature divides the trainer's logits: a marker without one (written by
+    another producer) stops the trainer before that step, in one line naming it, rather than
+    train it at temperature 1; the steps before it are trained."""
+    run_dir = tmp_path / "run"
+    make_batches(run_dir, tiny_model, range(1, 3))
+    rundir = RunDir(run_dir)
+    run_id = rundir.read_run().run_id
+    fields = rundir.rollouts.marker(2, run_id).model_dump(
+        exclude={"run_id", "step", "created_at", "temperature"}
+    )
+    rundir.rollouts.write_marker(2, run_id, **fields)
+    r = subprocess.run(
+        trainer_cmd(run_dir, tiny_model, 1, "max_steps=2"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = r.stdout + r.stderr
+    rank = out.split("failed (exitcode: 2)")[0]  # what torchrun prints after it is its own report
+    assert r.returncode != 0 and "failed (exitcode: 2)" in out and "Traceback" not in rank, out[-3000:]
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"{rundir.rollouts.describe_marker(2)} holds no sampling temperature (temperature = None): its batch "
+        "was not written by this orchestrator's publish_batch; remove that step's directory and restart "
+        "the orchestrator"
+    ), out[-3000:]
+    assert [row["step"] for row in rundir.metrics.rows(TRAINER)] == [1]

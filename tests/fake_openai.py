@@ -299,7 +299,7 @@ def make_app(state: FakeState) -> Starlette:
             *(Route(route, vllm_rl, methods=["POST"]) for route in rl_routes),
             Route("/weight_info", vllm_rl),
             Route("/get_model_info", model_info),
-            Route("/admin/weights", admin_weights),
+            Route("/admin/weights", admin_weights, methods=["GET", "POST"]),
             Route("/update_weights_from_disk", update_from_disk, methods=["POST"]),
             Route("/health", health),
             Route("/v1/models", models),

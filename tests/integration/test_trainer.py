@@ -87,10 +87,14 @@ def trainer_cmd(
     )
 
 
-def train(run_dir: Path, model: str, nproc: int, *sets: str) -> None:
-    r = subprocess.run(
+def run_trainer(run_dir: Path, model: str, nproc: int, *sets: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         trainer_cmd(run_dir, model, nproc, *sets), cwd=REPO, capture_output=True, text=True, timeout=300
     )
+
+
+def train(run_dir: Path, model: str, nproc: int, *sets: str) -> None:
+    r = run_trainer(run_dir, model, nproc, *sets)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
@@ -407,13 +411,7 @@ def test_the_drift_alarm_fires_when_the_sampler_temperature_differs(
     assert len(matched) == STEPS and max(matched) < 0.05  # measured: at most 8.6e-3
     run_dir = tmp_path / "run"
     make_batches(run_dir, tiny_model, range(1, STEPS + 1), temperature=0.5)
-    r = subprocess.run(
-        trainer_cmd(run_dir, tiny_model, 1, "trainer.mismatch_kl_steps=2"),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_trainer(run_dir, tiny_model, 1, "trainer.mismatch_kl_steps=2")
     out = r.stdout + r.stderr
     assert r.returncode != 0, out[-3000:]
     assert "step 1: mismatch KL" in out and "over trainer.max_mismatch_kl = 1 (1 of 2 in a row" in out, out[
@@ -436,13 +434,7 @@ def test_a_batch_marker_without_a_temperature_stops_the_trainer_in_one_line(tiny
         exclude={"run_id", "step", "created_at", "temperature"}
     )
     rundir.rollouts.write_marker(2, run_id, **fields)
-    r = subprocess.run(
-        trainer_cmd(run_dir, tiny_model, 1, "max_steps=2"),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_trainer(run_dir, tiny_model, 1, "max_steps=2")
     out = r.stdout + r.stderr
     rank = out.split("failed (exitcode: 2)")[0]  # what torchrun prints after it is its own report
     assert r.returncode != 0 and "failed (exitcode: 2)" in out and "Traceback" not in rank, out[-3000:]

@@ -125,6 +125,10 @@ def vllm_cli_args(
         WORKER_EXTENSION,
         "--logprobs-mode",
         "processed_logprobs",
+        # not the model's generation_config.json defaults (Qwen3's top_k 20, top_p 0.95): a request
+        # sends the temperature only, and the trainer's policy is the full softmax at it
+        "--generation-config",
+        "vllm",
         "--disable-uvicorn-access-log",
         "--enable-scale-out",  # render, derender: chat rollouts in the model's own formats
         *parser_args(cfg, model_path),

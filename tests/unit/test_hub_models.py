@@ -61,6 +61,9 @@ def test_a_hub_id_is_served_under_its_own_name_not_the_snapshots_path(tmp_path, 
     cfg = served_as_hub_id(load_config(None, ["model=Org/Name"]))
     parsed = parse_vllm_args(vllm_cli_args(cfg, resolve_model("Org/Name"), cpu_build=lambda: True))
     assert parsed.served_model_name == ["Org/Name"]
+    # vLLM's own sampling defaults, not the model's generation_config.json (Qwen3's top_k 20 and
+    # top_p 0.95 would truncate what the server samples from, and its logprobs, below the policy)
+    assert parsed.generation_config == "vllm"
     builtin = load_config(None, [])
     assert served_as_hub_id(builtin) is builtin
 

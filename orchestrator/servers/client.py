@@ -17,6 +17,7 @@ from orchestrator.servers.calls import (
     ServerUnreachable,
     answer_error,
     refused,
+    send,
     transport_kind,
 )
 from shared.admin_api import (
@@ -328,12 +329,7 @@ class InferenceClient:
         answer as `answer_error` maps it (a refusal ends the episode, the rest are retried)."""
         body = {"model": self.model, "prompt": text, "add_special_tokens": False}
         url = f"{self.base_url}/tokenize"
-        try:
-            r = await self.http.post("/tokenize", json=body)
-        except httpx.TransportError as e:
-            raise ServerUnreachable(f"POST {url} failed: {e!r}", transport_kind(e)) from None
-        except httpx.HTTPError as e:
-            raise TriadError(f"POST {url} failed: {e!r}") from None
+        r = await send(self.http, "POST", "/tokenize", json=body)
         if r.status_code != 200:
             need = (
                 ": multi-turn environments need a server with vLLM's /tokenize route"

@@ -35,16 +35,13 @@ async def backend_for(client: InferenceClient, cfg: TriadConfig, run_id: str) ->
     return backend
 
 
-DETECT_TIMEOUT_S = 10
-
-
 async def _answers(client: InferenceClient, route: str) -> bool:
     """Whether the server has `route`: 200 yes; 404 (or 405) no. Any other answer is no ground
     for a guess: a wrong or missing admin token (401, 403) taken for a server without `/admin`
     would train the whole run on the base model's samples."""
     url = f"{client.base_url}{route}"
     try:
-        status = (await client.http.get(route, timeout=DETECT_TIMEOUT_S)).status_code
+        status = (await client.http.get(route)).status_code  # bounded as any request: request_timeout_s
     except httpx.HTTPError as e:
         raise TriadError(
             f"{url} did not answer while finding how the server loads weights ({type(e).__name__}: {e}); "

@@ -76,6 +76,8 @@ class ServerPool:
 
     def add(self, server: Server) -> None:
         self.servers.append(server)
+        if server.healthy:
+            self.none_healthy_since = None
 
     def remove(self, server: Server, why: str) -> None:
         """Drop a server from the pool for good (requests in flight on it fail and are retried)."""
@@ -121,7 +123,9 @@ class ServerPool:
 
     def check_some_healthy(self) -> None:
         """For a wait polled while the servers must load weights (not `pick`ing one): TriadError once
-        no server has been healthy for `servers.ready_timeout_s` of these calls, as `pick` ends."""
+        no server has been healthy for `servers.ready_timeout_s`, as `pick` ends. The clock starts
+        at the first call that finds none, and a server coming back (`add`, the health watcher)
+        stops it, whether or not a call saw it."""
         now = time.monotonic()
         if self.healthy():
             self.none_healthy_since = None
@@ -224,3 +228,4 @@ class ServerPool:
         if not server.healthy and self.has(server):
             log.info("inference server %s is back, serving version %d", server.url, server.version)
             server.healthy, server.failures, server.why_out = True, 0, ""
+            self.none_healthy_since = None

@@ -886,3 +886,35 @@ def test_a_guard_held_while_no_server_can_load_published_weights_names_the_serve
         waited, error = asyncio.run(run())
     assert 1 <= waited < 5
     assert str(error).startswith(f"no inference server healthy for 1 s ({fake.url}: /health did not answer; ")
+
+
+def test_the_no_healthy_server_clock_restarts_when_a_server_comes_back(tmp_path):
+    """A wait on the servers starts the clock when it first finds none healthy; a server that
+    comes back (through the health watcher, with no such wait polling meanwhile) restarts it, so
+    a later outage is given its whole `servers.ready_timeout_s`, not the rest of an old one."""
+    with FakeServer() as fake:
+
+        async def run() -> None:
+            sets = ("orchestrator.servers.health_interval_s=0.05", "orchestrator.servers.ready_timeout_s=0.5")
+            orch = make(tmp_path, [fake.url], *sets)
+            server = orch.pool.servers[0]
+
+            async def realign(s: Server) -> None:
+                return None
+
+            orch.pool.take_out(server, "connection refused")
+            orch.pool.check_some_healthy()  # the clock starts
+            watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            await asyncio.sleep(0.6)  # back, and up longer than the bound
+            assert server.healthy
+            await stop(watcher)
+            orch.pool.take_out(server, "connection refused")
+            orch.pool.check_some_healthy()  # a new outage: its own clock
+            await asyncio.sleep(0.1)
+            orch.pool.check_some_healthy()  # 0.1 s into it: no error
+            await asyncio.sleep(0.5)
+            with pytest.raises(TriadError, match=r"^no inference server healthy for 0.5 s "):
+                orch.pool.check_some_healthy()
+            await close(orch)
+
+        asyncio.run(run())

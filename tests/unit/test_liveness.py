@@ -18,7 +18,7 @@ import pytest
 from shared.batch import wait_for_batch_marker
 from shared.config import load_config
 from shared.errors import TriadError, WaitTimeout
-from shared.liveness import LEASE_S, Lease, PeerWatch, Progress, check_free, parse_record
+from shared.liveness import LEASE_S, Lease, PeerWatch, Progress, check_free
 from shared.rundir import ORCHESTRATOR, TRAINER, RunDir
 
 PEER = """
@@ -73,35 +73,6 @@ def test_a_second_holder_is_refused_in_one_line_naming_the_first(tmp_path):
     first.close()
     check_free(live, TRAINER)
     Lease(live, TRAINER, Progress()).acquire()  # given up: the next one takes it
-
-
-class LostReplies:
-    """A run directory's live records on an object store whose replies to creates are lost: the
-    record is written, the store call retries the PUT, and the retry finds it there (False)."""
-
-    def __init__(self, live) -> None:
-        self.live = live
-
-    def create(self, role: str, body: bytes) -> bool:
-        assert self.live.create(role, body)
-        return False
-
-    def __getattr__(self, name: str):
-        return getattr(self.live, name)
-
-
-def test_a_create_whose_reply_was_lost_still_acquires_and_renews_its_own_record(tmp_path):
-    """Taken for another holder's, our own record refused us the role at start ("another trainer
-    holds this run directory (host <us>, pid <us>)"), and a renewal after it was removed made the
-    process stop itself; another's record is still refused."""
-    live = LostReplies(RunDir(tmp_path).live)
-    lease = Lease(live, TRAINER, Progress())
-    lease.acquire()
-    assert lease.renew()
-    live.remove(TRAINER)  # by hand, under the holder: ours again on the next renewal
-    assert lease.renew() and lease.ours(parse_record(live.read(TRAINER), "here"))
-    with pytest.raises(TriadError, match="another trainer holds this run directory"):
-        Lease(live, TRAINER, Progress()).acquire()
 
 
 def test_a_lease_not_renewed_for_lease_s_is_taken_over_and_its_holder_learns_it(tmp_path):

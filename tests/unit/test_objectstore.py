@@ -450,3 +450,32 @@ def test_a_fetch_into_a_full_cache_is_one_line_naming_the_cache(moto_env, tmp_pa
         assert "TRIAD_CACHE" in text
         left = [p.name for p in where.iterdir() if p.name != f"{TMP_PREFIX}lock"]  # the cache's lock stays
         assert left == []  # neither the copy nor its staging directory
+
+
+def test_a_lease_whose_conditional_create_lost_its_reply_still_acquires_and_renews(store, monkeypatch):
+    """The conditional PUT of a lease's record succeeds on the store, but its reply is lost (a
+    read timeout): the store call retries it and is told the record exists. Taken for another
+    holder's, our own record refused us the role at start ("another trainer holds this run
+    directory (host <us>, pid <us>)"), and a renewal after it was removed stopped the process;
+    another's record is still refused."""
+    from shared import objectstore
+    from shared.liveness import Lease, Progress, parse_record
+    from shared.rundir import TRAINER
+
+    real = objectstore.put_if_absent
+
+    def reply_lost(base: str, key: str, data: bytes) -> bool | None:
+        created = real(base, key, data)
+        if created and key == live.key(TRAINER):
+            raise OSError("Read timeout on endpoint URL")  # what botocore's lost reply becomes
+        return created
+
+    monkeypatch.setattr(objectstore, "put_if_absent", reply_lost)
+    live = RunDir(f"s3://{BUCKET}/lease", store).live
+    lease = Lease(live, TRAINER, Progress())
+    lease.acquire()
+    assert lease.renew()
+    live.remove(TRAINER)  # by hand, under the holder: ours again on the next renewal
+    assert lease.renew() and lease.ours(parse_record(live.read(TRAINER), "here"))
+    with pytest.raises(TriadError, match="another trainer holds this run directory"):
+        Lease(live, TRAINER, Progress()).acquire()

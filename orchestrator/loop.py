@@ -155,7 +155,7 @@ class Orchestrator:
                     f"{self.rundir.weights.describe_marker(needed)} from the trainer",
                 )
                 if stale:
-                    self.weights.wait_on_servers(needed)
+                    self.weights.check_servers_can_load(needed)
                 with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel on 3.11
                     async with asyncio.timeout(min(RENEW_S, self.oc.weights_stall_s / 4)):
                         await self.changed.wait()

@@ -259,15 +259,15 @@ class WeightFollower:
     async def wait_for_version(self, version: int) -> None:
         """Until the servers serve `version` (the trainer's last), as long as the trainer makes
         progress towards it (its loads are bounded by `orchestrator.servers.weight_load_timeout_s`),
-        then as long as a server is healthy to load it (`wait_on_servers`)."""
+        then as long as a server is healthy to load it (`check_servers_can_load`)."""
         what = f"{self.rundir.weights.describe_marker(version)} from the trainer, after the last batch"
         while self.served_version < version:
             await self.trainer.while_stalled(self.trainer_version < version, what)
-            self.wait_on_servers(version)
+            self.check_servers_can_load(version)
             await asyncio.sleep(POLL_S)
         self.trainer.end_stall()
 
-    def wait_on_servers(self, version: int) -> None:
+    def check_servers_can_load(self, version: int) -> None:
         """A wait for `version` once the trainer has published it is a wait on the servers: with
         none healthy to load it for `servers.ready_timeout_s`, TriadError naming each and why."""
         if not self.frozen and self.trainer_version >= version:

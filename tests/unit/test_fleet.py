@@ -401,12 +401,13 @@ def test_a_joiner_that_leaves_during_a_weight_load_is_closed_after_it_and_never_
                     await self.client.http.get("/health")
                 return await super().load(version, path)
 
+        fleet.backend = AsksAfterAWait
+
         async def scenario():
             Registration(rundir, joiner.url).beat()
             await fleet.poll()
             await until(lambda: joiner.url in fleet.joined)
             server = fleet.joined[joiner.url]
-            server.backend.__class__ = AsksAfterAWait
             server.backend.client = server.client
             for version in (3, 4):
                 rundir.weights.write_marker(version, run_id)

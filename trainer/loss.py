@@ -69,8 +69,8 @@ class LossParts:
     """The loss (this rank's share) and masked token sums for logging (no gradient)."""
 
     loss: torch.Tensor
-    clipped_low: torch.Tensor  # the clipped term was taken, ratio below 1 - eps_low
-    clipped_high: torch.Tensor  # ... above 1 + eps_high
+    clipped_low: torch.Tensor  # the clipped term was taken (CISPO: the weight truncated), ratio below 1
+    clipped_high: torch.Tensor  # ... above 1
     mismatch_kl_sum: torch.Tensor  # k3 of KL(sampler || trainer)
     ref_kl_sum: torch.Tensor  # k3 of KL(trainer || reference); 0 without a reference
 
@@ -193,7 +193,10 @@ def policy_loss(
         penalty = masked_kl(logp, target, mask, spec.kl_estimator)
         loss = loss + spec.kl_coef * aggregate(penalty, m, spec, totals)
     with torch.no_grad():
-        was_clipped = (clipped < unclipped).to(m.dtype) * m
+        if spec.kind == "cispo":  # the weight is truncated whatever the advantage's sign
+            was_clipped = (_clip(ratio, spec) != ratio).to(m.dtype) * m
+        else:
+            was_clipped = (clipped < unclipped).to(m.dtype) * m
         below = (ratio < 1).to(m.dtype)
         mismatch = masked_kl(logq, logp, mask, "k3").sum()
         ref_kl = torch.zeros_like(mismatch)

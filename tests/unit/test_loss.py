@@ -271,6 +271,17 @@ def test_shares_add_up_across_ranks():
         assert shares.item() == pytest.approx(whole.item(), abs=1e-12)
 
 
+def test_cispo_counts_every_truncated_weight_whatever_the_advantage():
+    """CISPO truncates the ratio itself: 1.5 with A<0 and 0.5 with A>0 are clipped too (the
+    PPO count, which asks whether the clipped term was taken, misses both)."""
+    lp = torch.log(torch.tensor([[1.5, 0.5, 1.5, 0.5, 1.1]]))
+    adv = torch.tensor([[-1.0, 1.0, 1.0, -1.0, -1.0]])
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    spec = LossConfig(kind="cispo", eps_low=0.2, eps_high=0.2)
+    parts = policy_loss(lp, torch.zeros(1, 5), adv, mask, spec, BatchTotals(1, 5))
+    assert (parts.clipped_low.item(), parts.clipped_high.item()) == (2.0, 2.0)
+
+
 def test_mismatch_kl_is_zero_when_policies_agree():
     lp = torch.randn(2, 3)
     parts = policy_loss(

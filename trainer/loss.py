@@ -71,7 +71,7 @@ class LossParts:
     loss: torch.Tensor
     clipped_low: torch.Tensor  # the clipped term was taken (CISPO: the weight truncated), ratio below 1
     clipped_high: torch.Tensor  # ... above 1
-    mismatch_kl_sum: torch.Tensor  # k3 of KL(sampler || trainer)
+    mismatch_kl_sum: torch.Tensor  # k3 of KL(sampler || trainer), the proximal policy where given
     ref_kl_sum: torch.Tensor  # k3 of KL(trainer || reference); 0 without a reference
 
     @property
@@ -198,7 +198,7 @@ def policy_loss(
         else:
             was_clipped = (clipped < unclipped).to(m.dtype) * m
         below = (ratio < 1).to(m.dtype)
-        mismatch = masked_kl(logq, logp, mask, "k3").sum()
+        mismatch = masked_kl(logq, prox, mask, "k3").sum()
         ref_kl = torch.zeros_like(mismatch)
         if logp_ref is not None:
             ref_kl = masked_kl(logp, logp_ref, mask, "k3").sum()

@@ -80,9 +80,12 @@ def clipped_step(
     return grad_norm
 
 
-def step_metrics(sums: dict[str, float], rows: list[dict], grad_norms: list[float]) -> dict[str, float]:
+def step_metrics(
+    sums: dict[str, float], rows: list[dict], grad_norms: list[float], mismatch_tokens: int
+) -> dict[str, float]:
     """An update's metrics row from the statistics summed over all ranks and slices: the loss is
-    the mean of the slices' losses, the rest are per loss token."""
+    the mean of the slices' losses, the rest are per loss token; `mismatch_kl` per token of the
+    slices it was measured on (`mismatch_tokens`)."""
     tokens = max(loss_token_count(rows), 1)
     return dict(
         loss=sums["loss"] / len(grad_norms),
@@ -94,7 +97,7 @@ def step_metrics(sums: dict[str, float], rows: list[dict], grad_norms: list[floa
         clip_frac=(sums["clipped_low"] + sums["clipped_high"]) / tokens,
         clip_frac_low=sums["clipped_low"] / tokens,
         clip_frac_high=sums["clipped_high"] / tokens,
-        mismatch_kl=sums["mismatch_kl"] / tokens,
+        mismatch_kl=sums["mismatch_kl"] / max(mismatch_tokens, 1),
         entropy=sums["entropy"] / tokens,
         ref_kl=sums["ref_kl"] / tokens,
     )
@@ -312,14 +315,21 @@ class Trainer:
             parts = [p.with_proximal(lambda mb: self.logprobs_of(self.model, mb, temperature)) for p in parts]
         self.model.train()
         sums, grad_norms = 0, []
+        # sampler against the weights the update started from: a later slice's own logprobs
+        # are of weights the earlier slices moved, so without proximal logprobs only the first counts
+        measured = parts if parts[0].proximal is not None else parts[:1]
         with collective_phase(TRAIN, self.tc.collective_timeout_s):
-            for part in parts:
+            for i, part in enumerate(parts):
                 part_sums, grad_norm = self.optimizer_step(step, part, temperature)
+                if i >= len(measured):
+                    part_sums[STAT_NAMES.index("mismatch_kl")] = 0
                 sums, grad_norms = sums + part_sums, grad_norms + [grad_norm]
         sums = sums.to(torch.float64)
         with collective_phase(STEP_STATS, self.tc.collective_timeout_s):
             dist.all_reduce(sums)
-        metrics = step_metrics(dict(zip(STAT_NAMES, sums.tolist(), strict=True)), rows, grad_norms)
+        mismatch_tokens = sum(p.totals.tokens for p in measured)
+        stats = dict(zip(STAT_NAMES, sums.tolist(), strict=True))
+        metrics = step_metrics(stats, rows, grad_norms, mismatch_tokens)
         metrics.update(lr=lr, micro_batches=sum(len(p.micro_batches) for p in parts))
         if self.reference is None:
             del metrics["ref_kl"]

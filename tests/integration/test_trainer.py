@@ -400,6 +400,19 @@ def test_compiled_blocks_change_nothing(straight: Path, tiny_model: str, tmp_pat
     assert max_diff(final_weights(run_dir), final_weights(straight)) < 1e-6
 
 
+def test_mismatch_kl_compares_the_sampler_with_the_weights_the_update_started_from(
+    tiny_model: str, tmp_path: Path
+):
+    """Two optimizer steps on a batch sampled by the base model itself, without proximal
+    logprobs: the second slice's own logprobs are of weights the first step moved (lr 1e-2),
+    which is not the sampler's mismatch; only the first slice counts, and it matches."""
+    run_dir = tmp_path / "run"
+    make_batches(run_dir, tiny_model, range(1, 2))
+    train(run_dir, tiny_model, 1, "max_steps=1", "trainer.optim.optimizer_steps=2", "trainer.optim.lr=1e-2")
+    (row,) = RunDir(run_dir).metrics.rows(TRAINER)
+    assert row["optimizer_steps"] == 2 and row["mismatch_kl"] < 1e-6, row
+
+
 def test_the_drift_alarm_fires_when_the_sampler_temperature_differs(
     straight: Path, tiny_model: str, tmp_path
 ):

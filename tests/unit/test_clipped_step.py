@@ -40,5 +40,5 @@ def test_a_finite_step_clips_and_moves_the_weights():
 def test_skipped_steps_are_counted_in_the_updates_metrics():
     sums = dict.fromkeys(STAT_NAMES, 0.0)
     rows = [{"input_ids": [1, 2, 3], "loss_mask": [False, True, True]}]
-    metrics = step_metrics(sums, rows, [1.0, float("nan"), 2.0])
+    metrics = step_metrics(sums, rows, [1.0, float("nan"), 2.0], mismatch_tokens=2)
     assert metrics["optimizer_steps"] == 3 and metrics["optimizer_steps_skipped"] == 1

@@ -282,6 +282,19 @@ def test_cispo_counts_every_truncated_weight_whatever_the_advantage():
     assert (parts.clipped_low.item(), parts.clipped_high.item()) == (2.0, 2.0)
 
 
+def test_mismatch_kl_is_to_the_proximal_policy_where_given():
+    """With proximal logprobs (the weights the update started from), the sampler is compared with
+    them, not with the current weights an earlier optimizer step of the batch moved."""
+    start = torch.randn(2, 3)
+    moved = start + 0.5
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    args = (torch.ones(2), mask, LossConfig(importance="tis"), BatchTotals(2, 6))
+    parts = policy_loss(moved, start.clone(), *args, logp_prox=start)
+    assert parts.mismatch_kl_sum.item() == pytest.approx(0.0, abs=1e-7)
+    without = policy_loss(moved, start.clone(), *args)
+    assert without.mismatch_kl_sum.item() == pytest.approx(6 * (math.exp(0.5) - 1 - 0.5), rel=1e-5)
+
+
 def test_mismatch_kl_is_zero_when_policies_agree():
     lp = torch.randn(2, 3)
     parts = policy_loss(

@@ -19,6 +19,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -488,6 +489,8 @@ class TriadConfig(BaseSettings):
         host = self.inference.host
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
+        if ":" in host:  # an IPv6 address
+            host = f"[{host}]"
         return [f"http://{host}:{self.inference.port}"]
 
     def public_dict(self) -> dict[str, Any]:
@@ -536,6 +539,8 @@ def _read_toml(path: Path) -> None:
         raise TriadError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise TriadError(f"config file {path} is not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TriadError(f"cannot read config file {path}: {e}; give -c a readable UTF-8 TOML file") from None
 
 
 def _moved_keys() -> dict[str, str]:
@@ -632,3 +637,5 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
         return cls(**overrides_to_dict(overrides or []))
     except ValidationError as e:
         raise TriadError(_describe(e.errors()[0], source)) from None
+    except SettingsError as e:  # a TRIAD_* list or table that is not JSON
+        raise TriadError(f"{e} (a TRIAD_* variable's lists and tables are written as JSON)") from None

@@ -22,6 +22,23 @@ def test_unknown_config_key(tmp_path):
     assert_one_line_error(r, "unknown config key 'trainer.lrr'")
 
 
+def test_a_config_path_that_is_a_directory(tmp_path):
+    r = run_triad("up", "-c", str(tmp_path))
+    assert_one_line_error(r, f"cannot read config file {tmp_path}")
+
+
+def test_a_config_file_that_is_not_text(tmp_path):
+    path = tmp_path / "triad.toml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    r = run_triad("up", "-c", str(path))
+    assert_one_line_error(r, f"cannot read config file {path}", "UTF-8")
+
+
+def test_a_triad_variable_table_that_is_not_json(tmp_path):
+    r = run_triad("up", f"--set=run_dir={tmp_path}", env={"TRIAD_INFERENCE__VLLM_ARGS": "--enable-lora"})
+    assert_one_line_error(r, "TRIAD_* variable", "JSON")
+
+
 def test_missing_model_path(tmp_path):
     r = run_triad("up", f"--set=run_dir={tmp_path}", "--set=model=/no/such/model")
     assert_one_line_error(r, "model path /no/such/model does not exist")

@@ -199,6 +199,11 @@ def test_default_urls_do_not_leak_wildcard_hosts():
     assert cfg.inference_urls() == ["http://gpu-1:8000"]
 
 
+def test_an_ipv6_loopback_host_gives_a_bracketed_url():
+    cfg = load_config(None, ["inference.host=::1", "inference.port=9000"])
+    assert cfg.inference_urls() == ["http://[::1]:9000"]
+
+
 def test_admin_token_from_a_secret_file(tmp_path):
     secret = tmp_path / "admin_token"
     secret.write_text("s3cret\n")

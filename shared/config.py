@@ -343,7 +343,7 @@ class TrainerConfig(Table):
     )
     collective_timeout_s: float = Field(1800, gt=0, description="longest wait in one collective")
     max_mismatch_kl: float | None = Field(
-        1.0, gt=0, description="drift alarm: warn when a step's mismatch_kl exceeds it; None: off"
+        1.0, gt=0, description="drift alarm: warn when a step's mismatch_kl exceeds it; inf: off"
     )
     mismatch_kl_steps: int = Field(
         3, ge=1, description="drift alarm: stop after this many such steps in a row"

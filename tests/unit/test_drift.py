@@ -42,3 +42,10 @@ def test_servers_are_read_from_the_rows_metrics():
     rows = [{"server": s} for s in ("http://b", "http://a http://c", "http://b")]
     rows += [{"server": None}, {"server": ""}, {}]  # batches written before the column, or by hand
     assert batch_servers(rows) == ["http://a", "http://b", "http://c"]
+
+
+def test_inf_set_on_the_command_line_turns_the_alarm_off():
+    """TOML and --set have no null: `inf` is how a user turns the alarm off."""
+    limit = load_config(None, ["trainer.max_mismatch_kl=inf"]).trainer.max_mismatch_kl
+    alarm = DriftAlarm(limit, 1)
+    assert not any(alarm.observe(step, 1e6, ["s"]) for step in range(1, 5))

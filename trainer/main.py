@@ -290,13 +290,18 @@ class Trainer:
                 ]
             )
 
-    def optimizer_step(self, step: int, part: Slice, temperature: float) -> tuple[torch.Tensor, float]:
-        """Accumulate the slice's gradients over its micro-batches, clip, step; (sums, grad norm)."""
+    def optimizer_step(
+        self, step: int, part: Slice, temperature: float, measures_mismatch: bool
+    ) -> tuple[torch.Tensor, float]:
+        """Accumulate the slice's gradients over its micro-batches, clip, step; (sums, grad norm).
+        `measures_mismatch` False: the slice's mismatch KL is left out (0)."""
         proximal = part.proximal or [None] * len(part.micro_batches)
         sums = sum(
             self.forward_backward(rows, temperature, part.totals, prox)
             for rows, prox in zip(part.micro_batches, proximal, strict=True)
         )
+        if not measures_mismatch:
+            sums[STAT_NAMES.index("mismatch_kl")] = 0
         started = time.monotonic()
         failpoint(TRAINER_MID_STEP, step)
         grad_norm = clipped_step(self.model, self.optimizer, self.optim.max_grad_norm, step)
@@ -320,9 +325,7 @@ class Trainer:
         measured = parts if parts[0].proximal is not None else parts[:1]
         with collective_phase(TRAIN, self.tc.collective_timeout_s):
             for i, part in enumerate(parts):
-                part_sums, grad_norm = self.optimizer_step(step, part, temperature)
-                if i >= len(measured):
-                    part_sums[STAT_NAMES.index("mismatch_kl")] = 0
+                part_sums, grad_norm = self.optimizer_step(step, part, temperature, i < len(measured))
                 sums, grad_norms = sums + part_sums, grad_norms + [grad_norm]
         sums = sums.to(torch.float64)
         with collective_phase(STEP_STATS, self.tc.collective_timeout_s):

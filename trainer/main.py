@@ -32,6 +32,7 @@ from shared.config import TriadConfig
 from shared.digest import load_cpu_kernel
 from shared.faults import TRAINER_MID_STEP, failpoint
 from shared.liveness import Lease, PeerWatch, Progress
+from shared.metrics import MetricsWriter
 from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, TRAINER, Marker, RunDir
 from shared.watch import DirWatch
@@ -195,6 +196,34 @@ def load_reference(
     return reference
 
 
+def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (`optim`: the `[trainer.optim]` section). Fused: one
+    kernel a parameter on CPU and CUDA, where the default is a loop of tensor ops (CPU) or foreach
+    ops whose temporaries are the size of the moments (CUDA)."""
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        fused=True,
+    )
+
+
+def report_step(
+    metrics: MetricsWriter, step: int, stats: dict[str, float], phases: dict[str, float], digest_s: float
+) -> None:
+    """The update's row in the trainer's metrics and its line in the log."""
+    metrics.log(step, **stats, **phases, digest_s=digest_s)
+    log.info(
+        "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
+        step,
+        stats["loss"],
+        stats["grad_norm"],
+        stats["mismatch_kl"],
+        phases["train_s"],
+        phases["publish_s"],
+    )
+
+
 class Trainer:
     def __init__(
         self, cfg: TriadConfig, model_path: str, device: torch.device, mesh, progress: Progress
@@ -217,14 +246,7 @@ class Trainer:
         if self.loss.kl_target == "reference":
             # loaded once the policy is sharded: two full copies at once need not fit on a device
             self.reference = load_reference(model_path, device, mesh, compute, self.parallel.attention)
-        # fused: one kernel a parameter on CPU and CUDA, where the default is a loop of tensor ops
-        # (CPU) or foreach ops whose temporaries are the size of the moments (CUDA)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=self.optim.lr,
-            weight_decay=self.optim.weight_decay,
-            fused=True,
-        )
+        self.optimizer = build_optimizer(self.model, self.optim)
         self.metrics = self.rundir.metrics.writer(TRAINER) if self.rank == 0 else None
         self.optimizer_s = 0.0  # of the current update: clipping and optimizer steps
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -384,16 +406,7 @@ class Trainer:
             # the row before the checkpoint: a resume starts after the checkpoint and keeps its rows
             if self.metrics is not None:
                 phases = step_phases(t0, t_read, t1, t2, t3, self.optimizer_s, published)
-                self.metrics.log(step, **stats, **phases, digest_s=published.digest_s)
-                log.info(
-                    "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
-                    step,
-                    stats["loss"],
-                    stats["grad_norm"],
-                    stats["mismatch_kl"],
-                    t2 - t1,
-                    t3 - t2,
-                )
+                report_step(self.metrics, step, stats, phases, published.digest_s)
             if self.should_checkpoint(step):
                 with collective_phase(CHECKPOINT, self.tc.collective_timeout_s):
                     save_checkpoint(

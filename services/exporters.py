@@ -18,6 +18,7 @@ from typing import Protocol
 
 from shared.config import TriadConfig
 from shared.diskspace import RUN_DIR_ADVICE, full_disk_is_one_line, is_disk_full
+from shared.errors import TriadError
 from shared.rundir import RunDir
 
 log = logging.getLogger("triad.metrics")
@@ -88,14 +89,23 @@ class WandbExporter:
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
-        self.run = wandb.init(
-            project=cfg.metrics.wandb_project,
-            id=run_id,
-            resume="allow",
-            mode=cfg.metrics.wandb_mode,
-            dir=str(rundir.root),
-            config=cfg.public_dict(),
-        )
+        m = cfg.metrics
+        try:
+            self.run = wandb.init(
+                project=m.wandb_project,
+                id=run_id,
+                resume="allow",
+                mode=m.wandb_mode,
+                dir=str(rundir.root),
+                config=cfg.public_dict(),
+            )
+        except wandb.errors.Error as e:  # no login, no network, a project it may not write to
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise TriadError(
+                f"W&B could not start (metrics.wandb_project = {m.wandb_project!r}, "
+                f"metrics.wandb_mode = {m.wandb_mode!r}): {reason}; run `wandb login` or set "
+                'WANDB_API_KEY, or set metrics.wandb_mode = "offline" and sync later'
+            ) from None
 
     def write(self, service: str, row: dict) -> None:
         self.run.log({f"{service}/{k}": v for k, v in scalars(row).items()} | {"step": row["step"]})

@@ -198,11 +198,12 @@ LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) [\d-]+ 
 CONNECTED = "connected to inference at"
 
 
-def last_log_line(path: Path, width: int = 100) -> str:
-    """The last non-empty line of a log, without vLLM's level-and-time prefix, cut to `width`."""
+def last_log_line(path: Path, width: int = 100, since: int = 0) -> str:
+    """The last non-empty line of a log after its byte `since`, without vLLM's level-and-time
+    prefix, cut to `width`."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            f.seek(max(since, f.seek(0, os.SEEK_END) - 4096))
             lines = [x for x in f.read().decode(errors="replace").splitlines() if x.strip()]
     except FileNotFoundError:
         return "(no output yet)"
@@ -211,11 +212,20 @@ def last_log_line(path: Path, width: int = 100) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def log_text(path: Path) -> str:
+def log_text(path: Path, since: int = 0) -> str:
     try:
-        return path.read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 class StartTimes:
@@ -244,11 +254,13 @@ class StartTimes:
 
 class StartProgress:
     """What `triad up` waits for before its first batch: inference starting (its log's last line),
-    then the first batch (the orchestrator's), elapsed against the last start on this machine."""
+    then the first batch (the orchestrator's), elapsed against the last start on this machine.
+    Made before the services start: what their logs hold by then is a previous start's."""
 
     def __init__(self, rundir: RunDir, times: StartTimes | None, clock: Callable[[], float] = time.monotonic):
         self.rundir, self.times, self.clock = rundir, times, clock
         self.start = clock()
+        self.since = {s: log_size(rundir.log_file(s)) for s in (INFERENCE, ORCHESTRATOR)}
         self.usual = times.usual() if times is not None else {}
         self.served_at: float | None = None
 
@@ -259,16 +271,17 @@ class StartProgress:
         )
 
     def served(self) -> bool:
-        if self.served_at is None and CONNECTED in log_text(self.rundir.log_file(ORCHESTRATOR)):
+        log = self.rundir.log_file(ORCHESTRATOR)
+        if self.served_at is None and CONNECTED in log_text(log, self.since[ORCHESTRATOR]):
             self.served_at = self.clock()
         return self.served_at is not None
 
     def line(self) -> str:
         if not self.served():
-            what = last_log_line(self.rundir.log_file(INFERENCE))
+            what = last_log_line(self.rundir.log_file(INFERENCE), since=self.since[INFERENCE])
             return f"starting: inference (vLLM) {self.elapsed('inference_s', self.start)}: {what}"
         what, waited = (
-            last_log_line(self.rundir.log_file(ORCHESTRATOR)),
+            last_log_line(self.rundir.log_file(ORCHESTRATOR), since=self.since[ORCHESTRATOR]),
             self.elapsed("first_batch_s", self.served_at),
         )
         return f"starting: inference serves; waiting for the first batch {waited}: {what}"
@@ -282,6 +295,9 @@ class StartProgress:
 
 
 class ProgressPrinter:
+    """A start's progress, from the rows its services write: made before they start, it passes
+    over the rows a previous start of the run wrote (a resumed run shows and exports its own)."""
+
     def __init__(
         self,
         rundir: RunDir,
@@ -292,6 +308,8 @@ class ProgressPrinter:
     ) -> None:
         self.max_steps = max_steps
         self.tails = {s: tail_of(rundir, s) for s in SERVICES}
+        for tail in self.tails.values():
+            tail.read()
         self.starting: StartProgress | None = StartProgress(rundir, start_times)
         self.ticker = Ticker(sys.stdout, live=False)
         self.exporters = exporters

@@ -48,10 +48,13 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    log_offset: int = 0  # where this start's output begins: a run's logs keep every start's
 
     def lines(self) -> list[str]:
         try:
-            return self.log_path.read_text(errors="replace").splitlines()
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace").splitlines()
         except FileNotFoundError:
             return []
 
@@ -176,6 +179,7 @@ def start(name: str, cmd: list[str], rundir: RunDir, env: dict[str, str]) -> Chi
     log_path = rundir.log_file(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
+        offset = out.seek(0, os.SEEK_END)
         proc = subprocess.Popen(
             [sys.executable, "-m", "services.die_with_parent", *cmd],
             stdout=out,
@@ -184,7 +188,7 @@ def start(name: str, cmd: list[str], rundir: RunDir, env: dict[str, str]) -> Chi
             start_new_session=True,
             env=env,
         )
-    return Child(name, proc, log_path)
+    return Child(name, proc, log_path, offset)
 
 
 def stop_all(children: list[Child]) -> None:
@@ -246,15 +250,16 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     cpus = placement(cfg)
     if cfg.inference.cpus == "auto" and cpus[INFERENCE]:
         print(f"triad up: inference on cores {cpus[INFERENCE]}, the trainer on {cpus[TRAINER]} (cpus auto)")
-    children = {
-        name: start(name, pinned(cmd, cpus.get(name)), rundir, child_env(cfg, name, cpus))
-        for name, cmd in commands.items()
-    }
     start_times = StartTimes(cache_root() / START_TIMES, f"{cfg.model} on {'GPU' if has_gpu() else 'CPU'}")
+    # before the children: an exporter that cannot start stops nothing, and what the logs and
+    # metrics hold by now is a previous start's
     progress = ProgressPrinter(
         rundir, cfg.max_steps, make_exporters(cfg, rundir, run.run_id), sys.stdout.isatty(), start_times
     )
+    children: dict[str, Child] = {}
     try:
+        for name, cmd in commands.items():
+            children[name] = start(name, pinned(cmd, cpus.get(name)), rundir, child_env(cfg, name, cpus))
         supervise(children, progress)
         progress.poll()
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@ about half a minute of this suite on 2 cores."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -57,6 +58,12 @@ class Demo:
         resumed = run_triad("up", *self.sets, timeout=900)
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
         assert f"resuming after update {checkpoint}" in resumed.stdout
+        # this start's own progress: its services' start, then the steps it trains, not the
+        # first starts' (their rows and log lines are still in the run directory)
+        starting = [line for line in resumed.stdout.splitlines() if line.startswith("starting: ")]
+        assert starting[0].startswith("starting: inference (vLLM) "), starting[0]
+        printed = [int(m) for m in re.findall(r"^step +(\d+)/", resumed.stdout, re.MULTILINE)]
+        assert printed == list(range(printed[0], STEPS + 1)) and printed[0] > checkpoint, printed
         return resumed
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from shared.rundir import RunDir
-from tests.helpers import free_port, run_triad
+from tests.helpers import free_port, run_triad, triad_cmd
 
 
 def assert_one_line_error(result, *needles: str) -> None:
@@ -92,3 +95,20 @@ def test_a_joiner_advertised_off_loopback_needs_the_admin_token(tmp_path, tiny_m
         r, "--join would advertise http://gpu-7.example:9000 (not loopback)", "without a token"
     )
     assert not RunDir(tmp_path).fleet.read_all()  # nothing registered
+
+
+def test_w_and_b_online_without_a_login_is_one_line_before_any_service_starts(tmp_path, tiny_model):
+    """`metrics.wandb_mode = "online"` on a machine with no W&B key (a HOME of its own): wandb's
+    UsageError came after the three services had started, as a traceback."""
+    pytest.importorskip("wandb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {"HOME": str(tmp_path)}
+    sets = [
+        f"run_dir={tmp_path / 'run'}",
+        'metrics.wandb_project="triad-test"',
+        'metrics.wandb_mode="online"',
+    ]
+    r = subprocess.run(
+        triad_cmd("up", *[f"--set={s}" for s in sets]), capture_output=True, text=True, timeout=120, env=env
+    )
+    assert_one_line_error(r, "W&B could not start", "wandb login", 'metrics.wandb_mode = "offline"')
+    assert not RunDir(tmp_path / "run").logs_dir.exists(), "a service was started"

@@ -85,14 +85,34 @@ def test_the_start_says_what_inference_does_then_waits_for_the_first_batch(tmp_p
         "builtin:tiny-addition on CPU": {"inference_s": 40.0, "first_batch_s": 7.0}
     }
     again = StartProgress(rundir, times, clock)
+    assert again.line() == "starting: inference (vLLM) 0m00s (last time 0m40s): (no output yet)"
+    with open(rundir.log_file(ORCHESTRATOR), "a") as f:
+        f.write(connected + "\n")
     assert again.line() == f"{waiting} 0m00s (last time 0m07s): {connected}"
+
+
+def test_a_second_start_waits_for_its_own_services_not_the_logs_of_the_first(tmp_path):
+    """The logs of a run keep every start's output: the first start's orchestrator connected,
+    this start's inference has printed nothing yet."""
+    rundir, clock = RunDir(tmp_path / "run"), Clock()
+    rundir.logs_dir.mkdir(parents=True)
+    rundir.log_file(INFERENCE).write_text("INFO 11-26 14:00:00 [launcher.py:1] Route: /health\n")
+    rundir.log_file(ORCHESTRATOR).write_text("triad.orchestrator connected to inference at [...]\n")
+    start = StartProgress(rundir, None, clock)
+    assert start.line() == "starting: inference (vLLM) 0m00s: (no output yet)"
+    with open(rundir.log_file(INFERENCE), "a") as f:
+        f.write("INFO 11-29 02:00:00 [core.py:1] init engine\n")
+    assert start.line() == "starting: inference (vLLM) 0m00s: init engine"
+    with open(rundir.log_file(ORCHESTRATOR), "a") as f:
+        f.write("triad.orchestrator connected to inference at [...], serving version 4\n")
+    assert start.line().startswith("starting: inference serves; waiting for the first batch 0m00s: ")
 
 
 def test_a_piped_up_prints_the_start_until_the_first_step(tmp_path, capsys):
     rundir = RunDir(tmp_path / "run")
     rundir.logs_dir.mkdir(parents=True)
-    rundir.log_file(INFERENCE).write_text("INFO 11-26 14:00:00 [core.py:1] init engine\n")
     printer = ProgressPrinter(rundir, max_steps=3)
+    rundir.log_file(INFERENCE).write_text("INFO 11-26 14:00:00 [core.py:1] init engine\n")
     printer.poll()
     assert capsys.readouterr().out == "starting: inference (vLLM) 0m00s: init engine\n"
 

@@ -21,17 +21,16 @@ except ImportError:
     HAS_TENSORBOARD = False
 
 
-def fake_run(tmp_path, steps: int = 30):
-    rundir = RunDir(tmp_path)
-    run = rundir.ensure_run({"max_steps": steps})
+def log_steps(rundir: RunDir, steps: range, total: int) -> None:
+    """The orchestrator's and the trainer's rows of `steps` (of `total`)."""
     orch, trainer = (
         rundir.metrics.writer("orchestrator"),
         rundir.metrics.writer("trainer"),
     )
-    for s in range(1, steps + 1):
+    for s in steps:
         orch.log(
             s,
-            reward_mean=s / steps,
+            reward_mean=s / total,
             lag_mean=1.0,
             lag_max=1,
             served_version=s - 1,
@@ -39,6 +38,12 @@ def fake_run(tmp_path, steps: int = 30):
             tokens_per_s=900.0,
         )
         trainer.log(s, loss=0.1, grad_norm=1.0)
+
+
+def fake_run(tmp_path, steps: int = 30):
+    rundir = RunDir(tmp_path)
+    run = rundir.ensure_run({"max_steps": steps})
+    log_steps(rundir, range(1, steps + 1), steps)
     for s in (steps - 1, steps):
         rundir.rollouts.path(s).mkdir(parents=True)
         rundir.rollouts.write_marker(s, run.run_id)
@@ -80,8 +85,9 @@ def test_plot_without_metrics_is_a_clear_error(tmp_path):
 
 
 def test_progress_lines_are_plain_text(tmp_path):
-    rundir = fake_run(tmp_path, steps=12)
+    rundir = RunDir(tmp_path)
     printer = ProgressPrinter(rundir, max_steps=12)
+    log_steps(rundir, range(1, 13), 12)
     out = io.StringIO()
     with redirect_stdout(out):
         printer.poll()
@@ -90,6 +96,38 @@ def test_progress_lines_are_plain_text(tmp_path):
     assert text.count("\n") == 13 and "step   12/12" in text
     assert all(ch == "\n" or ch.isprintable() for ch in text)  # no control characters
     assert "first 10 steps" in text
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, int]] = []
+
+    def write(self, service: str, row: dict) -> None:
+        self.rows.append((service, row["step"]))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_resumed_start_shows_and_exports_only_its_own_rows(tmp_path):
+    """A second `triad up` of a run made steps 1-6 before; it resumes after the checkpoint of 4:
+    its printer, made before the services start, passes over the first start's rows, and then
+    follows the trainer's rewritten file (steps 5-6 dropped, then trained again) and the
+    orchestrator's new rows. Before 2026-11-29 it printed and exported steps 1-6 again."""
+    rundir = RunDir(tmp_path)
+    log_steps(rundir, range(1, 7), 8)
+    recorder = Recorder()
+    printer = ProgressPrinter(rundir, max_steps=8, exporters=[recorder])
+    drop_rows_after(rundir.metrics_file("trainer"), 4)
+    log_steps(rundir, range(5, 9), 8)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        printer.poll()
+    printed = [int(line.split()[1].split("/")[0]) for line in out.getvalue().splitlines()]
+    assert printed == [5, 6, 7, 8]
+    assert sorted(recorder.rows) == [
+        (service, s) for service in ("orchestrator", "trainer") for s in range(5, 9)
+    ]
 
 
 def test_metrics_tail_skips_a_torn_last_line(tmp_path):
@@ -138,9 +176,10 @@ def test_tensorboard_exporter_writes_the_metrics(tmp_path):
 
     from services.exporters import TensorBoardExporter
 
-    rundir = fake_run(tmp_path / "run", steps=5)
+    rundir = RunDir(tmp_path / "run")
     exporter = TensorBoardExporter(str(tmp_path / "tb"))
     printer = ProgressPrinter(rundir, max_steps=5, exporters=[exporter])
+    log_steps(rundir, range(1, 6), 5)
     with redirect_stdout(io.StringIO()):
         printer.poll()
     printer.close()
@@ -169,13 +208,14 @@ def test_wandb_exporter_in_offline_mode_logs_every_row(tmp_path):
     from services.exporters import WandbExporter, make_exporters
     from shared.config import load_config
 
-    rundir = fake_run(tmp_path / "run", steps=5)
+    rundir = RunDir(tmp_path / "run")
     cfg = load_config(
         None, [f"run_dir={rundir.root}", "metrics.tensorboard=false", 'metrics.wandb_project="triad-test"']
     )
     (exporter,) = make_exporters(cfg, rundir, "run-abc")
     assert isinstance(exporter, WandbExporter) and exporter.run.id == "run-abc"
     printer = ProgressPrinter(rundir, max_steps=5, exporters=[exporter])
+    log_steps(rundir, range(1, 6), 5)
     with redirect_stdout(io.StringIO()):
         printer.poll()
     summary = dict(exporter.run.summary)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 import pytest
 
 from services.up import child_env, parse_cpus, pinned
 from shared.config import load_config
 from shared.errors import TriadError
-from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER
+from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 
 def test_cpu_lists_parse_like_taskset():
@@ -144,6 +146,23 @@ def test_a_child_without_an_error_line_shows_its_last_lines(tmp_path):
     lines = str(e.value).splitlines()
     assert lines[0] == f"trainer exited with code 139; last lines of {tmp_path / TRAINER}.log:"
     assert lines[1] == "line 16" and lines[-1] == "Segmentation fault" and len(lines) == 26
+
+
+def test_a_second_start_reports_its_own_error_not_the_first_s(tmp_path):
+    """The log of a run's orchestrator keeps every start's output; the error of this start is
+    the one reported."""
+    from services.up import start, supervise
+
+    rundir = RunDir(tmp_path / "run")
+    rundir.logs_dir.mkdir(parents=True)
+    first = "triad orchestrator: error: unknown environment 'nosuch'; built-ins: [...]\n"
+    rundir.log_file(ORCHESTRATOR).write_text(first)
+    second = "import sys; print(\"triad orchestrator: error: unknown environment 'other'\"); sys.exit(2)"
+    child = start(ORCHESTRATOR, [sys.executable, "-c", second], rundir, dict(os.environ))
+    child.proc.wait()
+    with pytest.raises(TriadError) as e:
+        supervise({ORCHESTRATOR: child, TRAINER: child_printing(tmp_path, TRAINER, "", 0)}, NoProgress())
+    assert str(e.value).startswith("orchestrator: unknown environment 'other' (exit code 2")
 
 
 LM_HEAD_LORA = ["trainer.lora.rank=8", 'trainer.lora.target_modules=["lm_head"]']

@@ -258,7 +258,13 @@ class Orchestrator:
     async def run(self) -> None:
         await self.weights.connect()
         urls = ", ".join(s.url for s in self.pool.servers)
-        log.info("connected to inference at %s, serving version %d", urls, self.weights.served_version)
+        served = self.pool.servers[0].client.model
+        log.info(
+            "connected to inference at %s (model %r), serving version %d",
+            urls,
+            served,
+            self.weights.served_version,
+        )
         # a model without a (usable) chat template fails here, before any rollout
         await self.episodes.start(self.env.sample(random.Random(self.cfg.seed)))
         try:

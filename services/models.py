@@ -35,8 +35,12 @@ def hub_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | Pat
 
     cache = Path(cache_dir or constants.HF_HUB_CACHE)
     where = f"model {repo_id!r}" + (f" (revision {revision!r})" if revision else "")
+    # offline, only the cache: huggingface_hub otherwise lists a commit's files on the Hub
+    offline = constants.is_offline_mode()
     try:
-        return snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES)
+        return snapshot_download(
+            repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES, local_files_only=offline
+        )
     except LocalEntryNotFoundError as e:
         why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else f"the Hub answered: {e}"
         why = " ".join(why.split())

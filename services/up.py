@@ -25,7 +25,7 @@ from pathlib import Path
 
 from services.disk_plan import room_warning
 from services.exporters import make_exporters
-from services.models import resolve_model
+from services.models import is_hub_id, resolve_model
 from services.progress import ProgressPrinter, StartTimes
 from services.report import plot_run
 from services.tiny_model import cache_root
@@ -98,9 +98,18 @@ def check_model_config(cfg: TriadConfig, model: str) -> None:
     cfg.trainer.lora.check_model_config(model_config)
 
 
+def model_sets(cfg: TriadConfig, model: str) -> list[str]:
+    """The model the children are given: a hub id stays the id (vLLM serves it under that name) at
+    the commit this launch resolved, `model`'s snapshot (`child_env` keeps them off the Hub);
+    a built-in or local model its directory."""
+    if not is_hub_id(cfg.model):
+        return [f"model={model}"]
+    return [f"model={cfg.model}", f'model_revision="{Path(model).name}"']
+
+
 def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[str], model: str) -> dict:
     args = (["-c", str(config_path)] if config_path else []) + [
-        f"--set={o}" for o in [*overrides, f"model={model}"]
+        f"--set={o}" for o in [*overrides, *model_sets(cfg, model)]
     ]
     py = [sys.executable, "-m"]
     torchrun = [*py, "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.trainer.nproc}"]
@@ -147,6 +156,8 @@ def child_env(cfg: TriadConfig, name: str, cpus: dict | None = None) -> dict[str
     """The child's environment: ours, plus its GPUs and CPU threads when the config pins them
     (`cpus`: `placement(cfg)`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if is_hub_id(cfg.model):  # resolved (and downloaded) by the launch: each child reads that snapshot
+        env["HF_HUB_OFFLINE"] = "1"
     cpus = placement(cfg) if cpus is None else cpus
     devices = {INFERENCE: cfg.inference.devices, TRAINER: cfg.trainer.devices}.get(name)
     if devices:

@@ -97,3 +97,24 @@ def test_the_real_size_cpu_overrides_make_each_qwen3_config_a_two_step_one_rank_
         cfg = load_config(path, list(CPU_OVERRIDES))
         assert cfg.model == REPO_ID and cfg.max_steps == 2, path
         assert cfg.trainer.nproc == 1 and not cfg.trainer.devices and not cfg.inference.devices, path
+
+
+def test_up_gives_its_services_the_hub_id_at_the_commit_it_resolved_kept_off_the_hub(tmp_path, monkeypatch):
+    """`triad up` resolves a hub id once; each service is handed the id itself (so vLLM serves it
+    under that name, as README says) at that snapshot's commit, offline: a `main` that moves on
+    the Hub while the services start cannot give the trainer and vLLM different weights. Before
+    2026-11-29 the services were handed the snapshot's path, and vLLM served the model under it."""
+    from services.models import resolve_model
+    from services.up import child_commands, child_env
+
+    snapshot = cached_model(tmp_path, "Org/Name", "bfloat16")
+    offline_cache(monkeypatch, tmp_path)
+    cfg = load_config(None, ["model=Org/Name"])
+    commands = child_commands(cfg, None, [], resolve_model(cfg.model))
+    for name, command in commands.items():
+        child = load_config(None, [a.removeprefix("--set=") for a in command if a.startswith("--set=")])
+        assert (child.model, child.model_revision) == ("Org/Name", COMMIT), name
+        assert Path(resolve_model(child.model, child.model_revision)) == snapshot
+        assert child_env(cfg, name)["HF_HUB_OFFLINE"] == "1"
+    local = load_config(None, [f"model={snapshot}"])
+    assert f"--set=model={snapshot}" in child_commands(local, None, [], str(snapshot))["trainer"]

@@ -2,8 +2,9 @@
 
 A hub id is resolved as transformers and vLLM resolve it, by huggingface_hub's `snapshot_download`:
 the Hugging Face cache (`HF_HOME`, `HF_HUB_CACHE`), `HF_HUB_OFFLINE`, a revision
-(`model_revision`). Every service is handed the snapshot directory, so the chat template, the
-config, the dtype and the parsers are read from the files vLLM and the trainer load.
+(`model_revision`). Every service reads the snapshot directory, so the chat template, the
+config, the dtype and the parsers are read from the files vLLM and the trainer load; `triad up`
+resolves the id once and hands its services the id at that snapshot's commit, offline.
 """
 
 from __future__ import annotations

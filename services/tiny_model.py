@@ -215,10 +215,17 @@ def ensure_tiny_model(name: str) -> Path:
     """Build the named tiny model once (under a lock) and return its directory."""
     recipe = RECIPES[name]
     root = cache_root() / "models"
-    root.mkdir(parents=True, exist_ok=True)
     dest = root / cache_name(name, recipe)
-    with open(root / f".{dest.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock_path = root / f".{dest.name}.lock"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock_path.touch()
+    except OSError as e:
+        raise TriadError(
+            f"cannot write the model cache {root}: {e.strerror}; set TRIAD_CACHE to a writable directory"
+        ) from None
+    with open(lock_path, "w") as lock:
+        wait_for_builder(lock, dest)
         if (dest / "config.json").exists():
             return dest
         log.info("building the embedded tiny model in %s (once)", dest)
@@ -227,6 +234,16 @@ def ensure_tiny_model(name: str) -> Path:
         build_apart(tmp, name)
         os.replace(tmp, dest)
     return dest
+
+
+def wait_for_builder(lock, dest: Path) -> None:
+    """Take the build lock of `dest`; held by another process building it, say so and wait as long
+    as that process lives (the lock is released when it ends, however it ends)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("waiting for another process that builds %s (it holds %s)", dest, lock.name)
+        fcntl.flock(lock, fcntl.LOCK_EX)
 
 
 def build_apart(dest: Path, name: str) -> None:

@@ -112,3 +112,10 @@ def test_w_and_b_online_without_a_login_is_one_line_before_any_service_starts(tm
     )
     assert_one_line_error(r, "W&B could not start", "wandb login", 'metrics.wandb_mode = "offline"')
     assert not RunDir(tmp_path / "run").logs_dir.exists(), "a service was started"
+
+
+def test_a_model_cache_that_cannot_be_written_is_one_line_naming_it(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = run_triad("up", f"--set=run_dir={tmp_path / 'run'}", env={"TRIAD_CACHE": str(blocker / "cache")})
+    assert_one_line_error(r, f"cannot write the model cache {blocker}/cache/models", "TRIAD_CACHE")

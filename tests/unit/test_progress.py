@@ -138,3 +138,20 @@ def test_a_build_that_fails_apart_is_one_line(tmp_path):
 
     with pytest.raises(TriadError, match=r"^building builtin:no-such stopped with exit code 1 \(its output"):
         build_apart(tmp_path / "dest", "no-such")
+
+
+def test_a_build_another_process_holds_is_waited_for_in_a_line_saying_so(tmp_path, caplog):
+    """The build lock's holder ends (here: lets go after 0.3 s); the wait said what it waits for."""
+    import fcntl
+    import logging
+    import threading
+
+    from services.tiny_model import wait_for_builder
+
+    path = tmp_path / ".model.lock"
+    with open(path, "w") as holder, open(path, "w") as waiter:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        threading.Timer(0.3, fcntl.flock, (holder, fcntl.LOCK_UN)).start()
+        with caplog.at_level(logging.INFO):
+            wait_for_builder(waiter, tmp_path / "model")
+    assert f"waiting for another process that builds {tmp_path / 'model'} (it holds {path})" in caplog.text

@@ -82,7 +82,52 @@ def check_before_launch(cfg: TriadConfig, model: str) -> None:
     """What the config, a local model's config.json and this machine settle before any service
     starts (a child would find it too, but after its start-up and among a launcher's lines)."""
     check_model_config(cfg, model)
+    check_placement(cfg)
     check_can_listen(cfg.inference.host, cfg.inference.port, "inference.port")
+
+
+def check_placement(cfg: TriadConfig, cores: set[int] | None = None, gpu: bool | None = None) -> None:
+    """The cores and GPUs the config gives the services exist here (`cores`: those this process
+    may use; taskset and torchrun would otherwise fail among a launcher's lines)."""
+    cores = os.sched_getaffinity(0) if cores is None else cores
+    for key, spec in (("inference.cpus", cfg.inference.cpus), ("trainer.cpus", cfg.trainer.cpus)):
+        if spec is None or spec == "auto":
+            continue
+        for part in spec.split(","):
+            low, _, high = part.strip().partition("-")
+            if high and int(high) < int(low):
+                raise TriadError(
+                    f"{key} = {spec!r}: the range {part.strip()} runs backwards; write {high}-{low}"
+                )
+        outside = parse_cpus(spec) - cores
+        if outside:
+            which = ("core {} is" if len(outside) == 1 else "cores {} are").format(
+                format_cpus(sorted(outside))
+            )
+            raise TriadError(
+                f"{key} = {spec!r}: {which} not among the cores this process may use here "
+                f"({format_cpus(sorted(cores))})"
+            )
+    tc = cfg.trainer
+    on_gpu = tc.device == "cuda" or (tc.device == "auto" and (has_gpu() if gpu is None else gpu))
+    if not on_gpu:
+        return  # ranks on CPU share its cores
+    where, gpus = visible_gpus(tc.devices)
+    if tc.nproc > len(gpus):
+        raise TriadError(
+            f"trainer.nproc = {tc.nproc} ranks, one a GPU, but {where} has {len(gpus)}: set "
+            "trainer.nproc to at most that, or trainer.devices to more GPUs"
+        )
+
+
+def visible_gpus(devices: str | None) -> tuple[str, list[str]]:
+    """The GPUs the trainer would see, and what says so: `trainer.devices`, else
+    CUDA_VISIBLE_DEVICES, else the GPU device files of this machine."""
+    if devices:
+        return f"trainer.devices = {devices!r}", devices.split(",")
+    if (env := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return f"CUDA_VISIBLE_DEVICES = {env!r}", [d for d in env.split(",") if d.strip()]
+    return "this machine", [p.name for p in Path("/dev").glob("nvidia[0-9]*")]
 
 
 def check_model_config(cfg: TriadConfig, model: str) -> None:

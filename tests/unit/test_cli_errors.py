@@ -119,3 +119,11 @@ def test_a_model_cache_that_cannot_be_written_is_one_line_naming_it(tmp_path):
     blocker.write_text("")
     r = run_triad("up", f"--set=run_dir={tmp_path / 'run'}", env={"TRIAD_CACHE": str(blocker / "cache")})
     assert_one_line_error(r, f"cannot write the model cache {blocker}/cache/models", "TRIAD_CACHE")
+
+
+def test_cores_this_machine_lacks_are_one_line_before_any_service_starts(tmp_path):
+    r = run_triad("up", f"--set=run_dir={tmp_path / 'run'}", '--set=trainer.cpus="0-4095"')
+    assert_one_line_error(
+        r, "trainer.cpus = '0-4095': cores ", "not among the cores this process may use here"
+    )
+    assert not RunDir(tmp_path / "run").logs_dir.exists(), "a service was started"

@@ -200,3 +200,38 @@ def test_an_unreadable_model_config_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(TriadError, match=f"cannot read the model's config {tmp_path}/config.json"):
         check_model_config(load_config(None, []), str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "sets, gpu, refused",
+    [
+        (
+            ['trainer.cpus="0-3"'],
+            False,
+            "trainer.cpus = '0-3': cores 2-3 are not among the cores this process may",
+        ),
+        (
+            ['inference.cpus="1,5"'],
+            False,
+            "inference.cpus = '1,5': core 5 is not among the cores this process may use here (0-1)",
+        ),
+        (['trainer.cpus="1-0"'], False, "trainer.cpus = '1-0': the range 1-0 runs backwards; write 0-1"),
+        (
+            ["trainer.nproc=2", 'trainer.devices="0"'],
+            True,
+            "trainer.nproc = 2 ranks, one a GPU, but trainer.devices = '0' has 1",
+        ),
+        (["trainer.nproc=2", 'trainer.devices="0"'], False, None),  # ranks on CPU
+        (['inference.cpus="0"', 'trainer.cpus="1"', "trainer.nproc=2"], False, None),
+    ],
+)
+def test_cores_and_gpus_the_machine_lacks_are_refused_before_launch(sets, gpu, refused):
+    from services.up import check_placement
+
+    cfg = load_config(None, sets)
+    if refused is None:
+        check_placement(cfg, cores={0, 1}, gpu=gpu)
+        return
+    with pytest.raises(TriadError) as e:
+        check_placement(cfg, cores={0, 1}, gpu=gpu)
+    assert str(e.value).startswith(refused), str(e.value)

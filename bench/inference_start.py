@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 
 from services.cli import EMBEDDED_DEFAULT
-from services.up import child_env, pinned, placement
+from services.placement import pinned, placement
+from services.up import child_env
 from shared.config import load_config
 from shared.rundir import INFERENCE
 

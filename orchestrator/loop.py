@@ -257,14 +257,8 @@ class Orchestrator:
     # -- the whole run ------------------------------------------------------
     async def run(self) -> None:
         await self.weights.connect()
-        urls = ", ".join(s.url for s in self.pool.servers)
-        served = self.pool.servers[0].client.model
-        log.info(
-            "connected to inference at %s (model %r), serving version %d",
-            urls,
-            served,
-            self.weights.served_version,
-        )
+        urls = ", ".join(f"{s.url} (model {s.client.model!r})" for s in self.pool.servers)
+        log.info("connected to inference at %s, serving version %d", urls, self.weights.served_version)
         # a model without a (usable) chat template fails here, before any rollout
         await self.episodes.start(self.env.sample(random.Random(self.cfg.seed)))
         try:

@@ -271,8 +271,8 @@ class StartProgress:
         )
 
     def served(self) -> bool:
-        log = self.rundir.log_file(ORCHESTRATOR)
-        if self.served_at is None and CONNECTED in log_text(log, self.since[ORCHESTRATOR]):
+        path = self.rundir.log_file(ORCHESTRATOR)
+        if self.served_at is None and CONNECTED in log_text(path, self.since[ORCHESTRATOR]):
             self.served_at = self.clock()
         return self.served_at is not None
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from services.disk_plan import room_warning
 from services.exporters import make_exporters
 from services.models import is_hub_id, resolve_model
+from services.placement import check_placement, has_gpu, parse_cpus, pinned, placement
 from services.progress import ProgressPrinter, StartTimes
 from services.report import plot_run
 from services.tiny_model import cache_root
@@ -86,50 +87,6 @@ def check_before_launch(cfg: TriadConfig, model: str) -> None:
     check_can_listen(cfg.inference.host, cfg.inference.port, "inference.port")
 
 
-def check_placement(cfg: TriadConfig, cores: set[int] | None = None, gpu: bool | None = None) -> None:
-    """The cores and GPUs the config gives the services exist here (`cores`: those this process
-    may use; taskset and torchrun would otherwise fail among a launcher's lines)."""
-    cores = os.sched_getaffinity(0) if cores is None else cores
-    for key, spec in (("inference.cpus", cfg.inference.cpus), ("trainer.cpus", cfg.trainer.cpus)):
-        if spec is None or spec == "auto":
-            continue
-        for part in spec.split(","):
-            low, _, high = part.strip().partition("-")
-            if high and int(high) < int(low):
-                raise TriadError(
-                    f"{key} = {spec!r}: the range {part.strip()} runs backwards; write {high}-{low}"
-                )
-        outside = parse_cpus(spec) - cores
-        if outside:
-            which = ("core {} is" if len(outside) == 1 else "cores {} are").format(
-                format_cpus(sorted(outside))
-            )
-            raise TriadError(
-                f"{key} = {spec!r}: {which} not among the cores this process may use here "
-                f"({format_cpus(sorted(cores))})"
-            )
-    tc = cfg.trainer
-    on_gpu = tc.device == "cuda" or (tc.device == "auto" and (has_gpu() if gpu is None else gpu))
-    if not on_gpu:
-        return  # ranks on CPU share its cores
-    where, gpus = visible_gpus(tc.devices)
-    if tc.nproc > len(gpus):
-        raise TriadError(
-            f"trainer.nproc = {tc.nproc} ranks, one a GPU, but {where} has {len(gpus)}: set "
-            "trainer.nproc to at most that, or trainer.devices to more GPUs"
-        )
-
-
-def visible_gpus(devices: str | None) -> tuple[str, list[str]]:
-    """The GPUs the trainer would see, and what says so: `trainer.devices`, else
-    CUDA_VISIBLE_DEVICES, else the GPU device files of this machine."""
-    if devices:
-        return f"trainer.devices = {devices!r}", devices.split(",")
-    if (env := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
-        return f"CUDA_VISIBLE_DEVICES = {env!r}", [d for d in env.split(",") if d.strip()]
-    return "this machine", [p.name for p in Path("/dev").glob("nvidia[0-9]*")]
-
-
 def check_model_config(cfg: TriadConfig, model: str) -> None:
     config_json = Path(model) / "config.json"
     if not config_json.is_file():
@@ -165,38 +122,6 @@ def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[s
     }
 
 
-def has_gpu() -> bool:
-    """Whether this machine has an NVIDIA GPU (its control device), without importing torch."""
-    return Path("/dev/nvidiactl").exists()
-
-
-def format_cpus(cores: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5', as taskset and VLLM_CPU_OMP_THREADS_BIND read it."""
-    runs: list[list[int]] = []
-    for core in sorted(cores):
-        if runs and core == runs[-1][1] + 1:
-            runs[-1][1] = core
-        else:
-            runs.append([core, core])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def placement(cfg: TriadConfig, cores: list[int] | None = None, gpu: bool | None = None) -> dict:
-    """The CPU cores of inference and the trainer (None: not pinned). `inference.cpus = "auto"`
-    on a machine without a GPU: inference the first half of the cores this process may use, the
-    trainer the rest (unless `trainer.cpus` is set): vLLM's CPU worker binds its OpenMP threads
-    to cores itself (by default from core 0), and a trainer thread on the same core halves both."""
-    inference, trainer = cfg.inference.cpus, cfg.trainer.cpus
-    if inference == "auto":
-        cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
-        if (has_gpu() if gpu is None else gpu) or len(cores) < 2:
-            inference = None
-        else:
-            half = len(cores) // 2
-            inference, trainer = format_cpus(cores[:half]), trainer or format_cpus(cores[half:])
-    return {INFERENCE: inference, TRAINER: trainer}
-
-
 def child_env(cfg: TriadConfig, name: str, cpus: dict | None = None) -> dict[str, str]:
     """The child's environment: ours, plus its GPUs and CPU threads when the config pins them
     (`cpus`: `placement(cfg)`)."""
@@ -213,20 +138,6 @@ def child_env(cfg: TriadConfig, name: str, cpus: dict | None = None) -> dict[str
         per_rank = max(1, len(parse_cpus(cpus[TRAINER])) // cfg.trainer.nproc)
         env["OMP_NUM_THREADS"] = str(per_rank)
     return env
-
-
-def parse_cpus(spec: str) -> set[int]:
-    """'0-3,8' -> {0, 1, 2, 3, 8}, as taskset and VLLM_CPU_OMP_THREADS_BIND write it."""
-    cpus: set[int] = set()
-    for part in spec.split(","):
-        low, _, high = part.strip().partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return cpus
-
-
-def pinned(cmd: list[str], cpus: str | None) -> list[str]:
-    """The command run on those cores only (and every process it starts)."""
-    return ["taskset", "-c", cpus, *cmd] if cpus else cmd
 
 
 def start(name: str, cmd: list[str], rundir: RunDir, env: dict[str, str]) -> Child:

@@ -89,6 +89,19 @@ def run_triad(
     )
 
 
+def hub_cache_of(model_dir: str | Path, cache: Path, repo_id: str, commit: str = "5" * 40) -> Path:
+    """`model_dir` as `repo_id` in a Hugging Face cache at `cache` (huggingface_hub's layout:
+    `refs/main` naming `snapshots/<commit>`, whose files link to the model's); the snapshot."""
+    storage = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = storage / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in Path(model_dir).iterdir():
+        (snapshot / f.name).symlink_to(f.resolve())
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(commit)
+    return snapshot
+
+
 def short_up_sets(run_dir: Path, steps: int, checkpoint_every: int) -> list[str]:
     """`triad up` on the embedded tiny model, as small as a step gets: 4 prompts x 4 samples of
     4 tokens, no evaluation, a checkpoint every `checkpoint_every` steps."""

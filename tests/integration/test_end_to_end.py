@@ -1,4 +1,5 @@
-"""The whole loop with real parts: `triad up` = vLLM + 2-rank FSDP2 torchrun + orchestrator.
+"""The whole loop with real parts: `triad up` = vLLM + 2-rank FSDP2 torchrun + orchestrator, the
+model given as a hub id from a Hugging Face cache (the embedded model's files in its layout).
 
 Everything is asserted from the run directory alone.
 """
@@ -13,15 +14,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from shared.rundir import RunDir
-from tests.helpers import free_port, run_triad
+from tests.helpers import free_port, hub_cache_of, run_triad
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 4
 
 
-def triad_up(run_dir: Path, max_async_level: int) -> None:
+REPO_ID = "triad-test/tiny-addition"
+
+
+def triad_up(run_dir: Path, max_async_level: int, env: dict[str, str]) -> None:
     """Run from the run directory's parent with a relative `run_dir`, as a user would."""
     sets = [
+        f"model={REPO_ID}",
         f"run_dir={run_dir.name}",
         f"max_steps={STEPS}",
         f"max_async_level={max_async_level}",
@@ -33,7 +38,7 @@ def triad_up(run_dir: Path, max_async_level: int) -> None:
         "trainer.optim.lr=1e-3",
         "weights.keep=100",
     ]
-    result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900, cwd=run_dir.parent)
+    result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900, cwd=run_dir.parent, env=env)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(RunDir(run_dir).logs_dir.glob("*.log")))
     assert result.returncode == 0, f"triad up failed:\n{result.stdout}\n{result.stderr}\n{logs}"
 
@@ -64,10 +69,16 @@ def check_training(rundir: RunDir) -> None:
 
 
 def test_triad_up_overlaps_by_one_step_and_no_more(tmp_path: Path, tiny_model: str) -> None:
-    """max_async_level 1; level 0 is test_disk_bound.py's run (100 on-policy steps)."""
+    """max_async_level 1; level 0 is test_disk_bound.py's run (100 on-policy steps). Every service
+    reads the hub id's snapshot, and vLLM serves it under the id (under `triad up` it used to be
+    served under the snapshot's path)."""
+    snapshot = hub_cache_of(tiny_model, tmp_path / "hub", REPO_ID)
     run_dir = tmp_path / "run"
-    triad_up(run_dir, max_async_level=1)
+    triad_up(run_dir, max_async_level=1, env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"})
     rundir = RunDir(run_dir)
+    assert rundir.read_run().config["model"] == REPO_ID
+    assert rundir.metrics.rows("inference")[0]["path"] == str(snapshot)  # version 0: the base model
+    assert f"(model '{REPO_ID}'), serving version 0" in rundir.log_file("orchestrator").read_text()
     check_markers(rundir, rundir.read_run().run_id)
     check_training(rundir)
     lags = {step: [step - 1 - v for v in batch_versions(rundir, step)] for step in range(1, STEPS + 1)}

@@ -20,11 +20,16 @@ pytestmark = pytest.mark.integration
 
 def test_the_orchestrator_s_error_line_is_what_up_prints(tmp_path: Path, tiny_model: str) -> None:
     """On a disk too small for what the run keeps (a real 24 MiB tmpfs, the run's plan 32 MiB),
-    `triad up` warns first, starts the services, and the orchestrator's error is its last line."""
+    `triad up` warns first, starts the services, and the orchestrator's error is its last line.
+    A second start in the run directory reports its own error, not the first's (the logs keep
+    both starts' lines; it used to report the first)."""
     with small_disk(tmp_path / "disk", "24m") as disk:
         run_dir = disk / "run"
         sets = [f"run_dir={run_dir}", f"inference.port={free_port()}", "orchestrator.environment.name=nosuch"]
         out = run_triad("up", *[f"--set={s}" for s in sets], timeout=300)
+        again = run_triad(
+            "up", *[f"--set={s}" for s in sets[:2]], "--set=orchestrator.environment.name=other", timeout=300
+        )
     assert out.returncode == 2, out.stderr
     error = out.stderr.strip().splitlines()
     assert error[0].startswith(f"triad up: warning: the disk of {run_dir} has 24.0 MiB free, and this run ")
@@ -33,6 +38,9 @@ def test_the_orchestrator_s_error_line_is_what_up_prints(tmp_path: Path, tiny_mo
     assert error[-1].endswith(f"(exit code 2; log: {RunDir(run_dir).log_file(ORCHESTRATOR)})")
     assert "Traceback" not in out.stderr + out.stdout
     assert processes_mentioning(str(run_dir)) == [], "a service outlived triad up"
+    assert again.returncode == 2, again.stderr
+    error = again.stderr.strip().splitlines()[-1]
+    assert error.startswith("triad up: error: orchestrator: unknown environment 'other'"), error
 
 
 def test_an_adapter_on_the_tied_default_s_lm_head_is_refused_before_launch(tmp_path: Path, tiny_model: str):

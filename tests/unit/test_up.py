@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from services.up import child_env, parse_cpus, pinned
+from services.placement import parse_cpus, pinned
+from services.up import child_env
 from shared.config import load_config
 from shared.errors import TriadError
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
@@ -46,7 +47,7 @@ def test_bad_cpu_lists_are_refused():
 
 
 def test_auto_cpus_split_the_cores_between_inference_and_the_trainer():
-    from services.up import format_cpus, placement
+    from services.placement import format_cpus, placement
 
     auto = load_config(None, ['inference.cpus="auto"', "trainer.nproc=1"])
     assert placement(auto, cores=[0, 1], gpu=False) == {INFERENCE: "0", TRAINER: "1"}
@@ -226,7 +227,7 @@ def test_an_unreadable_model_config_is_one_line(tmp_path):
     ],
 )
 def test_cores_and_gpus_the_machine_lacks_are_refused_before_launch(sets, gpu, refused):
-    from services.up import check_placement
+    from services.placement import check_placement
 
     cfg = load_config(None, sets)
     if refused is None:

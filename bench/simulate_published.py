@@ -55,7 +55,7 @@ AREAL_15B = Scenario(
 )
 AREAL_7B = replace(AREAL_15B, params=7e9, gpus=192)  # 16 and 24 nodes of 8 (AReaL v0.3 blog)
 AREAL_SCALING = replace(
-    AREAL_7B, gpus=16, max_tokens=32768 - 1024
+    AREAL_7B, gpus=16, max_tokens=32768 - 1024, prompt_tokens=1024
 )  # AReaL's benchmark: 32k context, 1k prompt
 AREAL_SPLIT, AREAL_ETA = 0.75, 4  # the benchmark's build_cmd.py and areal_config.yaml
 # AReaL's one rule: prompts generating at once are its `max_concurrent_rollouts`, stated as 512 in
@@ -75,7 +75,9 @@ NEMO = Scenario(
     batch_prompts=64,
     group_size=32,
     steps=STEPS,
-    logprob_passes=1,
+    # its GRPO times the policy's (prev) and the reference's log-probs as one phase
+    # (nemo_rl/algorithms/grpo.py, "policy_and_reference_logprobs"; the KL penalty 0.01 by default)
+    logprob_passes=2,
     prompt_tokens=NEMO_PROMPT,
 )
 NEMO_MEAN = {False: 1019.0, True: 1123.0}  # G-Average Seq len, on policy and 1-step off (v0.5)

@@ -49,7 +49,7 @@ class Gpu:
     # the trainer's (6 N FLOPs per prompt or completion token and attention's, 2 N and its attention
     # more per log-prob pass: `Trainer.train_s`), fitted to NeMo-RL v0.3's stated policy training +
     # get logprobs time (fit_v03)
-    mfu: float = 0.3521
+    mfu: float = 0.4401
     handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 
@@ -62,9 +62,11 @@ def shape_of(params: float, shape: Shape | None = None) -> Shape:
     return shape or min(SHAPES, key=lambda s: abs(s[0] - params) / s[0])[1]
 
 
-def kv_bytes_per_token(params: float, shape: Shape | None = None) -> float:
+def kv_bytes_per_token(params: float, shape: Shape | None = None, tp: int = 1) -> float:
+    """A token's K and V (bf16) over a server of `tp` GPUs: with more GPUs than KV heads each GPU
+    still holds (and reads) a whole head, so the heads are held `tp / heads` times over."""
     layers, heads, dim, _ = shape_of(params, shape)
-    return layers * 2 * heads * dim * 2  # K and V, bf16
+    return layers * 2 * max(heads, tp) * dim * 2
 
 
 def attention_width(params: float, shape: Shape | None = None) -> float:
@@ -85,7 +87,7 @@ def tp_for(params: float, gpu: Gpu) -> int:
 
 def kv_capacity_tokens(params: float, gpu: Gpu, tp: int, shape: Shape | None = None) -> float:
     """Tokens the KV cache holds on a server: 90% of its memory less the weights (vLLM's default)."""
-    return max(0.9 * gpu.memory_bytes * tp - 2 * params, 0.0) / kv_bytes_per_token(params, shape)
+    return max(0.9 * gpu.memory_bytes * tp - 2 * params, 0.0) / kv_bytes_per_token(params, shape, tp)
 
 
 def inference_for(
@@ -108,7 +110,7 @@ def inference_for(
     return Inference(
         iter_base_s=gpu.launch_s + 2 * params / bw,
         iter_per_seq_s=2 * flops_params / flops_s,
-        iter_per_kv_token_s=kv_bytes_per_token(params, shape) / bw
+        iter_per_kv_token_s=kv_bytes_per_token(params, shape, tp) / bw
         + 4 * attention_width(params, shape) / flops_s,
         max_seqs=max(1, min(gpu.max_seqs, fit)),
         prefill_tokens_per_s=gpu.peak_flops * gpu.compute_efficiency * tp / (2 * flops_params),
@@ -168,7 +170,7 @@ def hbm_efficiency_for(
             f"simulate: {tokens_per_s_per_gpu:.0f} tokens/s/GPU at {running} sequences is beyond the "
             f"model's launch and compute costs on {gpu.name}; fit compute_efficiency or launch_s instead"
         )
-    read = 2 * params + running * context_tokens * kv_bytes_per_token(params)
+    read = 2 * params + running * context_tokens * kv_bytes_per_token(params, tp=tp)
     return read / (memory_s * gpu.hbm_bytes_per_s * tp)
 
 

@@ -219,6 +219,23 @@ def test_a_sequence_aborted_twice_keeps_all_its_tokens():
     assert server.t == pytest.approx(10.006, abs=1e-3)  # 0.6 of a token was rounded up at 200.6
 
 
+def test_a_server_with_more_gpus_than_kv_heads_holds_each_head_on_every_gpu_that_needs_it():
+    """Qwen3-235B-A22B has 4 KV heads; at TP 16 each GPU holds one whole head (vLLM replicates
+    them), so a token's KV is held, and read, 4 times over: a quarter of the tokens fit."""
+    from simulate.hardware import Gpu, inference_for, kv_bytes_per_token, kv_capacity_tokens
+
+    gpu, params, shape = Gpu(), 235e9, (94, 4, 128, 64)
+    per_head = 94 * 2 * 128 * 2
+    assert kv_bytes_per_token(params, shape, 1) == kv_bytes_per_token(params, shape, 4) == 4 * per_head
+    assert kv_bytes_per_token(params, shape, 16) == 16 * per_head
+    room = 0.9 * gpu.memory_bytes * 16 - 2 * params
+    assert kv_capacity_tokens(params, gpu, 16, shape) == pytest.approx(room / (16 * per_head))
+    server = inference_for(params, gpu, 16, shape=shape)
+    bw = gpu.hbm_bytes_per_s * gpu.hbm_efficiency * 16
+    attention = 4 * 94 * 64 * 128 / (gpu.peak_flops * gpu.compute_efficiency * 16)
+    assert server.iter_per_kv_token_s == pytest.approx(16 * per_head / bw + attention)
+
+
 def test_a_mixture_of_experts_costs_flops_by_its_active_parameters_and_memory_by_all():
     """Decode per sequence, prefill and training by the active parameters; the weights each decode
     iteration reads, the KV cache left beside them and the weight hand-off by all of them."""

@@ -110,6 +110,18 @@ def recorded(oc: dict[str, Any], key: str) -> Any:
     return oc[flat[key]]
 
 
+def sample_tokens(orch: list[dict]) -> tuple[float, float]:
+    """A sample's mean prompt and completion tokens: the completion is what `sampling.max_tokens`
+    caps. A run recorded before the rows had `completion_tokens` gives its whole samples as the
+    completion (and no prompt), which fits only where prompts are short against the cap."""
+    samples = sum(r["samples"] for r in orch)
+    tokens = sum(r["tokens"] for r in orch) / samples
+    if not all("completion_tokens" in r for r in orch):
+        return 0.0, tokens
+    completion = sum(r["completion_tokens"] for r in orch) / samples
+    return tokens - completion, completion
+
+
 def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     """The run's Setup with every phase fitted, and the latency it must reproduce."""
     cfg = rundir.read_run().config
@@ -122,11 +134,9 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
     overhead, per_token = line_fit(
         [r["tokens"] for r in trainer], [r.get("read_s", 0) + r["train_s"] for r in trainer]
     )
-    samples = sum(r["samples"] for r in orch)
+    prompt, completion = sample_tokens(orch)
     lengths = fit_lengths(
-        sum(r["tokens"] for r in orch) / samples,
-        mean(r["truncated_frac"] for r in orch),
-        recorded(oc, "sampling.max_tokens"),
+        completion, mean(r["truncated_frac"] for r in orch), recorded(oc, "sampling.max_tokens")
     )
     load_s = median(loads) if loads else 0.0
     publish = mean(r["publish_s"] for r in trainer)
@@ -150,9 +160,8 @@ def setup_from_run(rundir: RunDir) -> tuple[Setup, float]:
             handoff_bytes_per_s=1e18,
             publish_overhead_s=publish,
         ),
-        # the lengths are the rows' tokens per sample, prompt included, which the trainer trains
         lengths=lengths,
-        prompt_tokens=0,
+        prompt_tokens=round(prompt),
         batch_size=oc["batch_size"],
         group_size=oc["group_size"],
         max_inflight=oc["max_inflight"],

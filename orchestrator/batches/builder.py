@@ -111,6 +111,7 @@ class BatchBuilder:
             "tool_errors_mean": _mean([s.tool_errors for s in samples]),
             "samples": len(rows),
             "tokens": sum(len(r["input_ids"]) for r in rows),
+            "completion_tokens": sum(s.completion_tokens for s in samples),
             **env_metric_means(samples),
         }
 

@@ -66,6 +66,10 @@ def check_training(rundir: RunDir) -> None:
     orchestrator = rundir.metrics.rows("orchestrator")
     seen = [r["served_version"] for r in orchestrator]
     assert seen == sorted(seen) and seen[-1] >= 1, seen
+    for row in orchestrator:  # the sizes `triad simulate --from` fits: all tokens, and those sampled
+        batch = pq.read_table(rundir.batch_file(row["step"]), columns=["input_ids", "loss_mask"]).to_pylist()
+        assert row["tokens"] == sum(len(r["input_ids"]) for r in batch)
+        assert row["completion_tokens"] == sum(sum(r["loss_mask"]) for r in batch) > 0
 
 
 def test_triad_up_overlaps_by_one_step_and_no_more(tmp_path: Path, tiny_model: str) -> None:

@@ -336,10 +336,14 @@ def test_the_simulator_imports_no_service_and_no_torch():
     assert out.strip() == "[]"
 
 
-def synthetic_run(path, on_servers: int = 16, guard_slots: float | None = None) -> None:
+def synthetic_run(
+    path, on_servers: int = 16, guard_slots: float | None = None, prompt_tokens: int | None = None
+) -> None:
     """A run directory with 30 steps of known phase times (16 x 8 samples of ~7 tokens, 0.2 s a step),
     `on_servers` of the 16 slots on a server throughout and `guard_slots` left empty by the η guard
-    (no guard metric at all: None, as in runs from before it was recorded)."""
+    (no guard metric at all: None, as in runs from before it was recorded). `prompt_tokens`: each
+    sample's prompt, the rows' tokens its ~7 completion tokens more (None: no `completion_tokens`
+    in the rows, as before they were recorded)."""
     from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
     rundir = RunDir(path)
@@ -355,10 +359,12 @@ def synthetic_run(path, on_servers: int = 16, guard_slots: float | None = None) 
         phases = dict(request_latency_s_p50=0.1, assemble_s=0.001, write_batch_s=0.015, request_spans=spans)
         if guard_slots is not None:
             phases.update(guard_wait_s=0.2, guard_idle_slot_s=0.2 * guard_slots)
-        orch.log(
-            step, time=t, samples=128, samples_dropped=0, tokens=860 + step % 3, truncated_frac=0.01, **phases
-        )
-        trainer.log(step, time=t + 0.15, tokens=860 + step % 3, read_s=0.01, train_s=0.09, publish_s=0.04)
+        tokens = 860 + step % 3
+        if prompt_tokens is not None:
+            phases.update(completion_tokens=tokens)
+            tokens += 128 * prompt_tokens
+        orch.log(step, time=t, samples=128, samples_dropped=0, tokens=tokens, truncated_frac=0.01, **phases)
+        trainer.log(step, time=t + 0.15, tokens=tokens, read_s=0.01, train_s=0.09, publish_s=0.04)
         inference.log(step, time=t + 0.18, version=step, load_s=0.03)
 
 
@@ -382,6 +388,22 @@ def test_calibration_reads_the_phases_of_a_run(tmp_path):
     r = run_triad("simulate", "--from", str(tmp_path), "--steps", "20")
     assert r.returncode == 0, r.stderr
     assert "measured 640.0 samples/s at η=1" in r.stdout and "η=2:" in r.stdout
+
+
+def test_calibration_fits_the_completion_under_its_cap_and_trains_the_prompt_too(tmp_path):
+    """40-token prompts and ~7-token completions under `sampling.max_tokens = 8`: the lengths are
+    the completions' (capped at 8, mean 6.7) and the prompt is the setup's; the trainer's tokens a
+    step are both. Before 2026-11-29 the whole 47-token samples were fitted under the cap of 8."""
+    from shared.rundir import RunDir
+    from simulate.calibrate import setup_from_run
+
+    synthetic_run(tmp_path, prompt_tokens=40)
+    setup, _ = setup_from_run(RunDir(tmp_path))
+    assert setup.prompt_tokens == 40
+    assert setup.lengths.max_tokens == 8
+    assert setup.lengths.mean() == pytest.approx(861 / 128, rel=0.03)
+    step_tokens = setup.batch_size * setup.group_size * (setup.prompt_tokens + setup.lengths.mean())
+    assert step_tokens == pytest.approx(861 + 128 * 40, rel=0.01)
 
 
 def test_calibration_reads_a_run_recorded_before_the_orchestrator_had_tables():

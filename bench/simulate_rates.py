@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -107,10 +108,14 @@ def generation_step_s(gpu: Gpu) -> float:
     return simulate(setup.with_(trainer=instant)).step_s()
 
 
-def trainer_cycle_s(setup: Setup) -> float:
-    """The model's trainer on one batch of the setup's mean length: train, then publish."""
-    tokens = setup.batch_size * setup.group_size * (setup.prompt_tokens + setup.lengths.mean())
-    return setup.trainer.train_s(round(tokens), setup.train_gpus) + setup.trainer.publish_s()
+def trainer_cycle_s(setup: Setup, draws: int = 20000) -> float:
+    """The model's trainer on one batch of the setup's mean sample: train (a sample's tokens and,
+    for attention, their square, as the pipeline sums them over a batch), then publish."""
+    sequences = [setup.prompt_tokens + n for n in setup.lengths.draws(random.Random(1), draws)]
+    samples = setup.batch_size * setup.group_size
+    tokens = samples * sum(sequences) / draws
+    sq_tokens = samples * sum(s * s for s in sequences) / draws
+    return setup.trainer.train_s(round(tokens), setup.train_gpus, sq_tokens) + setup.trainer.publish_s()
 
 
 def step_bound_rates(base: Gpu, step_s: float = ASYNC_STEP_S) -> tuple[float, float]:

@@ -129,3 +129,15 @@ def test_the_published_table_is_the_same_whichever_targets_and_rates_ran_before(
         8 * 989e12 * Gpu().mfu / (8 * (4e9 + 36 * 32 * 128 * 65536))
     )
     assert published.counts(alone)["held out 2, absolute"] == (sum(r["within_15pct"] for r in alone[1:]), 2)
+
+
+def test_held_out_set_3_is_twelve_stated_figures_from_three_sources() -> None:
+    """verl's one-step-off page (4 steps, 2 total-time ratios), SkyRL's trainer table (5), NeMo-RL
+    v0.6's 8-step-off row (1): what the bench's headline counts."""
+    from bench import simulate_published as published
+
+    rows = published.HELD_OUT_3
+    assert len(rows) == 12 and all(t.split == published.SET_3 for t in rows)
+    assert sorted({t.name.split()[0] for t in rows}) == ["NeMo-RL", "SkyRL", "verl"]
+    assert sum(t.absolute for t in rows) == 10
+    assert [round(t.published, 2) for t in rows if not t.absolute] == [1.24, 1.4]

@@ -27,7 +27,7 @@ from services.disk_plan import room_warning
 from services.exporters import make_exporters
 from services.models import is_hub_id, resolve_model
 from services.placement import check_placement, has_gpu, parse_cpus, pinned, placement
-from services.progress import ProgressPrinter, StartTimes
+from services.progress import ProgressPrinter, StartTimes, log_text
 from services.report import plot_run
 from services.tiny_model import cache_root
 from shared.config import TriadConfig
@@ -52,12 +52,7 @@ class Child:
     log_offset: int = 0  # where this start's output begins: a run's logs keep every start's
 
     def lines(self) -> list[str]:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self.log_offset)
-                return f.read().decode(errors="replace").splitlines()
-        except FileNotFoundError:
-            return []
+        return log_text(self.log_path, self.log_offset).splitlines()
 
     def failure(self, code: int) -> str:
         """Why the child stopped, for the user: its own one-line error if it printed one (the

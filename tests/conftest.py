@@ -8,8 +8,13 @@ import pytest
 
 @pytest.fixture(scope="session")
 def triad_cache(tmp_path_factory) -> Path:
-    """A private model cache for the whole session (shared with subprocesses via env)."""
-    cache = Path(os.environ.get("TRIAD_TEST_CACHE") or tmp_path_factory.mktemp("triad-cache"))
+    """A private model cache for the whole session (shared with subprocesses via env), one for
+    all of pytest-xdist's workers (beside their own folders): a model is built once, under its lock."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    cache = Path(os.environ.get("TRIAD_TEST_CACHE") or root / "triad-cache")
+    cache.mkdir(parents=True, exist_ok=True)
     os.environ["TRIAD_CACHE"] = str(cache)
     return cache
 

@@ -1,6 +1,7 @@
 """Plain vLLM servers (vLLM's own, no triad admin routes: the policy stays frozen) shared by
 every module that needs one: each is started when first asked for and stopped when the session
-ends. Idle, one costs memory, not CPU (measured: under 2% of a core)."""
+ends, once in each pytest-xdist worker that asks. Idle, one costs memory, not CPU (measured:
+under 2% of a core)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from simulate.hardware import H20, Gpu, Shape, trainer_for
+from shared.errors import TriadError
+from simulate.hardware import B200, GB200, H20, H200, Gpu, Shape, trainer_for
 from simulate.pipeline import simulate
 from simulate.result import Result
 from simulate.scenario import Scenario
@@ -38,16 +39,31 @@ TOLERANCE = 0.15
 STEPS = 60  # steps per simulation: the first fifth is the pipeline filling and is not counted
 
 
+# prime-rl's trainer rates: fitted to its five H100 baseline rows (held out 1 and 2, seen), its
+# stated step (two micro-batches of one sequence a GPU) in the model's FLOP count, by
+# bench.simulate_rates.fit_prime_rl (a unit test holds these to it)
+PRIME_RL = Gpu(mfu=0.3992, step_s_per_param=1.392e-9)
+
+
 @dataclass(frozen=True)
 class Rates:
-    """The shared rates every target runs at: one H100/H800 and one H20 (the same efficiencies)."""
+    """The rates targets run at: the shared ones (fitted to NeMo-RL v0.3) on H100/H800 and on H20
+    (the same efficiencies; any other kind takes them on its own peaks, `Gpu.on`), and prime-rl's
+    trainer, fitted to its own rows."""
 
     h100: Gpu = Gpu()
     h20: Gpu = H20
+    prime_rl: Gpu = PRIME_RL
 
     def on(self, sc: Scenario) -> Scenario:
         """`sc` on these rates: its GPU's kind kept."""
-        return replace(sc, gpu=self.h20 if sc.gpu.name == H20.name else self.h100)
+        return replace(sc, gpu=self.kind(sc.gpu))
+
+    def kind(self, gpu: Gpu, base: Gpu | None = None) -> Gpu:
+        """`base`'s efficiencies (the shared ones by default) on `gpu`'s kind."""
+        if base is None and gpu.name == H20.name:
+            return self.h20
+        return (base or self.h100).on(gpu)
 
 
 # What each source states (docs/simulate.md, "Per-target inputs", has the URLs); the rest are the
@@ -67,6 +83,10 @@ VERL = Scenario(
     gpus=128, params=7e9, max_tokens=28 * 1024, batch_prompts=512, group_size=16, steps=STEPS, gpu=H20
 )
 VERL_STALENESS = 0.5  # staleness_threshold: at most 1.5 batches generated per version
+# verl's rule for lengths: its pages state phase times, not lengths, so a run's mean completion is
+# the one at which the model's trainer takes the stated update_actor of the colocated sync run on
+# the same GPUs (`verl_mean`); the 7B page's colocated runs on 32, 64 and 128 H20
+VERL_UPDATE_S = {32: 269.80, 64: 133.41, 128: 113.81}
 # NeMo-RL's one rule for the prompt: its Tokens/sec/GPU column over its Llama-3.1-8B rows' stated
 # step times implies ~130 prompt tokens a sample (bench.simulate_rates, the v0.5 rows, OpenMathInstruct-2)
 NEMO_PROMPT = 130
@@ -97,6 +117,7 @@ NEMO_235B_TP = {False: 16, True: 8}  # Generation [TP, PP]: [16,1] on policy, [8
 # verl's fully-async page (docs/advance/fully_async.md, volcengine/verl b178a3c): its one rule for a
 # speedup, the ratio of total times over the 400 steps each run states
 VERL_30B = replace(VERL, max_tokens=8 * 1024, **QWEN3_30B)  # Qwen3-30B-A3B-Base, 128 H20, 8K, 512 x 16
+VERL_30B_UPDATE_S = 86.27  # its colocated sync run's update_actor
 # prime-rl's trainer baselines (benchmarks/baselines/*.json, PrimeIntellect-ai/prime-rl 767aaad): RL,
 # full, activation recompute ("ac": "Recompute"), FA3, H100: (model parameters, GPUs, sequence
 # tokens, tokens/s); the models' shapes from their config.json
@@ -126,6 +147,15 @@ PRIME_06B_16K = (0.6e9, 1, 16384, 11895.99)
 PRIME_4B_16K = (4.0e9, 8, 16384, 26025.54)
 PRIME_30B_16K = (30.5e9, 8, 16384, 6113.18)
 
+# prime-rl's H100 rows (sets 1 and 2, seen), which its rates are fitted to: (row, shape, active)
+PRIME_H100 = (
+    (PRIME_06B, QWEN3_06B_SHAPE, 0.0),
+    (PRIME_4B, QWEN3_4B_SHAPE, 0.0),
+    (PRIME_06B_16K, QWEN3_06B_SHAPE, 0.0),
+    (PRIME_4B_16K, QWEN3_4B_SHAPE, 0.0),
+    (PRIME_30B_16K, QWEN3_30B["shape"], QWEN3_30B["active_params"]),
+)
+
 # Held out, set 3 (written 2026-11-29, after NeMo-RL's second log-prob pass was counted and before
 # its first run; gathered from sources no earlier set read). Each row under its system's rule as
 # the earlier sets have it, the shared assumptions for the rest.
@@ -138,9 +168,10 @@ PRIME_30B_16K = (30.5e9, 8, 16384, 6113.18)
 # times (verl's rule for a speedup). The model has one trainer for FSDP2 and Megatron.
 VERL_1OFF = replace(VERL, gpus=16, group_size=12, max_tokens=8192)
 VERL_1OFF_GENERATE = 4
-VERL_1OFF_ROWS = (  # (backend, group size of the colocated run, sync step s, async step s, total minutes)
-    ("FSDP2", 12, 749.0, 520.0, (19 * 60 + 18, 15 * 60 + 34)),
-    ("Megatron", 16, 699.0, 566.0, (18 * 60 + 21, 13 * 60 + 6)),
+VERL_1OFF_ROWS = (  # (backend, group size of the colocated run, sync step s, async step s, total
+    # minutes, the colocated run's update_actor s: verl's lengths rule)
+    ("FSDP2", 12, 749.0, 520.0, (19 * 60 + 18, 15 * 60 + 34), 286.0),
+    ("Megatron", 16, 699.0, 566.0, (18 * 60 + 21, 13 * 60 + 6), 344.0),
 )
 # SkyRL's Megatron/FSDP comparison (NovaSky-AI/SkyRL docs/content/docs/examples/megatron.mdx,
 # a956457; first at 0f7641b): Search-R1, 512 prompts x 5 = 2,560 trajectories a step on H100,
@@ -165,6 +196,62 @@ SKYRL = (  # (model, backend, parameters and shape, H100s, average tokens a traj
 # (its ~130-token prompt, two log-prob passes, pause and keep).
 NEMO_30B_8OFF = replace(NEMO, gpus=192, tp=2, mean_tokens=3206.0, **QWEN3_30B)
 NEMO_30B_8OFF_GENERATE, NEMO_30B_8OFF_AGE, NEMO_30B_8OFF_STEP_S = 64, 8, 34.5
+
+# Held out, set 4 (written 2026-11-29, after prime-rl's rates were fitted to its H100 rows and verl's
+# lengths rule was changed, and before its first run): every row of the three sources read so far
+# that no earlier set has, on a GPU the model gains for them (NVIDIA's data sheets, `hardware`), and
+# verl's fully-async page's staleness ablation. Each system under its rule, nothing per row.
+# prime-rl's trainer baselines on H200 and B200 (benchmarks/baselines at 559b447, measured
+# 2026-01-15, micro_batches 2): (row, shape, active, kind, name, attention kernel)
+PRIME_SET_4 = (
+    ((4.0e9, 8, 16384, 27436.8), QWEN3_4B_SHAPE, 0.0, H200, "Qwen3-4B", "FA3"),
+    ((4.0e9, 8, 65536, 29543.5), QWEN3_4B_SHAPE, 0.0, H200, "Qwen3-4B", "FA3"),
+    (
+        (30.5e9, 8, 16384, 5942.6),
+        QWEN3_30B["shape"],
+        QWEN3_30B["active_params"],
+        H200,
+        "Qwen3-30B-A3B",
+        "FA3",
+    ),
+    (
+        (30.5e9, 8, 65536, 12748.3),
+        QWEN3_30B["shape"],
+        QWEN3_30B["active_params"],
+        H200,
+        "Qwen3-30B-A3B",
+        "FA3",
+    ),
+    ((4.0e9, 8, 16384, 27541.8), QWEN3_4B_SHAPE, 0.0, B200, "Qwen3-4B", "FA2"),
+)
+# NeMo-RL performance summary, "GB200 BF16" (GB200-NVL72), v0.5 (tag v0.5.0, 6c70893) and v0.6 (tag
+# v0.6.0, 5fb5889): every row but DeepSeek V3, as NEMO_V04's rows; the Llama rows' Tokens/sec/GPU was
+# read for NeMo-RL's prompt rule (bench.simulate_rates), their step times never compared
+LLAMA_8B = dict(params=8e9, shape=(32, 8, 128, 32))  # Llama-3.1-8B-Instruct's config.json
+NEMO_GB200 = {
+    "v0.5": (
+        ("Llama-3.1-8B", LLAMA_8B, 4096, True, 8, 1066, 1, 64, 91.0),
+        ("Llama-3.1-8B", LLAMA_8B, 4096, False, 8, 1107, 1, 64, 71.1),
+        ("Qwen3-235B", QWEN3_235B, 8192, True, 64, 5711, 8, 16, 332.0),
+        ("Qwen3-235B", QWEN3_235B, 8192, False, 128, 5711, 8, 16, 268.0),
+        ("Qwen3-30B-A3B", QWEN3_30B, 4096, True, 16, 3198, 1, 64, 232.0),
+        ("Qwen3-30B-A3B", QWEN3_30B, 4096, False, 32, 3204, 1, 64, 136.0),
+        ("Qwen3-32B", QWEN3_32B, 4096, True, 16, 3253, 1, 64, 381.0),
+        ("Qwen3-32B", QWEN3_32B, 4096, False, 32, 3258, 1, 64, 210.0),
+    ),
+    "v0.6": (
+        ("Qwen3-235B", QWEN3_235B, 8192, True, 64, 5709, 8, 16, 286.0),
+        ("Qwen3-235B", QWEN3_235B, 8192, True, 128, 5693, 8, 16, 345.0),
+        ("Qwen3-235B", QWEN3_235B, 8192, False, 128, 5705, 8, 16, 278.0),
+        ("Qwen3-30B-A3B", QWEN3_30B, 4096, True, 16, 3199, 1, 64, 221.0),
+        ("Qwen3-30B-A3B", QWEN3_30B, 4096, False, 16, 3197, 1, 64, 301.0),
+    ),
+}
+# verl's fully-async page (as set 1), its 128-H20 staleness ablation (partial rollout on, 64:64,
+# trigger_parameter_sync_step 4 x require_batches 4): (staleness_threshold, step s, 400 steps in
+# minutes); the colocated sync run's 400 steps, 1d 16h 48m
+VERL_STALENESS_ROWS = ((0.0, 231.34, 25 * 60 + 53), (0.1, 171.30, 19 * 60 + 59), (0.3, 146.11, 17 * 60 + 20))
+VERL_SYNC_400_MIN = 40 * 60 + 48
 
 
 def areal_async(sc: Scenario, eta: int = AREAL_ETA, inflight: int | None = AREAL_INFLIGHT) -> Setup:
@@ -209,35 +296,61 @@ def scaling(rates: Rates, gpus: int, synchronous: bool) -> float:
 
 
 def verl_runs(
-    rates: Rates, sc: Scenario, inference_gpus: int, sync_passes: int = 1, async_passes: int = 0
+    rates: Rates,
+    sc: Scenario,
+    inference_gpus: int,
+    sync_passes: int = 1,
+    async_passes: int = 0,
+    staleness: float = VERL_STALENESS,
 ) -> tuple[Result, Result]:
     """verl's colocated sync (all GPUs, `sync_passes` log-prob passes: `old_log_prob`, and `ref`
-    where the run states one) and its fully-async (`inference_gpus` generate, staleness 0.5, partial
-    rollout, the rollout's log-probs, `async_passes` for a stated `ref`)."""
+    where the run states one) and its fully-async (`inference_gpus` generate, the rollout's
+    log-probs, `async_passes` for a stated `ref`): with a `staleness` threshold, η = 1 with (1 +
+    staleness) batches generating and partial rollout (abort and resume); at 0, verl's streaming
+    synchronous mode, η = 0 and one batch (partial rollout takes effect only above 0)."""
     sc = rates.on(sc)
     sync = simulate(replace(sc, logprob_passes=sync_passes).colocated_sync())
-    inflight = int(sc.batch_prompts * (1 + VERL_STALENESS))
-    split = replace(sc, logprob_passes=async_passes).split(inference_gpus, 1, "abort", inflight=inflight)
+    inflight = int(sc.batch_prompts * (1 + staleness))
+    eta, mode = (1, "abort") if staleness > 0 else (0, "keep")
+    split = replace(sc, logprob_passes=async_passes).split(inference_gpus, eta, mode, inflight=inflight)
     return sync, simulate(split)
 
 
-def verl_speedup(rates: Rates, sc: Scenario = VERL, inference_gpus: int = 64, **passes: int) -> float:
-    sync, async_ = verl_runs(rates, sc, inference_gpus, **passes)
+def verl_speedup(rates: Rates, sc: Scenario | None = None, inference_gpus: int = 64, **kw: float) -> float:
+    sync, async_ = verl_runs(rates, sc or verl_7b(rates), inference_gpus, **kw)
     return async_.samples_per_s() / sync.samples_per_s()
 
 
-def verl_step_s(rates: Rates, sc: Scenario, inference_gpus: int, synchronous: bool, **passes: int) -> float:
-    sync, async_ = verl_runs(rates, sc, inference_gpus, **passes)
+def verl_step_s(rates: Rates, sc: Scenario, inference_gpus: int, synchronous: bool, **kw: float) -> float:
+    sync, async_ = verl_runs(rates, sc, inference_gpus, **kw)
     return (sync if synchronous else async_).step_s()
 
 
-def verl_mean_from_trainer(rates: Rates) -> float:
-    """The mean completion length at which the model's colocated trainer, by its matrix products
-    alone (6 N a token; attention adds ~4% at the ~2,100-token sequences this gives), takes verl's
-    stated `update_actor` (113.81 s on 128 H20): the page states times, not lengths."""
-    trainer = rates.on(VERL).colocated_sync().trainer
-    tokens = (113.81 - trainer.overhead_s) * 128 * trainer.peak_flops * trainer.mfu / (6 * trainer.params)
-    return tokens / (VERL.batch_prompts * VERL.group_size) - VERL.prompt_tokens
+def verl_mean(rates: Rates, sc: Scenario, update_actor_s: float) -> float:
+    """verl's lengths rule: the mean completion at which the model's colocated trainer on `sc`, by
+    its matrix products alone (6 N a token; attention adds a few percent at the lengths this
+    gives), takes a colocated run's stated `update_actor` (verl's pages state times, not lengths)."""
+    trainer = rates.on(sc).colocated_sync().trainer
+    flops_s = update_actor_s - trainer.overhead_s - trainer.step_s_per_param * trainer.params
+    tokens = (
+        flops_s * sc.gpus * trainer.peak_flops * trainer.mfu / (6 * (trainer.active_params or trainer.params))
+    )
+    mean = tokens / (sc.batch_prompts * sc.group_size) - sc.prompt_tokens
+    if not 0 < mean < sc.max_tokens:
+        raise TriadError(
+            f"simulate: verl's stated update_actor {update_actor_s} s gives a mean of {mean:.0f} tokens"
+        )
+    return mean
+
+
+def verl_7b(rates: Rates, gpus: int = 128) -> Scenario:
+    """The 7B page's task on `gpus` H20, its lengths from that layout's colocated run."""
+    sc = replace(VERL, gpus=gpus)
+    return replace(sc, mean_tokens=verl_mean(rates, sc, VERL_UPDATE_S[gpus]))
+
+
+def verl_30b(rates: Rates) -> Scenario:
+    return replace(VERL_30B, mean_tokens=verl_mean(rates, VERL_30B, VERL_30B_UPDATE_S))
 
 
 def verl_sync_s(rates: Rates, params: float, active: float = 0.0) -> float:
@@ -272,8 +385,11 @@ def nemo_235b_step_s(rates: Rates, asynchronous: bool, sc: Scenario = NEMO_235B)
     return nemo_result(rates, sc, asynchronous, NEMO_235B_MEAN, NEMO_235B_TP[asynchronous]).step_s()
 
 
+PRIME_MICRO_BATCHES = 2  # each baseline's "micro_batches": a step is 2 sequences a GPU
+
+
 def trainer_tokens_per_s(
-    rates: Rates,
+    gpu: Gpu,
     params: float,
     gpus: int,
     sequence: int,
@@ -281,37 +397,45 @@ def trainer_tokens_per_s(
     active: float = 0.0,
     logprob_passes: int = 0,
 ) -> float:
-    """The model's trainer rate on H100 on sequences of `sequence` tokens, recomputing activations
-    (prime-rl's "Recompute"): tokens a second over `gpus`, its fixed cost left out."""
+    """The model's trainer rate on `gpu` on prime-rl's benchmark step (`PRIME_MICRO_BATCHES`
+    sequences of `sequence` tokens a GPU), recomputing activations ("Recompute"): tokens a second
+    over `gpus`, as prime-rl times it (forward, backward and the optimizer; our fixed cost left out)."""
     trainer = trainer_for(
-        params, rates.h100, logprob_passes=logprob_passes, active=active, shape=shape, recompute=True
+        params, gpu, logprob_passes=logprob_passes, active=active, shape=shape, recompute=True
     )
-    tokens = 64 * sequence
+    tokens = PRIME_MICRO_BATCHES * gpus * sequence
     return tokens / (trainer.train_s(tokens, gpus, float(tokens * sequence)) - trainer.overhead_s)
 
 
 def prime_rl_rate(
-    row: tuple[float, int, int, float], shape: Shape, active: float = 0.0
+    row: tuple[float, int, int, float], shape: Shape, active: float = 0.0, kind: Gpu | None = None
 ) -> Callable[..., float]:
-    """A prime-rl baseline row's prediction: rates (and log-prob passes, 0) to tokens/s."""
+    """A prime-rl baseline row's prediction at prime-rl's rates on `kind` (H100 by default): rates
+    (and log-prob passes, 0) to tokens/s."""
     params, gpus, sequence, _ = row
     return lambda r, logprob_passes=0: trainer_tokens_per_s(
-        r, params, gpus, sequence, shape, active, logprob_passes
+        r.kind(kind or r.h100, r.prime_rl), params, gpus, sequence, shape, active, logprob_passes
     )
 
 
-def nemo_v04_step_s(rates: Rates, row: tuple) -> float:
-    """A NeMo-RL v0.4 row under NeMo-RL's rules (its ~130-token prompt; on policy colocated,
-    one-step-off half the GPUs generating, age 1, pause and keep) and the row's stated generation TP."""
+def nemo_v04_step_s(rates: Rates, row: tuple, kind: Gpu | None = None) -> float:
+    """A NeMo-RL v0.4 (or GB200) row under NeMo-RL's rules (its ~130-token prompt; on policy
+    colocated, one-step-off half the GPUs generating, age 1, pause and keep) and the row's stated
+    generation TP, on H100 or `kind`."""
     _, model, total, on_policy, gpus, mean, tp, prompts, _ = row
     sc = replace(NEMO, gpus=gpus, batch_prompts=prompts, max_tokens=total - NEMO_PROMPT, tp=tp, **model)
+    sc = replace(sc, gpu=kind) if kind else sc
     return nemo_result(rates, sc, not on_policy, {not on_policy: float(mean)}).step_s()
 
 
-def verl_one_step_off(rates: Rates, group_size: int, synchronous: bool) -> Result:
-    """verl's one-step-off recipe: colocated and synchronous, or 4 GPUs generating the next batch
-    (one batch in flight, age 1, loads between batches kept) while 12 train; old_log_prob in both."""
-    sc = rates.on(replace(VERL_1OFF, group_size=group_size, logprob_passes=1))
+def verl_one_step_off(rates: Rates, row: tuple, synchronous: bool) -> Result:
+    """A VERL_1OFF_ROWS backend's colocated sync run (512 x its group size), or its one-step-off run:
+    4 GPUs generating the next batch of 512 x 12 (one batch in flight, age 1, loads between batches
+    kept) while 12 train; old_log_prob in both; the lengths from its colocated run's update_actor."""
+    _, sync_group, *_, update_actor_s = row
+    mean = verl_mean(rates, replace(VERL_1OFF, group_size=sync_group), update_actor_s)
+    group_size = sync_group if synchronous else VERL_1OFF.group_size
+    sc = rates.on(replace(VERL_1OFF, group_size=group_size, logprob_passes=1, mean_tokens=mean))
     if synchronous:
         return simulate(sc.colocated_sync())
     return simulate(sc.split(VERL_1OFF_GENERATE, 1, "keep", inflight=sc.batch_prompts))
@@ -356,7 +480,8 @@ def gpu_busy(rates: Rates, sc: Scenario) -> dict[str, float]:
 
 SET_1 = "held out 1 (seen)"
 SET_2 = "held out 2"
-SET_3 = "held out 3"
+SET_3 = "held out 3 (seen)"
+SET_4 = "held out 4"
 
 
 @dataclass(frozen=True)
@@ -495,28 +620,28 @@ HELD_OUT: list[Target] = [
         "verl 7B fully-async / colocated sync, 32 GPUs",
         "32 H20, 16:16, as the 128-GPU row; 400 steps",
         2.66,
-        lambda r: verl_speedup(r, replace(VERL, gpus=32), 16),
+        lambda r: verl_speedup(r, verl_7b(r, 32), 16),
         SET_1,
     ),
     Target(
         "verl 7B fully-async / colocated sync, 64 GPUs",
         "64 H20, 32:32; 400 steps",
         1.92,
-        lambda r: verl_speedup(r, replace(VERL, gpus=64), 32),
+        lambda r: verl_speedup(r, verl_7b(r, 64), 32),
         SET_1,
     ),
     Target(
         "verl 30B-A3B fully-async / colocated sync",
         "Qwen3-30B-A3B, 128 H20, 96:32, 8K, 512x16, sync old_log_prob + ref, async ref; 400 steps",
         1.72,
-        lambda r: verl_speedup(r, VERL_30B, 96, sync_passes=2, async_passes=1),
+        lambda r: verl_speedup(r, verl_30b(r), 96, sync_passes=2, async_passes=1),
         SET_1,
     ),
     Target(
         "verl 7B colocated sync step, 32 GPUs (s)",
         "",
         790.10,
-        lambda r: verl_step_s(r, replace(VERL, gpus=32), 16, True),
+        lambda r: verl_step_s(r, verl_7b(r, 32), 16, True),
         SET_1,
         True,
     ),
@@ -524,7 +649,7 @@ HELD_OUT: list[Target] = [
         "verl 7B fully-async step, 16:16 (s)",
         "",
         294.77,
-        lambda r: verl_step_s(r, replace(VERL, gpus=32), 16, False),
+        lambda r: verl_step_s(r, verl_7b(r, 32), 16, False),
         SET_1,
         True,
     ),
@@ -532,7 +657,7 @@ HELD_OUT: list[Target] = [
         "verl 7B colocated sync step, 64 GPUs (s)",
         "",
         365.28,
-        lambda r: verl_step_s(r, replace(VERL, gpus=64), 32, True),
+        lambda r: verl_step_s(r, verl_7b(r, 64), 32, True),
         SET_1,
         True,
     ),
@@ -540,7 +665,7 @@ HELD_OUT: list[Target] = [
         "verl 7B fully-async step, 32:32 (s)",
         "",
         189.26,
-        lambda r: verl_step_s(r, replace(VERL, gpus=64), 32, False),
+        lambda r: verl_step_s(r, verl_7b(r, 64), 32, False),
         SET_1,
         True,
     ),
@@ -548,7 +673,7 @@ HELD_OUT: list[Target] = [
         "verl 30B-A3B colocated sync step (s)",
         "",
         497.89,
-        lambda r: verl_step_s(r, VERL_30B, 96, True, sync_passes=2, async_passes=1),
+        lambda r: verl_step_s(r, verl_30b(r), 96, True, sync_passes=2, async_passes=1),
         SET_1,
         True,
     ),
@@ -556,7 +681,7 @@ HELD_OUT: list[Target] = [
         "verl 30B-A3B fully-async step, 96:32 (s)",
         "",
         282.75,
-        lambda r: verl_step_s(r, VERL_30B, 96, False, sync_passes=2, async_passes=1),
+        lambda r: verl_step_s(r, verl_30b(r), 96, False, sync_passes=2, async_passes=1),
         SET_1,
         True,
     ),
@@ -664,14 +789,15 @@ HELD_OUT_2: list[Target] = nemo_v04_targets() + [
 
 def verl_1off_targets() -> list[Target]:
     out = []
-    for backend, sync_group, sync_s, async_s, (sync_min, async_min) in VERL_1OFF_ROWS:
+    for row in VERL_1OFF_ROWS:
+        backend, sync_group, sync_s, async_s, (sync_min, async_min), _ = row
         where = f"16 H20, 512x{sync_group}, 8,192 (the scripts), colocated, old_log_prob"
         out += [
             Target(
                 f"verl one-step-off {backend}: colocated sync step (s)",
                 where,
                 sync_s,
-                lambda r, g=sync_group: verl_one_step_off(r, g, True).step_s(),
+                lambda r, row=row: verl_one_step_off(r, row, True).step_s(),
                 SET_3,
                 True,
             ),
@@ -679,7 +805,7 @@ def verl_1off_targets() -> list[Target]:
                 f"verl one-step-off {backend}: one-step-off step (s)",
                 "16 H20, 4 generate : 12 train, 512x12, age 1, one batch in flight",
                 async_s,
-                lambda r: verl_one_step_off(r, 12, False).step_s(),
+                lambda r, row=row: verl_one_step_off(r, row, False).step_s(),
                 SET_3,
                 True,
             ),
@@ -687,8 +813,8 @@ def verl_1off_targets() -> list[Target]:
                 f"verl one-step-off {backend}: total time sync / one-step-off",
                 f"{sync_min} / {async_min} minutes",
                 sync_min / async_min,
-                lambda r, g=sync_group: (
-                    verl_one_step_off(r, g, True).step_s() / verl_one_step_off(r, 12, False).step_s()
+                lambda r, row=row: (
+                    verl_one_step_off(r, row, True).step_s() / verl_one_step_off(r, row, False).step_s()
                 ),
                 SET_3,
             ),
@@ -725,7 +851,83 @@ HELD_OUT_3: list[Target] = (
     ]
 )
 
-TARGETS = FITTED_ON + HELD_OUT + HELD_OUT_2 + HELD_OUT_3
+
+def prime_set_4() -> list[Target]:
+    out = []
+    for row, shape, active, kind, model, kernel in PRIME_SET_4:
+        params, gpus, sequence, rate = row
+        out.append(
+            Target(
+                f"prime-rl {model} trainer on {kind.name} at {sequence // 1024}K, tokens/s",
+                f"{gpus} {kind.name}, {sequence:,}-token sequences, RL full, recompute, {kernel}; "
+                "prime-rl's rates",
+                rate,
+                prime_rl_rate(row, shape, active, kind),
+                SET_4,
+                True,
+            )
+        )
+    return out
+
+
+def nemo_gb200_set_4() -> list[Target]:
+    out = []
+    for release, rows in NEMO_GB200.items():
+        for row in rows:
+            name, _, total, on_policy, gpus, mean, tp, prompts, step_s = row
+            policy = "on policy" if on_policy else "one-step-off"
+            layout = "colocated" if on_policy else f"{gpus // 2}:{gpus // 2}"
+            out.append(
+                Target(
+                    f"NeMo-RL {release} GB200 {name} {policy} step (s), {gpus} GPUs",
+                    f"{gpus} GB200 ({layout}), vLLM TP {tp}, {prompts}x32, {total:,}, mean {mean:,}",
+                    step_s,
+                    lambda r, row=row: nemo_v04_step_s(r, row, GB200),
+                    SET_4,
+                    True,
+                )
+            )
+        pairs = [(a, b) for a in rows for b in rows if a[0] == b[0] and a[3] and not b[3]]
+        for on, off in pairs:
+            out.append(
+                Target(
+                    f"NeMo-RL {release} GB200 {on[0]} on-policy ({on[4]}) / one-step-off ({off[4]}) step",
+                    f"{on[-1]:g} / {off[-1]:g} s",
+                    on[-1] / off[-1],
+                    lambda r, on=on, off=off: nemo_v04_step_s(r, on, GB200) / nemo_v04_step_s(r, off, GB200),
+                    SET_4,
+                )
+            )
+    return out
+
+
+def verl_staleness_set_4() -> list[Target]:
+    out = []
+    for staleness, step_s, minutes in VERL_STALENESS_ROWS:
+        kw = {"staleness": staleness}
+        out += [
+            Target(
+                f"verl 7B fully-async step, staleness {staleness:g}, 64:64 (s)",
+                "128 H20, 28k, 512x16, partial rollout; lengths from the 128-GPU colocated run",
+                step_s,
+                lambda r, kw=kw: verl_step_s(r, verl_7b(r), 64, False, **kw),
+                SET_4,
+                True,
+            ),
+            Target(
+                f"verl 7B fully-async, staleness {staleness:g} / colocated sync, 128 GPUs",
+                f"400-step total times, {VERL_SYNC_400_MIN} / {minutes} minutes",
+                VERL_SYNC_400_MIN / minutes,
+                lambda r, kw=kw: verl_speedup(r, verl_7b(r), 64, **kw),
+                SET_4,
+            ),
+        ]
+    return out
+
+
+HELD_OUT_4: list[Target] = prime_set_4() + nemo_gb200_set_4() + verl_staleness_set_4()
+
+TARGETS = FITTED_ON + HELD_OUT + HELD_OUT_2 + HELD_OUT_3 + HELD_OUT_4
 
 
 def sensitivity(rates: Rates) -> list[str]:
@@ -758,7 +960,7 @@ def unstated(rates: Rates) -> list[str]:
     sc = rates.on(AREAL_15B)
     colocated = simulate(replace(sc, logprob_passes=0).colocated_sync()).samples_per_s()
     async_ = simulate(areal_async(sc)).samples_per_s()
-    mean = verl_mean_from_trainer(rates)
+    tabled = verl_7b(rates)
     nemo_abort = simulate(rates.on(replace(NEMO, mean_tokens=NEMO_MEAN[True])).split(8, 1, "abort")).step_s()
     nemo_512 = replace(NEMO_30B, prompt_tokens=512, max_tokens=4096 - 512)
     return [
@@ -773,11 +975,11 @@ def unstated(rates: Rates) -> list[str]:
         f"{areal_speedup(rates, AREAL_7B, inflight=None):.2f} (published 2.27)",
         f"AReaL 7B against a synchronous 96:96 split (144:48 tabled): "
         f"{areal_speedup(rates, AREAL_7B, sync_fraction=0.5):.2f} (published 2.27)",
-        f"verl with the completion mean from its stated update_actor time ({mean:.0f} tokens; "
-        f"0.35 x 28k = {0.35 * VERL.max_tokens:.0f} tabled): "
-        f"{verl_speedup(rates, replace(VERL, mean_tokens=mean)):.2f} (published 2.35)",
+        f"verl with the shared lengths, a mean of 0.35 x 28k = {0.35 * VERL.max_tokens:.0f} (tabled: "
+        f"{tabled.mean_tokens:.0f}, the mean its stated update_actor time gives): "
+        f"{verl_speedup(rates, VERL):.2f} (published 2.35)",
         f"verl 30B-A3B with the model's tensor parallelism at 4 (2 tabled, the smallest that fits): "
-        f"{verl_speedup(rates, replace(VERL_30B, tp=4), 96, sync_passes=2, async_passes=1):.2f} "
+        f"{verl_speedup(rates, replace(verl_30b(rates), tp=4), 96, sync_passes=2, async_passes=1):.2f} "
         f"(published 1.72)",
         f"NeMo-RL 8B one-step-off with abort and resubmit (pause and keep tabled): "
         f"{nemo_abort:.0f} s (published 64.8)",
@@ -821,10 +1023,13 @@ def table(rates: Rates, targets: list[Target] | None = None) -> list[dict[str, o
 
 
 def counts(rows: list[dict[str, object]]) -> dict[str, tuple[int, int]]:
-    """(within 15%, rows) for held-out set 3 (the test) and set 2, absolute and ratio apart, for
-    set 1 (seen since the model changed) and for the fitted-on rows."""
+    """(within 15%, rows) for held-out set 4 (the test), absolute and ratio apart, and for sets 3,
+    2 and 1 (seen since the model changed after them) and the fitted-on rows."""
     out = {}
     for key, keep in (
+        (f"{SET_4}, absolute", lambda r: r["split"] == SET_4 and r["kind"] == "absolute"),
+        (f"{SET_4}, ratio", lambda r: r["split"] == SET_4 and r["kind"] == "ratio"),
+        (f"{SET_4}, all", lambda r: r["split"] == SET_4),
         (f"{SET_3}, absolute", lambda r: r["split"] == SET_3 and r["kind"] == "absolute"),
         (f"{SET_3}, ratio", lambda r: r["split"] == SET_3 and r["kind"] == "ratio"),
         (f"{SET_3}, all", lambda r: r["split"] == SET_3),

@@ -86,6 +86,29 @@ def fit_v03(base: Gpu, steps: int = published.STEPS) -> Gpu:
     return replace(base, hbm_efficiency=hbm, mfu=mfu)
 
 
+def fit_prime_rl(base: Gpu) -> Gpu:
+    """`base` with prime-rl's trainer rates: the MFU and the cost a step per parameter held at
+    which the model's step (`published.trainer_tokens_per_s`: two sequences a GPU, recompute)
+    takes each of prime-rl's five H100 baseline rows' stated time, by least squares on the relative
+    error. A step's time is linear in 1 / MFU and in that cost, so the fit is the 2 x 2 normal
+    equations. One MFU alone leaves its 16K rows 2.6-3x and its mixture 11x fast (the held-out
+    sets): their steps take seconds that grow with the parameters held, not with the FLOPs."""
+    flops_s, held_s = [], []  # per row, over the stated step time: at MFU 1, and per unit of the cost
+    for (params, gpus, sequence, rate), shape, active in published.PRIME_H100:
+        tokens = published.PRIME_MICRO_BATCHES * gpus * sequence
+        unit = replace(base, mfu=1.0, step_s_per_param=0.0)
+        at_peak = tokens / published.trainer_tokens_per_s(unit, params, gpus, sequence, shape, active)
+        stated = tokens / rate
+        flops_s.append(at_peak / stated)
+        held_s.append(params / stated)
+    uu = sum(u * u for u in flops_s)
+    uv = sum(u * v for u, v in zip(flops_s, held_s, strict=True))
+    vv = sum(v * v for v in held_s)
+    inv_mfu = (sum(flops_s) * vv - sum(held_s) * uv) / (uu * vv - uv * uv)
+    per_param = (sum(held_s) * uu - sum(flops_s) * uv) / (uu * vv - uv * uv)
+    return replace(base, mfu=1 / inv_mfu, step_s_per_param=per_param)
+
+
 def mean_sequence(sc: Scenario) -> float:
     """A token's mean sequence length (prompt and completion) over the scenario's length
     distribution: sum of S**2 over sum of S, what attention's FLOPs per token grow with."""
@@ -133,7 +156,7 @@ def step_bound_rates(base: Gpu, step_s: float = ASYNC_STEP_S) -> tuple[float, fl
 def checks(rates: published.Rates) -> dict[str, float]:
     """Phase times the sources state that the fit did not use: verl's colocated generation (177.85 s
     on 128 H20, lengths from its stated update_actor time) and NeMo-RL's synchronous step."""
-    mean = published.verl_mean_from_trainer(rates)
+    mean = published.verl_7b(rates).mean_tokens
     sc = rates.on(replace(published.VERL, mean_tokens=mean, logprob_passes=1))
     setup = sc.colocated_sync()
     step = simulate(setup).step_s()

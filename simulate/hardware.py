@@ -14,7 +14,7 @@ HBM efficiency and the trainer's MFU are fitted to a stated run (`bench.simulate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared.errors import TriadError
 from simulate.setup import Inference, Trainer
@@ -50,11 +50,29 @@ class Gpu:
     # more per log-prob pass: `Trainer.train_s`), fitted to NeMo-RL v0.3's stated policy training +
     # get logprobs time (fit_v03)
     mfu: float = 0.4401
+    # a trainer step's cost beyond its FLOPs, per parameter held (all of a mixture's experts):
+    # none in NeMo-RL v0.3's fit; fitted per system where a source's rows need one (prime-rl's)
+    step_s_per_param: float = 0.0
     handoff_bytes_per_s: float = 10e9  # trainer -> servers (filesystem or broadcast), per copy
     load_s: float = 0.5  # a server held while it loads a version (beyond the transfer)
 
+    def on(self, kind: Gpu) -> Gpu:
+        """These efficiencies on another kind of GPU: its name, peaks and memory, from its data sheet."""
+        return replace(
+            self,
+            name=kind.name,
+            peak_flops=kind.peak_flops,
+            hbm_bytes_per_s=kind.hbm_bytes_per_s,
+            memory_bytes=kind.memory_bytes,
+        )
 
-H20 = Gpu(name="H20", peak_flops=148e12, hbm_bytes_per_s=4.0e12, memory_bytes=96e9)  # NVIDIA's data sheet
+
+# NVIDIA's data sheets (dense bf16, HBM bandwidth and size per GPU); each kind takes the fitted
+# efficiencies of the rates it runs at (`Gpu.on`)
+H20 = Gpu(name="H20", peak_flops=148e12, hbm_bytes_per_s=4.0e12, memory_bytes=96e9)
+H200 = Gpu(name="H200", peak_flops=989e12, hbm_bytes_per_s=4.8e12, memory_bytes=141e9)
+B200 = Gpu(name="B200", peak_flops=2.25e15, hbm_bytes_per_s=8.0e12, memory_bytes=180e9)
+GB200 = Gpu(name="GB200", peak_flops=2.5e15, hbm_bytes_per_s=8.0e12, memory_bytes=186e9)  # NVL72, a GPU
 
 
 def shape_of(params: float, shape: Shape | None = None) -> Shape:
@@ -140,6 +158,7 @@ def trainer_for(
         active_params=active,
         attention=attention_width(params, shape),
         recompute=recompute,
+        step_s_per_param=gpu.step_s_per_param,
     )
 
 

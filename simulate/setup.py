@@ -82,8 +82,9 @@ class Trainer:
     a token passes through (`active_params`, a mixture of experts' active ones; 0: all of
     `params`): forward and backward, plus a forward pass per recomputation of log-probabilities
     before the update (verl's `old_log_prob`, NeMo-RL's policy logprobs, AReaL's proximal policy)
-    and one where activations are recomputed in the backward pass (`recompute`); publishing moves
-    all `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
+    and one where activations are recomputed in the backward pass (`recompute`), and
+    `step_s_per_param` for each parameter held (all of `params`); publishing moves all
+    `2 * params` bytes (bf16) at `handoff_bytes_per_s` plus `publish_overhead_s`."""
 
     params: float
     peak_flops: float
@@ -95,11 +96,13 @@ class Trainer:
     active_params: float = 0.0
     attention: float = 0.0  # layers x query heads x head dim (0: no attention cost)
     recompute: bool = False
+    step_s_per_param: float = 0.0
 
     def train_s(self, tokens: int, gpus: int, sq_tokens: float = 0.0) -> float:
         factor = 6 + 2 * (self.logprob_passes + self.recompute)  # FLOPs a parameter, a token
         flops = factor * (self.active_params or self.params) * tokens + factor * self.attention * sq_tokens
-        return self.overhead_s + flops / (max(gpus, 1) * self.peak_flops * self.mfu)
+        held = self.step_s_per_param * self.params
+        return self.overhead_s + held + flops / (max(gpus, 1) * self.peak_flops * self.mfu)
 
     def publish_s(self) -> float:
         return self.publish_overhead_s + 2 * self.params / self.handoff_bytes_per_s

@@ -7,11 +7,13 @@ from dataclasses import replace
 
 import pytest
 
+from bench import simulate_published as published
 from bench.simulate_rates import (
     NEMO_V05,
     OLD,
     V03,
     V03_GENERATION_S,
+    fit_prime_rl,
     fit_v03,
     implied_tokens_per_sample,
     mean_sequence,
@@ -19,7 +21,10 @@ from bench.simulate_rates import (
 )
 from shared.errors import TriadError
 from simulate.hardware import (
+    B200,
+    GB200,
     H20,
+    H200,
     Gpu,
     decode_tokens_per_s_per_gpu,
     hbm_efficiency_for,
@@ -124,10 +129,11 @@ def test_the_published_table_is_the_same_whichever_targets_and_rates_ran_before(
     after = published.table(fitted, targets[::-1])[::-1]
     assert after == alone
     assert [r["predicted"] for r in old][:2] != [r["predicted"] for r in alone][:2]
-    # 64K-token sequences, activations recomputed: 8 x (N + 36 layers x 32 heads x 128 x 65,536) a token
-    assert alone[1]["predicted"] == pytest.approx(
-        8 * 989e12 * Gpu().mfu / (8 * (4e9 + 36 * 32 * 128 * 65536))
-    )
+    # prime-rl's step, two 64K-token sequences a GPU, activations recomputed: 8 x (N + 36 layers x 32
+    # heads x 128 x 65,536) FLOPs a token at prime-rl's MFU, and its cost per parameter held
+    tokens, prime = 2 * 8 * 65536, published.PRIME_RL
+    flops_s = tokens * 8 * (4e9 + 36 * 32 * 128 * 65536) / (8 * 989e12 * prime.mfu)
+    assert alone[1]["predicted"] == pytest.approx(tokens / (flops_s + prime.step_s_per_param * 4e9))
     assert published.counts(alone)["held out 2, absolute"] == (sum(r["within_15pct"] for r in alone[1:]), 2)
 
 
@@ -141,3 +147,80 @@ def test_held_out_set_3_is_twelve_stated_figures_from_three_sources() -> None:
     assert sorted({t.name.split()[0] for t in rows}) == ["NeMo-RL", "SkyRL", "verl"]
     assert sum(t.absolute for t in rows) == 10
     assert [round(t.published, 2) for t in rows if not t.absolute] == [1.24, 1.4]
+
+
+def test_a_trainer_step_costs_its_flops_and_each_parameter_it_holds() -> None:
+    """A mixture's experts are all held: the cost per parameter is by its total, the FLOPs by its
+    active parameters."""
+    gpu = replace(Gpu(), mfu=0.5, step_s_per_param=1e-9)
+    trainer = trainer_for(30e9, gpu, active=3e9)
+    assert trainer.train_s(1000, 4) == pytest.approx(1.0 + 30.0 + 6 * 3e9 * 1000 / (4 * 989e12 * 0.5))
+    assert trainer_for(30e9, Gpu(), active=3e9).train_s(1000, 4) == pytest.approx(
+        1.0 + 6 * 3e9 * 1000 / (4 * 989e12 * Gpu().mfu)
+    )
+
+
+def test_a_kind_of_gpu_takes_the_fitted_efficiencies_on_its_own_peaks() -> None:
+    fitted = replace(Gpu(), mfu=0.3, hbm_efficiency=0.7, step_s_per_param=2e-9)
+    for kind in (H20, H200, B200, GB200):
+        on = fitted.on(kind)
+        assert (on.name, on.peak_flops, on.hbm_bytes_per_s, on.memory_bytes) == (
+            kind.name,
+            kind.peak_flops,
+            kind.hbm_bytes_per_s,
+            kind.memory_bytes,
+        )
+        assert (on.mfu, on.hbm_efficiency, on.step_s_per_param) == (0.3, 0.7, 2e-9)
+    rates = published.Rates()
+    assert rates.kind(H20) == rates.h20
+    assert rates.kind(GB200) == rates.h100.on(GB200)
+    assert rates.kind(H200, rates.prime_rl).mfu == rates.prime_rl.mfu
+
+
+def test_prime_rl_rates_are_the_least_squares_fit_to_its_h100_rows() -> None:
+    """PRIME_RL is what fit_prime_rl gives, and moving either of its rates makes the fit worse."""
+    fitted = fit_prime_rl(Gpu())
+    assert published.PRIME_RL.mfu == pytest.approx(fitted.mfu, abs=5e-5)
+    assert published.PRIME_RL.step_s_per_param == pytest.approx(fitted.step_s_per_param, rel=1e-3)
+
+    def error(gpu: Gpu) -> float:
+        out = 0.0
+        for (params, gpus, sequence, rate), shape, active in published.PRIME_H100:
+            model = published.trainer_tokens_per_s(gpu, params, gpus, sequence, shape, active)
+            out += (rate / model - 1) ** 2  # the stated step time over the model's, less one
+        return out
+
+    best = error(fitted)
+    for moved in (
+        replace(fitted, mfu=fitted.mfu * 1.02),
+        replace(fitted, mfu=fitted.mfu / 1.02),
+        replace(fitted, step_s_per_param=fitted.step_s_per_param * 1.05),
+        replace(fitted, step_s_per_param=fitted.step_s_per_param / 1.05),
+    ):
+        assert error(moved) > best
+
+
+def test_verl_lengths_are_those_at_which_the_trainer_takes_the_stated_update() -> None:
+    rates = published.Rates()
+    sc = published.verl_7b(rates, 32)
+    trainer = rates.on(sc).colocated_sync().trainer
+    tokens = sc.batch_prompts * sc.group_size * (sc.prompt_tokens + sc.mean_tokens)
+    update = trainer.overhead_s + 6 * sc.params * tokens / (32 * H20.peak_flops * rates.h20.mfu)
+    assert update == pytest.approx(published.VERL_UPDATE_S[32])
+    with pytest.raises(TriadError, match="update_actor 0.5 s gives a mean"):
+        published.verl_mean(rates, sc, 0.5)
+
+
+def test_held_out_set_4_is_every_unused_row_of_the_three_sources_on_their_gpus() -> None:
+    """prime-rl's H200 and B200 trainer rows (5), NeMo-RL's GB200 rows (13 steps, 7 on-policy over
+    one-step-off ratios), verl's staleness ablation (3 steps, 3 total-time ratios)."""
+    rows = published.HELD_OUT_4
+    assert len(rows) == 31 and all(t.split == published.SET_4 for t in rows)
+    assert sorted({t.name.split()[0] for t in rows}) == ["NeMo-RL", "prime-rl", "verl"]
+    assert sum(t.absolute for t in rows) == 21
+    assert {t.name.split()[0] for t in rows if not t.absolute} == {"NeMo-RL", "verl"}
+    assert [round(t.published, 3) for t in rows if t.name.startswith("verl") and not t.absolute] == [
+        1.576,
+        2.042,
+        2.354,
+    ]

@@ -11,10 +11,13 @@ fixed, their predictions written and committed before the first run. Held-out se
 recompute after its misses were read, so set 1 is "seen" now, not a test. Held-out set 2 was
 written and committed after that change and before its first run (0 of 12 on 2026-11-28), nothing
 tuned on it since. Held-out set 3 (verl's one-step-off recipe, SkyRL's trainer table, NeMo-RL
-v0.6's 8-step-off row) was written and committed on 2026-11-29 before its first run: the
-headline. Writes bench/results/simulate_published.{json,md}: predicted against published with the
-ratio, the counts within 15% per set (absolute and ratio rows apart), the inputs, and one
-sensitivity line per assumption.
+v0.6's 8-step-off row) was written and committed on 2026-11-29 before its first run (1 of 12), and
+read after it. Held-out set 4 (prime-rl's H200 and B200 trainer rows at prime-rl's own rates,
+NeMo-RL's GB200 rows, verl's staleness ablation) was written and committed later that day with
+the changes made on seen rows, before its first run: the headline. Writes
+bench/results/simulate_published.{json,md}: predicted against published with the ratio, the
+counts within 15% per set (absolute and ratio rows apart), the inputs, and one sensitivity line
+per assumption.
 
     python -m bench.simulate_published"""
 

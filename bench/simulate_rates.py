@@ -7,10 +7,11 @@ shows that column to be the whole step's tokens over the step time and all GPUs 
 ~130-token prompt falls out of every Llama-3.1-8B row): it restates the step time the published
 table checks. NeMo-RL's v0.3 blog states phase times of another run (`V03`): `fit_v03` fits
 `hbm_efficiency` to its generation time and the MFU to its training and log-prob times, the
-other decode costs kept. `step_bound_rates` gives the floors that v0.5's one-step-off step puts
-under both (each phase fits in the step), a check of the fit. Writes
-bench/results/simulate_rates.{json,md}: the stated rows, the fit, the floors, and the published
-table under the guessed and the fitted rates side by side, with the phase-time checks.
+other decode costs kept; `fit_prime_rl` fits prime-rl's trainer to its own rows.
+`step_bound_rates` gives the floors that v0.5's one-step-off step puts under both (each phase
+fits in the step), a check of the fit. Writes bench/results/simulate_rates.{json,md}: the stated
+rows, the fits, the floors, and the published table under the guessed and the fitted rates side by
+side, with the phase-time checks.
 
     python -m bench.simulate_rates"""
 
@@ -192,6 +193,14 @@ def markdown(out: dict) -> list[str]:
         cells = [r[k] for k in ("table", "policy", "gpus", "mean", "rate", "step_s")]
         cells += [f"{per_sample:.0f}", f"{per_sample - r['mean']:.0f}"]
         md.append("| " + " | ".join(str(c) for c in cells) + " |")
+    prime = out["prime_rl"]
+    md += [
+        "",
+        f"prime-rl's trainer (`fit_prime_rl`, least squares on its five H100 baseline rows, two "
+        f"sequences a GPU a step): mfu {prime['mfu']:.4f}, {prime['step_s_per_param'] * 1e9:.3f} s a step "
+        f"per billion parameters held; predicted / stated: "
+        + ", ".join(f"{name} {ratio:.2f}" for name, ratio in prime["rows"].items()),
+    ]
     floors = f"hbm_efficiency at least {out['hbm_efficiency_bound']:.3f}, mfu at least {out['mfu_bound']:.3f}"
     md += ["", f"Floors from v0.5's one-step-off step ({ASYNC_STEP_S} s, 8 + 8 GPUs): {floors}", ""]
     md += [
@@ -228,6 +237,18 @@ def main() -> None:
         "stated": stated,
         "hbm_efficiency_bound": hbm_bound,
         "mfu_bound": mfu_bound,
+    }
+    prime = fit_prime_rl(Gpu())
+    out["prime_rl"] = {
+        "mfu": prime.mfu,
+        "step_s_per_param": prime.step_s_per_param,
+        "rows": {
+            f"{params / 1e9:g}B on {gpus} at {sequence // 1024}K": published.trainer_tokens_per_s(
+                prime, params, gpus, sequence, shape, active
+            )
+            / rate
+            for (params, gpus, sequence, rate), shape, active in published.PRIME_H100
+        },
     }
     old_h20 = replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu)
     fitted_h20 = replace(H20, hbm_efficiency=fitted.hbm_efficiency, mfu=fitted.mfu)

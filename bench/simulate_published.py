@@ -421,8 +421,8 @@ def prime_rl_rate(
     )
 
 
-def nemo_v04_step_s(rates: Rates, row: tuple, kind: Gpu | None = None) -> float:
-    """A NeMo-RL v0.4 (or GB200) row under NeMo-RL's rules (its ~130-token prompt; on policy
+def nemo_row_step_s(rates: Rates, row: tuple, kind: Gpu | None = None) -> float:
+    """A NeMo-RL summary row (NEMO_V04, NEMO_GB200) under NeMo-RL's rules (its ~130-token prompt; on policy
     colocated, one-step-off half the GPUs generating, age 1, pause and keep) and the row's stated
     generation TP, on H100 or `kind`."""
     _, model, total, on_policy, gpus, mean, tp, prompts, _ = row
@@ -744,7 +744,7 @@ def nemo_v04_targets() -> list[Target]:
                 f"NeMo-RL v0.4 {name} {policy} step (s)",
                 setup,
                 step_s,
-                lambda r, row=row: nemo_v04_step_s(r, row),
+                lambda r, row=row: nemo_row_step_s(r, row),
                 SET_2,
                 True,
             )
@@ -755,7 +755,7 @@ def nemo_v04_targets() -> list[Target]:
                 f"NeMo-RL v0.4 {on[0]} on-policy / one-step-off step",
                 f"{on[-1]:g} / {off[-1]:g} s",
                 on[-1] / off[-1],
-                lambda r, on=on, off=off: nemo_v04_step_s(r, on) / nemo_v04_step_s(r, off),
+                lambda r, on=on, off=off: nemo_row_step_s(r, on) / nemo_row_step_s(r, off),
                 SET_2,
             )
         )
@@ -885,7 +885,7 @@ def nemo_gb200_set_4() -> list[Target]:
                     f"NeMo-RL {release} GB200 {name} {policy} step (s), {gpus} GPUs",
                     f"{gpus} GB200 ({layout}), vLLM TP {tp}, {prompts}x32, {total:,}, mean {mean:,}",
                     step_s,
-                    lambda r, row=row: nemo_v04_step_s(r, row, GB200),
+                    lambda r, row=row: nemo_row_step_s(r, row, GB200),
                     SET_4,
                     True,
                 )
@@ -897,7 +897,7 @@ def nemo_gb200_set_4() -> list[Target]:
                     f"NeMo-RL {release} GB200 {on[0]} on-policy ({on[4]}) / one-step-off ({off[4]}) step",
                     f"{on[-1]:g} / {off[-1]:g} s",
                     on[-1] / off[-1],
-                    lambda r, on=on, off=off: nemo_v04_step_s(r, on, GB200) / nemo_v04_step_s(r, off, GB200),
+                    lambda r, on=on, off=off: nemo_row_step_s(r, on, GB200) / nemo_row_step_s(r, off, GB200),
                     SET_4,
                 )
             )

@@ -206,26 +206,13 @@ NEMO_30B_8OFF_GENERATE, NEMO_30B_8OFF_AGE, NEMO_30B_8OFF_STEP_S = 64, 8, 34.5
 # verl's fully-async page's staleness ablation. Each system under its rule, nothing per row.
 # prime-rl's trainer baselines on H200 and B200 (benchmarks/baselines at 559b447, measured
 # 2026-01-15, micro_batches 2): (row, shape, active, kind, name, attention kernel)
+Q4B, Q30B = (QWEN3_4B_SHAPE, 0.0), (QWEN3_30B["shape"], QWEN3_30B["active_params"])  # shape, active
 PRIME_SET_4 = (
-    ((4.0e9, 8, 16384, 27436.8), QWEN3_4B_SHAPE, 0.0, H200, "Qwen3-4B", "FA3"),
-    ((4.0e9, 8, 65536, 29543.5), QWEN3_4B_SHAPE, 0.0, H200, "Qwen3-4B", "FA3"),
-    (
-        (30.5e9, 8, 16384, 5942.6),
-        QWEN3_30B["shape"],
-        QWEN3_30B["active_params"],
-        H200,
-        "Qwen3-30B-A3B",
-        "FA3",
-    ),
-    (
-        (30.5e9, 8, 65536, 12748.3),
-        QWEN3_30B["shape"],
-        QWEN3_30B["active_params"],
-        H200,
-        "Qwen3-30B-A3B",
-        "FA3",
-    ),
-    ((4.0e9, 8, 16384, 27541.8), QWEN3_4B_SHAPE, 0.0, B200, "Qwen3-4B", "FA2"),
+    ((4.0e9, 8, 16384, 27436.8), *Q4B, H200, "Qwen3-4B", "FA3"),
+    ((4.0e9, 8, 65536, 29543.5), *Q4B, H200, "Qwen3-4B", "FA3"),
+    ((30.5e9, 8, 16384, 5942.6), *Q30B, H200, "Qwen3-30B-A3B", "FA3"),
+    ((30.5e9, 8, 65536, 12748.3), *Q30B, H200, "Qwen3-30B-A3B", "FA3"),
+    ((4.0e9, 8, 16384, 27541.8), *Q4B, B200, "Qwen3-4B", "FA2"),
 )
 # NeMo-RL performance summary, "GB200 BF16" (GB200-NVL72), v0.5 (tag v0.5.0, 6c70893) and v0.6 (tag
 # v0.6.0, 5fb5889): every row but DeepSeek V3, as NEMO_V04's rows; the Llama rows' Tokens/sec/GPU was

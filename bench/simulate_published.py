@@ -50,13 +50,15 @@ PRIME_RL = Gpu(mfu=0.3992, step_s_per_param=1.392e-9)
 
 @dataclass(frozen=True)
 class Rates:
-    """The rates targets run at: the shared ones (fitted to NeMo-RL v0.3) on H100/H800 and on H20
-    (the same efficiencies; any other kind takes them on its own peaks, `Gpu.on`), and prime-rl's
-    trainer, fitted to its own rows."""
+    """The rates targets run at: the shared ones (fitted to NeMo-RL v0.3), on H100/H800 and on any
+    other kind at its own peaks (`Gpu.on`), and prime-rl's trainer, fitted to its own rows."""
 
     h100: Gpu = Gpu()
-    h20: Gpu = H20
     prime_rl: Gpu = PRIME_RL
+
+    @property
+    def h20(self) -> Gpu:
+        return self.h100.on(H20)
 
     def on(self, sc: Scenario) -> Scenario:
         """`sc` on these rates: its GPU's kind kept."""
@@ -64,8 +66,6 @@ class Rates:
 
     def kind(self, gpu: Gpu, base: Gpu | None = None) -> Gpu:
         """`base`'s efficiencies (the shared ones by default) on `gpu`'s kind."""
-        if base is None and gpu.name == H20.name:
-            return self.h20
         return (base or self.h100).on(gpu)
 
 
@@ -320,15 +320,15 @@ def verl_mean(rates: Rates, sc: Scenario, update_actor_s: float) -> float:
     """verl's lengths rule: the mean completion at which the model's colocated trainer on `sc`, by
     its matrix products alone (6 N a token; attention adds a few percent at the lengths this
     gives), takes a colocated run's stated `update_actor` (verl's pages state times, not lengths)."""
-    trainer = rates.on(sc).colocated_sync().trainer
-    flops_s = update_actor_s - trainer.overhead_s - trainer.step_s_per_param * trainer.params
-    tokens = (
-        flops_s * sc.gpus * trainer.peak_flops * trainer.mfu / (6 * (trainer.active_params or trainer.params))
-    )
+    trainer = rates.on(replace(sc, logprob_passes=0)).colocated_sync().trainer
+    fixed = trainer.train_s(0, sc.gpus)
+    tokens = (update_actor_s - fixed) / (trainer.train_s(1, sc.gpus) - fixed)
     mean = tokens / (sc.batch_prompts * sc.group_size) - sc.prompt_tokens
     if not 0 < mean < sc.max_tokens:
         raise TriadError(
-            f"simulate: verl's stated update_actor {update_actor_s} s gives a mean of {mean:.0f} tokens"
+            f"simulate: verl's stated update_actor {update_actor_s} s gives a mean of {mean:.0f} tokens "
+            f"on {sc.gpus} {sc.gpu.name} at {sc.batch_prompts} x {sc.group_size}, outside 0-{sc.max_tokens}: "
+            "check the row's stated time and batch"
         )
     return mean
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from bench import simulate_published as published
-from simulate.hardware import H20, Gpu, mfu_for
+from simulate.hardware import Gpu, mfu_for
 from simulate.pipeline import simulate
 from simulate.scenario import Scenario
 from simulate.setup import Setup
@@ -250,10 +250,9 @@ def main() -> None:
             for (params, gpus, sequence, rate), shape, active in published.PRIME_H100
         },
     }
-    old_h20 = replace(H20, hbm_efficiency=OLD.hbm_efficiency, mfu=OLD.mfu)
-    fitted_h20 = replace(H20, hbm_efficiency=fitted.hbm_efficiency, mfu=fitted.mfu)
-    for name, gpu, h20 in (("guessed", OLD, old_h20), ("fitted", fitted, fitted_h20)):
-        rates = published.Rates(gpu, h20)
+    for name, gpu in (("guessed", OLD), ("fitted", fitted)):
+        rates = published.Rates(gpu)
+        h20 = rates.h20
         out[name] = {
             "gpu": gpu.__dict__,
             "h20": h20.__dict__,

@@ -6,19 +6,6 @@ from pathlib import Path
 import pytest
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Test files in collection order (integration, then unit: pyproject's `--no-loadscope-reorder`),
-    except the integration files that use the chat model after the first of them: they go after
-    the other integration files. Its build (3-4 minutes at 1.2 cores) is made by the first; a second
-    worker that also needed it sat on its lock with a core idle (2026-11-29, a fresh clone's suite)."""
-    chat = [i.path for i in items if "chat_model" in i.fixturenames and "integration" in i.path.parts]
-
-    def later(item: pytest.Item) -> bool:
-        return item.path in chat and item.path != chat[0]
-
-    items.sort(key=lambda item: ("unit" in item.path.parts, later(item)))  # stable: files stay whole
-
-
 @pytest.fixture(scope="session")
 def triad_cache(tmp_path_factory) -> Path:
     """A private model cache for the whole session (shared with subprocesses via env), one for

@@ -57,7 +57,7 @@ SHAPE = dict(
     head_dim=32,
     max_position_embeddings=1024,
 )
-BUILD_TIME = "about 3 minutes on 2 idle cores"  # tiny-tools: 3:22 measured (bench/results/first_ten_minutes.md)
+BUILD_TIME = "about 3 minutes on 2 idle cores"  # tiny-tools: 3:22 (bench/results/first_ten_minutes.md)
 BUILD_FILE = "triad_build.json"  # beside config.json: the recipe, the reached reward, the weights digest
 
 

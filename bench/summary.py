@@ -258,9 +258,25 @@ def streaming_cost_entries(r: dict) -> list[Entry]:
     return out
 
 
+def first_up_entries(r: dict) -> list[Entry]:
+    out = []
+    for kind, what in (("first", "an empty model cache (its build included)"), ("again", "the model built")):
+        wall, rate = r[kind]["wall_s"], r[kind]["samples_per_s"]
+        first, last = r[kind]["reward_first10"], r[kind]["reward_last10"]
+        row = (
+            f"`./triad up` (embedded default, 300 steps) from launch to exit, {what} (bench.first_up)",
+            f"{wall['median']:.0f} s (spread {wall['min']:.0f}-{wall['max']:.0f} s)",
+            f"{rate['median']:.0f} samples/s once running ({rate['min']:.0f}-{rate['max']:.0f})",
+            f"mean reward {first['median']:.2f} over the first 10 steps, {last['median']:.2f} over the last 10",
+        )
+        out.append((row, r["date"], r["command"]))
+    return out
+
+
 READERS: dict[str, Callable[[dict], list[Entry]]] = {
     SUITE: suite_entries,
     "quick.json": quick_entries,
+    "first_up.json": first_up_entries,
     "soak.json": soak_entries,
     "real_size.json": real_size_entries,
     "real_size_ac.json": real_size_entries,

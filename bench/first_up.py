@@ -83,7 +83,8 @@ def markdown(s: dict) -> str:
         f"`{s['command']}`: `./triad up` on the embedded default, from launch to exit; *first* with",
         "an empty model cache (the tiny model's build included), *again* with the model built.",
         "",
-        "| round | run | load before | steps | launch to exit | to first step | samples/s | reward first 10 | last 10 |",
+        "| round | run | load before | steps | launch to exit | to first step | samples/s "
+        "| reward first 10 | last 10 |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for i, r in enumerate(s["rounds"], 1):

@@ -267,7 +267,7 @@ def first_up_entries(r: dict) -> list[Entry]:
             f"`./triad up` (embedded default, 300 steps) from launch to exit, {what} (bench.first_up)",
             f"{wall['median']:.0f} s (spread {wall['min']:.0f}-{wall['max']:.0f} s)",
             f"{rate['median']:.0f} samples/s once running ({rate['min']:.0f}-{rate['max']:.0f})",
-            f"mean reward {first['median']:.2f} over the first 10 steps, {last['median']:.2f} over the last",
+            f"mean reward {first['median']:.2f} (first 10 steps) to {last['median']:.2f} (last 10)",
         )
         out.append((row, r["date"], r["command"]))
     return out

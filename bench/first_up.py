@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.suite import REPO, RESULTS, machine
+from bench.suite import REPO, RESULTS, machine, spread, write_rounds
 from shared.rundir import ORCHESTRATOR, TRAINER, RunDir
 
 WARMUP_STEPS = 10
@@ -56,10 +56,6 @@ def one_up(run_dir: Path, cache: Path) -> dict:
         "reward_first10": statistics.mean(rewards[:10]),
         "reward_last10": statistics.mean(rewards[-10:]),
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -119,10 +115,7 @@ def main() -> None:
             rounds.append({kind: one_up(Path(tmp) / f"run{i}-{kind}", cache) for kind in KINDS})
             print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
     s = summary(rounds)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "first_up.json").write_text(json.dumps(s, indent=1))
-    (args.out / "first_up.md").write_text(markdown(s))
-    print(markdown(s))
+    write_rounds(args.out, "first_up", s, markdown(s))
 
 
 if __name__ == "__main__":

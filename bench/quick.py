@@ -20,13 +20,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.suite import RESULTS, handoff_goal, machine, run_handoff, run_module, triad_up
+from bench.suite import (
+    RESULTS,
+    handoff_goal,
+    machine,
+    run_handoff,
+    run_module,
+    spread,
+    triad_up,
+    write_rounds,
+)
 from shared.rundir import ORCHESTRATOR, RunDir
 
 WARMUP_STEPS = 10  # the first steps include vLLM's and the trainer's first-call costs
@@ -64,11 +72,6 @@ def one_round(workdir: Path, index: int, steps: int) -> dict:
     }
 
 
-def spread(rounds: list[dict], key: str) -> dict[str, float]:
-    values = [r[key] for r in rounds]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def summary(rounds: list[dict], steps: int) -> dict:
     keys = ("floor_step_s", "step_s", "step_over_floor", "handoff_s", "handoff_over_goal")
     return {
@@ -77,7 +80,7 @@ def summary(rounds: list[dict], steps: int) -> dict:
         "command": f"python -m bench.quick --rounds {len(rounds)} --steps {steps}",
         "steps": steps,
         "rounds": rounds,
-        **{key: spread(rounds, key) for key in keys},
+        **{key: spread([r[key] for r in rounds]) for key in keys},
         "goals": {"step_over_floor": 1.5, "handoff_over_goal": 1.0},
     }
 
@@ -122,10 +125,7 @@ def main() -> None:
             rounds.append(one_round(Path(tmp), i, args.steps))
             print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
     s = summary(rounds, args.steps)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "quick.json").write_text(json.dumps(s, indent=1))
-    (args.out / "quick.md").write_text(markdown(s))
-    print(markdown(s))
+    write_rounds(args.out, "quick", s, markdown(s))
 
 
 if __name__ == "__main__":

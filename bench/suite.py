@@ -52,6 +52,19 @@ RESULTS = REPO / "bench" / "results"
 WARMUP_STEPS = 5
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """The median of a few rounds and their range, as bench.quick and bench.first_up report them."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def write_rounds(out: Path, name: str, summary: dict, markdown: str) -> None:
+    """A rounds bench's summary as `out/NAME.json` and its page as `out/NAME.md`, the page printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    (out / f"{name}.md").write_text(markdown)
+    print(markdown)
+
+
 def quartiles(values: list[float]) -> dict[str, float]:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "n": len(values)}

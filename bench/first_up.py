@@ -35,13 +35,17 @@ KINDS = ("first", "again")
 def one_up(run_dir: Path, cache: Path) -> dict:
     load_before = os.getloadavg()[0]
     launched = time.time()
-    subprocess.run(
+    done = subprocess.run(
         ["./triad", "up", f"--set=run_dir={run_dir}"],
         cwd=REPO,
         env={**os.environ, "TRIAD_CACHE": str(cache)},
-        check=True,
         stdout=subprocess.DEVNULL,
     )
+    if done.returncode != 0:
+        raise SystemExit(
+            f"bench.first_up: `./triad up` in {REPO} stopped with code {done.returncode}; its one-line "
+            f"error is above and each service's log is in {RunDir(run_dir).logs_dir}"
+        )
     wall = time.time() - launched
     rundir = RunDir(run_dir)
     rows = rundir.metrics.rows(ORCHESTRATOR)

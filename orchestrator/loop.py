@@ -59,6 +59,7 @@ from orchestrator.failures import Failures
 from orchestrator.fleet import Fleet
 from orchestrator.servers.backends.detection import backend_for
 from orchestrator.servers.client import InferenceClient
+from orchestrator.servers.health import watch_health
 from orchestrator.servers.pool import RolloutFailed, Server, ServerPool
 from orchestrator.weights.follower import WeightFollower
 from orchestrator.weights.published import TrainerRewound
@@ -270,7 +271,7 @@ class Orchestrator:
         async with asyncio.TaskGroup() as tg:
             background = [
                 tg.create_task(self.weights.follow()),
-                tg.create_task(self.pool.watch_health(self.weights.align)),
+                tg.create_task(watch_health(self.pool, self.weights.align)),
                 tg.create_task(self.counters.loop_lag.run()),
                 tg.create_task(count_requests(self.pool, self.progress)),
             ]

@@ -36,7 +36,7 @@ class FakeState:
     stream_cut: bool = False  # the next streamed answer stops after its first chunk, with no [DONE]
     misshapen_chunk: bool = False  # the next streamed chunk's token_ids is a string (a server not vLLM)
     answer: str = "2"
-    inflight: int = 0
+    inflight: int = 0  # prompts generating (a completion request may ask for several)
     peak: int = 0
     requests: int = 0
     gate: threading.Semaphore | None = None  # if set, each completion waits to acquire it (`gate.release()`)
@@ -70,12 +70,13 @@ class FakeState:
     models_asked: list[str] = field(default_factory=list)  # each completion request's `model`
     max_model_len: int | None = None  # as vLLM: in /v1/models, and a longer request is answered 400
     max_tokens_asked: list[int] = field(default_factory=list)
-    seeds_asked: list[int | None] = field(default_factory=list)  # each completion request's `seed`
+    seeds_asked: list[int | None] = field(default_factory=list)  # each prompt's `seed`
     streams: list[bool] = field(default_factory=list)  # whether each completion request asked a stream
     fail_after: int | None = None  # completion requests after this many answer 500
     finish_reasons: list[str | None] = field(default_factory=list)  # the next completions' (vLLM's: abort...)
     prompt_ids_cut: int = 0  # the next N completions return prompt_token_ids without the last id sent
     renders: int = 0
+    prompts: int = 0  # prompts asked for by completion requests (one request may ask several)
     # the next requests to `spoiled_route` answer these statuses (with Retry-After seconds, if given),
     # then the next `cut_bodies` answers are cut short (invalid JSON)
     spoiled_route: str = "/v1/chat/completions/render"
@@ -85,6 +86,17 @@ class FakeState:
 
 def encode(text: str) -> list[int]:
     return list(text.encode())
+
+
+def prompts_of(prompt: str | list) -> list:
+    """The prompts of a completion request: one (text or ids) or a list of them, as vLLM reads them."""
+    if isinstance(prompt, str) or all(isinstance(token, int) for token in prompt):
+        return [prompt]
+    return list(prompt)
+
+
+def ids(prompt: str | list[int]) -> list[int]:
+    return prompt if isinstance(prompt, list) else encode(prompt)
 
 
 def make_app(state: FakeState) -> Starlette:
@@ -101,7 +113,7 @@ def make_app(state: FakeState) -> Starlette:
             return Response('{"id": "x", "choices": [{"ind', media_type="application/json")
         return None
 
-    def track(delta: int) -> None:
+    def track(delta: int) -> None:  # prompts generating
         state.inflight += delta
         state.peak = max(state.peak, state.inflight)
 
@@ -148,33 +160,36 @@ def make_app(state: FakeState) -> Starlette:
             return answer
         state.models_asked.append(body.get("model"))
         state.max_tokens_asked.append(body.get("max_tokens"))
-        state.seeds_asked.append(body.get("seed"))
         state.streams.append(bool(body.get("stream")))
-        prompt = body["prompt"]
-        asked = len(prompt) if isinstance(prompt, list) else len(encode(prompt))
-        length = asked + body.get("max_tokens", 16)
-        if state.max_model_len is not None and length > state.max_model_len:
+        prompts = [ids(prompt) for prompt in prompts_of(body["prompt"])]
+        state.prompts += len(prompts)
+        state.seeds_asked += [body.get("seed")] * len(prompts)  # vLLM seeds each prompt of a list alike
+        longest = max(len(prompt) for prompt in prompts) + body.get("max_tokens", 16)
+        if state.max_model_len is not None and longest > state.max_model_len:
             message = f"This model's maximum context length is {state.max_model_len} tokens"
             return JSONResponse({"error": {"message": message}}, status_code=400)
         if state.fail_after is not None and state.requests > state.fail_after:
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         if state.mode == "fail":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-        prompt_ids = prompt if isinstance(prompt, list) else encode(prompt)
         if state.prompt_ids_cut > 0:
             state.prompt_ids_cut -= 1
-            prompt_ids = prompt_ids[:-1]
+            prompts[0] = prompts[0][:-1]
         finish = state.finish_reasons.pop(0) if state.finish_reasons else "stop"
-        samples = range(body.get("n", 1))
+        n = body.get("n", 1)
         if body.get("stream"):
-            return StreamingResponse(streamed(samples, prompt_ids, finish), media_type="text/event-stream")
-        track(+1)
+            return StreamingResponse(streamed(prompts, n, finish), media_type="text/event-stream")
+        track(+len(prompts))
         try:
             await generating()
         finally:
-            track(-1)
-        ids = encode(state.answer)
-        choices = [{**piece(i, state.answer, ids, finish), "prompt_token_ids": prompt_ids} for i in samples]
+            track(-len(prompts))
+        answer = encode(state.answer)
+        choices = [
+            {**piece(k * n + i, state.answer, answer, finish), "prompt_token_ids": prompt_ids}
+            for k, prompt_ids in enumerate(prompts)
+            for i in range(n)
+        ]  # as vLLM numbers them: prompt k's sample i is k * n + i
         return JSONResponse(
             {"id": "x", "object": "text_completion", "created": 0, "model": "fake", "choices": choices}
         )
@@ -193,19 +208,19 @@ def make_app(state: FakeState) -> Starlette:
         }
         return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs, "token_ids": ids}
 
-    async def streamed(samples: range, prompt_ids: list[int], finish: str | None):
+    async def streamed(prompts: list[list[int]], n: int, finish: str | None):
         """As vLLM streams (headers first, then chunks: a sample's prompt ids with its first, its
         finish reason with its last; the samples interleaved), a token a chunk; a request whose
         client went away ends (the generator is cancelled)."""
-        track(+1)
+        track(+len(prompts))
         try:
             await generating()
             last = len(state.answer) - 1
             for at, char in enumerate(state.answer):
-                for i in samples:
-                    chunk = piece(i, char, encode(char), finish if at == last else None)
+                for k, i in ((k, i) for k in range(len(prompts)) for i in range(n)):
+                    chunk = piece(k * n + i, char, encode(char), finish if at == last else None)
                     if at == 0:
-                        chunk["prompt_token_ids"] = prompt_ids
+                        chunk["prompt_token_ids"] = prompts[k]
                     if state.misshapen_chunk:
                         state.misshapen_chunk = False
                         chunk["token_ids"] = "".join(map(str, chunk["token_ids"]))
@@ -222,7 +237,7 @@ def make_app(state: FakeState) -> Starlette:
                 await asyncio.sleep(state.token_delay)
             yield "data: [DONE]\n\n"
         finally:
-            track(-1)
+            track(-len(prompts))
 
     async def admin_weights(request: Request) -> JSONResponse:
         detail = {401: "missing or wrong admin token", 404: "Not Found"}.get(state.admin_status, "boom")

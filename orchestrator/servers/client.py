@@ -161,6 +161,27 @@ class Health:
     slow: bool = False  # no answer in time, not a refusal: a busy server's API process can be that slow
 
 
+def rollout_error(e: openai.APIError | httpx.HTTPError | ValueError, url: str) -> TriadError:
+    """What a failed rollout request to the server at `url` means to the pool (`calls.py`)."""
+    if isinstance(e, openai.APITimeoutError):
+        return ServerUnreachable(f"rollout request to {url} timed out", "timeout")
+    if isinstance(e, openai.APIStatusError):
+        message = f"rollout request to {url} failed: {e}"
+        if refused(e.status_code):
+            message = f"{url} rejected a rollout request: {e}"
+        return answer_error(e.status_code, e.response.headers, message, "generate")
+    if isinstance(e, openai.APIConnectionError):  # its cause: httpx's error
+        return ServerUnreachable(f"rollout request to {url} failed: {e}", transport_kind(e.__cause__))
+    if isinstance(e, openai.APIError):  # an error event in the stream: vLLM's, with the status it stands for
+        code = e.body.get("code") if isinstance(e.body, dict) else None
+        message = f"rollout request to {url} failed mid-stream: {e.message}"
+        return answer_error(code if isinstance(code, int) else 500, httpx.Headers(), message, "generate")
+    if isinstance(e, httpx.HTTPError):
+        return TriadError(f"rollout request to {url} failed: {e}")
+    why = one_line(f"{type(e).__name__}: {e}", 200)  # a cut or invalid chunk (json's JSONDecodeError)
+    return RequestFailed(f"rollout request to {url} answered no completion: {why}")
+
+
 class InferenceClient:
     def __init__(
         self,
@@ -229,50 +250,45 @@ class InferenceClient:
         model: str | None = None,
         seed: int | None = None,
     ) -> list[Completion]:
-        """`n` samples of `prompt` (text, or token ids to continue exactly), from `model` (a LoRA
-        adapter's served name) or the served model, with the server's randomness or `seed`. The
+        """`n` samples of `prompt`: `complete_many` of one prompt."""
+        return (await self.complete_many([prompt], n, max_tokens, temperature, model, seed))[0]
+
+    async def complete_many(
+        self,
+        prompts: list[str] | list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        model: str | None = None,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        """`n` samples of each prompt (text, or token ids to continue exactly), in one request (vLLM's
+        completions API takes a list of prompts), from `model` (a LoRA adapter's served name) or the
+        served model, with the server's randomness or `seed` (vLLM gives each prompt the same). The
         read timeout bounds the wait for each chunk (vLLM sends a sample's first token at once,
         then every `stream_interval` tokens), so the request fails once no chunk of it came for
         `request_timeout`, however long a healthy generation takes; a request for no more than one
         chunk's tokens is answered whole (streamed, the embedded default's 8-token requests made
         its step 12% slower, `bench/quick.py`)."""
-        self.inflight += 1
+        self.inflight += len(prompts)  # the pool balances prompts, not requests
         try:
-            samples = await self._samples(prompt, n, max_tokens, temperature, model, seed)
-        except openai.APITimeoutError:
-            raise ServerUnreachable(f"rollout request to {self.base_url} timed out", "timeout") from None
-        except openai.APIStatusError as e:
-            message = f"rollout request to {self.base_url} failed: {e}"
-            if refused(e.status_code):
-                message = f"{self.base_url} rejected a rollout request: {e}"
-            raise answer_error(e.status_code, e.response.headers, message, "generate") from None
-        except openai.APIConnectionError as e:  # its cause: httpx's error
-            kind = transport_kind(e.__cause__)
-            raise ServerUnreachable(f"rollout request to {self.base_url} failed: {e}", kind) from None
-        except openai.APIError as e:  # an error event in the stream: vLLM's, with the status it stands for
-            code = e.body.get("code") if isinstance(e.body, dict) else None
-            message = f"rollout request to {self.base_url} failed mid-stream: {e.message}"
-            raise answer_error(
-                code if isinstance(code, int) else 500, httpx.Headers(), message, "generate"
-            ) from None
-        except httpx.HTTPError as e:
-            raise TriadError(f"rollout request to {self.base_url} failed: {e}") from None
-        except (ValueError, ValidationError) as e:  # a cut or invalid chunk (json's JSONDecodeError)
-            why = one_line(f"{type(e).__name__}: {e}", 200)
-            raise RequestFailed(f"rollout request to {self.base_url} answered no completion: {why}") from None
+            samples = await self._samples(prompts, n, max_tokens, temperature, model, seed)
+        except (openai.APIError, httpx.HTTPError, ValueError) as e:  # pydantic's ValidationError too
+            raise rollout_error(e, self.base_url) from None
         finally:
-            self.inflight -= 1
-        unfinished = [i for i in range(n) if samples.get(i) is None or samples[i].finish_reason is None]
+            self.inflight -= len(prompts)
+        asked = n * len(prompts)  # vLLM numbers prompt k's sample i k * n + i
+        unfinished = [i for i in range(asked) if samples.get(i) is None or samples[i].finish_reason is None]
         if unfinished:
             raise RequestFailed(
-                f"rollout request to {self.base_url}: its stream ended before sample {unfinished[0]} of {n} "
-                "finished"
+                f"rollout request to {self.base_url}: its stream ended before sample {unfinished[0]} of "
+                f"{asked} finished"
             )
-        return [samples[i].completion(prompt) for i in range(n)]
+        return [[samples[k * n + i].completion(prompt) for i in range(n)] for k, prompt in enumerate(prompts)]
 
     async def _samples(
         self,
-        prompt: str | list[int],
+        prompts: list[str] | list[list[int]],
         n: int,
         max_tokens: int,
         temperature: float,
@@ -285,7 +301,7 @@ class InferenceClient:
         streamed = interval is not None and max_tokens > interval
         body = dict(
             model=model or self.model,
-            prompt=prompt,
+            prompt=prompts[0] if len(prompts) == 1 else prompts,
             n=n,
             max_tokens=max_tokens,
             temperature=temperature,

@@ -1,15 +1,15 @@
 """Several inference servers behind one call: balancing, retries, health checks.
 
-A request goes to the healthy server with the fewest requests in flight (or the
-one a multi-turn episode already uses). A failed or timed-out request (a 5xx,
+A request goes to the healthy server with the fewest prompts in flight (or the
+one a multi-turn episode already uses); first requests asked for together share
+one HTTP request per server (`coalesce.py`). A failed or timed-out request (a 5xx,
 408 or 429 answer, a cut or invalid body, a dropped connection) is retried on
 another server after an exponential backoff, or the server's `Retry-After`
 if longer (both bounded by MAX_BACKOFF_S); a refused one (another 4xx) is not.
 A server that fails `servers.max_failures` times in a row is taken out of
 rotation with a warning. Failed attempts are counted by kind in each step's metrics.
-The health watcher polls every server: one that stops answering is taken out,
-one that comes back (a restart, say) is given the run's current weights before
-it serves rollouts again. With no healthy server for `servers.ready_timeout_s` the
+The health watcher (`health.py`) takes out a server that stops answering and
+re-admits one that comes back. With no healthy server for `servers.ready_timeout_s` the
 orchestrator stops with an error that names each server and why it is out.
 """
 
@@ -19,14 +19,15 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from orchestrator.failures import RolloutFailed
 from orchestrator.servers.backends.base import WeightBackend
 from orchestrator.servers.calls import failure_kind
-from orchestrator.servers.client import Completion, InferenceClient, RequestRejected
+from orchestrator.servers.client import Completion, ContextFull, InferenceClient, RequestRejected
+from orchestrator.servers.coalesce import Coalescer
 from shared.config import OrchestratorConfig
 from shared.errors import TriadError
 
@@ -69,10 +70,11 @@ def last_answer(server: Server, now: float | None = None) -> str:
 class ServerPool:
     def __init__(self, servers: list[Server], oc: OrchestratorConfig) -> None:
         self.servers, self.oc = servers, oc
-        self.latencies: list[float] = []  # of successful requests since the last `take_latencies`
+        self.latencies: list[float] = []  # of successful rollout requests (a prompt each) since the last take
         self.spans: list[list[float]] = []  # [wall-clock start, seconds] of those requests
         self.failed: Counter[str] = Counter()  # failed request attempts since `take_requests`, by kind
         self.none_healthy_since: float | None = None  # monotonic; `check_some_healthy`'s
+        self.first_requests = Coalescer(self._send_first_requests, lambda: len(self.healthy()))
 
     def add(self, server: Server) -> None:
         self.servers.append(server)
@@ -134,6 +136,17 @@ class ServerPool:
         elif now - self.none_healthy_since > self.oc.servers.ready_timeout_s:
             raise self.none_healthy()
 
+    def may_share(self, prompt: str | list[int], max_tokens: int) -> bool:
+        """Whether a request for `prompt` may share one with others: every server takes a list of
+        prompts and has room for `max_tokens` after this one (a text prompt: as far as is known here)."""
+        try:
+            return all(
+                s.backend.lists_prompts and s.client.room(prompt, max_tokens) == max_tokens
+                for s in self.servers
+            )
+        except ContextFull:
+            return False
+
     async def complete(
         self,
         prompt: str | list[int],
@@ -143,20 +156,53 @@ class ServerPool:
         seed: int | None = None,
     ) -> tuple[list[Completion], Server, int]:
         """Completions, the server that made them, and the version it served when asked; `seed`
-        (a retry sends the same): the request's, from `episodes.seeds`."""
+        (a retry sends the same): the request's, from `episodes.seeds`. A first request (no
+        `prefer`) that `may_share` shares one HTTP request with those asked for
+        in the same turn of the event loop with the same sampling (`coalesce.py`)."""
         max_tokens = max_tokens or self.oc.sampling.max_tokens
+        if prefer is None and self.may_share(prompt, max_tokens):
+            return await self.first_requests.ask((n, max_tokens, seed, isinstance(prompt, str)), prompt)
+        return (await self.complete_many([prompt], n, prefer, max_tokens, seed))[0]
 
-        async def ask(server: Server) -> tuple[list[Completion], int, float, float]:
+    async def _send_first_requests(
+        self, key: Hashable, prompts: list
+    ) -> list[tuple[list[Completion], Server, int] | BaseException]:
+        """The coalesced first requests of `key`, as one request; if it is refused (vLLM refuses
+        the whole request for one prompt over its context, say), each prompt alone, so that a
+        refusal ends its own episode only."""
+        n, max_tokens, seed, _ = key
+        try:
+            return list(await self.complete_many(prompts, n, None, max_tokens, seed))
+        except RequestRejected:
+            if len(prompts) == 1:
+                raise
+        alone = (self.complete_many([prompt], n, None, max_tokens, seed) for prompt in prompts)
+        answers = await asyncio.gather(*alone, return_exceptions=True)
+        return [a if isinstance(a, BaseException) else a[0] for a in answers]
+
+    async def complete_many(
+        self,
+        prompts: list,
+        n: int,
+        prefer: Server | None,
+        max_tokens: int,
+        seed: int | None,
+    ) -> list[tuple[list[Completion], Server, int]]:
+        """`n` completions of each prompt from one request to one server (`prefer` if healthy),
+        with the server and the version it served when asked, each prompt's; retried as a whole."""
+
+        async def ask(server: Server) -> tuple[list[list[Completion]], int, float, float]:
             version, started, wall = server.version, time.monotonic(), time.time()
             model = server.backend.model(version)  # a LoRA run's adapter of that version
-            room = server.client.room(prompt, max_tokens)
-            out = await server.client.complete(prompt, n, room, self.oc.sampling.temperature, model, seed)
+            room = min(server.client.room(prompt, max_tokens) for prompt in prompts)  # shared: all fit
+            temperature = self.oc.sampling.temperature
+            out = await server.client.complete_many(prompts, n, room, temperature, model, seed)
             return out, version, time.monotonic() - started, wall
 
         (out, version, latency, wall), server = await self.request(ask, "a rollout", prefer)
-        self.latencies.append(latency)
-        self.spans.append([round(wall, 3), round(latency, 4)])
-        return out, server, version
+        self.latencies += [latency] * len(prompts)  # each prompt's request took the shared one's time
+        self.spans += [[round(wall, 3), round(latency, 4)] for _ in prompts]
+        return [(completions, server, version) for completions in out]
 
     async def request(
         self, call: Callable[[Server], Awaitable[T]], what: str, prefer: Server | None = None
@@ -200,32 +246,8 @@ class ServerPool:
         self.failed, self.spans = Counter(), []
         return out
 
-    async def watch_health(self, realign: Callable[[Server], Awaitable[None]]) -> None:
-        """Forever: take out servers that stop answering, re-align and re-admit those back."""
-        while True:
-            await asyncio.sleep(self.oc.servers.health_interval_s)
-            await asyncio.gather(*(self._check(s, realign) for s in self.servers))
-
-    async def _check(self, server: Server, realign: Callable[[Server], Awaitable[None]]) -> None:
-        health = await server.client.health()
-        if not health.ok and health.slow and self.answered_lately(server):
-            why = f"{health.why}, but {last_answer(server)}"
-            log.debug("inference server %s is busy, not stuck: %s", server.url, why)
-            return
-        if not health.ok:
-            self.take_out(server, health.why)
-            return
-        server.answered_at = time.time()
-        if server.loading.locked():
-            return
-        try:
-            served = (await server.backend.current()).version
-            if not server.healthy or served != server.version:
-                await realign(server)
-        except TriadError as e:
-            self.take_out(server, f"could not give it the current weights: {e}")
-            return
-        if not server.healthy and self.has(server):
-            log.info("inference server %s is back, serving version %d", server.url, server.version)
-            server.healthy, server.failures, server.why_out = True, 0, ""
-            self.none_healthy_since = None
+    def readmit(self, server: Server) -> None:
+        """`server`, taken out and now healthy and aligned, back in rotation."""
+        log.info("inference server %s is back, serving version %d", server.url, server.version)
+        server.healthy, server.failures, server.why_out = True, 0, ""
+        self.none_healthy_since = None

@@ -46,11 +46,12 @@ class Recording(InferenceClient):
 
     calls: list[tuple[list[int], list[int], list[float]]] = []
 
-    async def complete(self, prompt, n, max_tokens, temperature, model=None, seed=None):
-        out = await super().complete(prompt, n, max_tokens, temperature, model, seed)
-        ids = prompt if isinstance(prompt, list) else out[0].prompt_ids
-        Recording.calls += [(list(ids), c.token_ids, c.logprobs) for c in out]
-        return out
+    async def complete_many(self, prompts, n, max_tokens, temperature, model=None, seed=None):
+        answers = await super().complete_many(prompts, n, max_tokens, temperature, model, seed)
+        for prompt, out in zip(prompts, answers, strict=True):
+            ids = prompt if isinstance(prompt, list) else out[0].prompt_ids
+            Recording.calls += [(list(ids), c.token_ids, c.logprobs) for c in out]
+        return answers
 
 
 def config(run_dir: Path, model: str, url: str, env: str, *extra: str) -> tuple[TriadConfig, list[str]]:
@@ -291,9 +292,9 @@ def test_an_openai_client_agent_trains_through_the_proxy(tmp_path, chat_model, c
 
 
 class Slow(InferenceClient):
-    async def complete(self, prompt, n, max_tokens, temperature, model=None, seed=None):
+    async def complete_many(self, prompts, n, max_tokens, temperature, model=None, seed=None):
         await asyncio.sleep(2)
-        return await super().complete(prompt, n, max_tokens, temperature, model, seed)
+        return await super().complete_many(prompts, n, max_tokens, temperature, model, seed)
 
 
 def test_calls_of_an_episode_that_is_over_and_bad_bodies_get_errors_not_hangs(

@@ -100,3 +100,30 @@ def test_samples_streamed_together_each_get_their_own_chunks(chat_server: Server
         worst = max(worst, *(abs(a - b) for a, b in zip(s.logprobs, expected, strict=True)))
     print(f"largest difference from the rescored logprobs: {worst:.2e}")
     assert worst <= RESCORE_TOLERANCE
+
+
+@pytest.mark.parametrize("max_tokens", [8, 40], ids=["whole", "streamed"])
+def test_a_list_of_prompts_is_answered_as_each_prompt_alone(chat_server: Server, max_tokens: int):
+    """The pool sends first requests asked for together as one request with a list of prompts
+    (`orchestrator/servers/coalesce.py`): vLLM's answer, whole or streamed, gives each prompt its
+    own samples, as that prompt's own request does."""
+    prompts = list(LONG_ANSWER_PROMPTS[:3])
+
+    async def run() -> tuple[list, list, list]:
+        client = InferenceClient(chat_server.url, None, 60)
+        try:
+            await client.wait_ready(60, None)
+            together = await client.complete_many(prompts, 1, max_tokens, 0.0)
+            alone = [(await client.complete(p, 1, max_tokens, 0.0))[0] for p in prompts]
+            sampled = await client.complete_many(prompts, 3, max_tokens, 1.0)
+            return together, alone, sampled
+        finally:
+            await client.close()
+
+    together, alone, sampled = asyncio.run(run())
+    assert len({tuple(c.prompt_ids) for c in alone}) == 3
+    for (got,), want in zip(together, alone, strict=True):  # greedy: the same tokens
+        assert (got.prompt_ids, got.token_ids, got.text) == (want.prompt_ids, want.token_ids, want.text)
+    for samples, want in zip(sampled, alone, strict=True):  # k * n + i: prompt k's sample i
+        assert [c.prompt_ids for c in samples] == [want.prompt_ids] * 3
+        assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in samples)

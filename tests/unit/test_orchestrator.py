@@ -24,6 +24,7 @@ from orchestrator.loop import Orchestrator, first_user_error, to_thread_to_compl
 from orchestrator.servers.backends.admin_routes import TriadAdmin
 from orchestrator.servers.backends.base import DigestMismatch
 from orchestrator.servers.client import Completion, InferenceClient, ServerUnreachable
+from orchestrator.servers.health import watch_health
 from orchestrator.servers.pool import RolloutFailed, Server, ServerPool
 from shared.admin_api import WeightsInfo
 from shared.batch import publish_batch
@@ -40,7 +41,7 @@ from tests.unit.test_liveness import peer_process
 class FakeBackend:
     """Loads instantly; what a server 'serves' is its `Server.version`."""
 
-    kind, updates = "fake", True
+    kind, updates, lists_prompts = "fake", True, True
 
     def __init__(self) -> None:
         self.loads: list[int] = []
@@ -102,19 +103,20 @@ def set_version(orch: Orchestrator, version: int) -> None:
         server.version = version
 
 
-def test_producer_keeps_max_inflight_requests_busy_and_no_more(tmp_path):
-    """Requests are held at the server and released one at a time: each time one returns, the
-    producer starts the next while the other five are still held. So it keeps max_inflight
-    groups generating (a producer that waited for each group, or for a whole batch, would not
-    start it), and never more (peak)."""
+def test_producer_keeps_max_inflight_groups_busy_and_no_more(tmp_path):
+    """Requests are held at the server and released one at a time: each time one returns with its
+    groups, the producer starts as many new ones while the others are still held. So it keeps
+    max_inflight groups generating (a producer that waited for each group, or for a whole batch,
+    would not start them), and never more (peak). The first six go as one request (coalesced)."""
     with FakeServer() as fake:
         fake.state.gate = threading.Semaphore(0)
 
-        async def six_busy(released: int) -> bool | None:
+        async def six_busy(before: int, done: asyncio.Task | None = None) -> bool | None:
             await asyncio.sleep(0)
-            return (fake.state.requests == 6 + released and fake.state.inflight == 6) or None
+            refilled = fake.state.prompts > before and fake.state.inflight == 6
+            return refilled or (done is not None and done.done()) or None
 
-        async def run() -> None:
+        async def run() -> int:
             orch = make(
                 tmp_path,
                 [fake.url],
@@ -129,19 +131,24 @@ def test_producer_keeps_max_inflight_requests_busy_and_no_more(tmp_path):
                     await orch.assemble(step)
 
             producer, assembler = asyncio.create_task(orch.produce()), asyncio.create_task(assemble())
-            for released in range(32):
-                what = f"request {7 + released} to start while 5 others are held"
-                await async_wait_for(lambda n=released: six_busy(n), what, 10, poll=0.005)
+            await async_wait_for(lambda: six_busy(0), "the first six groups to start", 10, poll=0.005)
+            assert fake.state.requests == 1  # the six first requests as one
+            releases = 0
+            while not assembler.done():
+                before = fake.state.prompts
                 fake.state.gate.release()
-            async with asyncio.timeout(10):
-                await assembler
+                releases += 1
+                what = f"new groups to start after release {releases}, with 6 generating"
+                await async_wait_for(lambda b=before: six_busy(b, assembler), what, 10, poll=0.005)
             await stop(producer)
             fake.state.gate.release(100)  # the requests the stopped producer left
             assert orch.pending <= 6
             await close(orch)
+            return releases
 
-        asyncio.run(run())
+        releases = asyncio.run(run())
     assert fake.state.peak == 6
+    assert releases < 32  # requests returned several groups each
 
 
 def test_generation_waits_for_fresh_weights(tmp_path):
@@ -155,7 +162,7 @@ def test_generation_waits_for_fresh_weights(tmp_path):
             producer = asyncio.create_task(orch.produce())
             await orch.assemble(1)
             await asyncio.sleep(0.2)
-            assert fake.state.requests == 4  # batch 1 only: batch 2 needs version 1
+            assert fake.state.prompts == 4  # batch 1 only: batch 2 needs version 1
             set_version(orch, 1)
             await orch.notify()
             await orch.assemble(2)
@@ -187,7 +194,7 @@ def test_the_eta_guards_wait_is_recorded_in_the_steps_row(tmp_path):
             await orch.notify()
 
             async def started() -> bool | None:
-                return fake.state.requests == 8 or None
+                return fake.state.prompts == 8 or None
 
             await async_wait_for(started, "batch 2's groups to start", 10, poll=0.005)
             clock[0] += 7.0
@@ -362,7 +369,7 @@ def test_a_server_that_comes_back_is_given_current_weights_before_serving(tmp_pa
                 realigned.append(s.version)
                 s.version = s.backend.version = 7
 
-            watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            watcher = asyncio.create_task(watch_health(orch.pool, realign))
             await asyncio.sleep(0.15)  # answers its health checks
             fake.state.healthy = False
             await asyncio.sleep(0.3)
@@ -399,7 +406,7 @@ def test_a_server_whose_health_is_slow_stays_in_while_its_requests_finish(tmp_pa
                 pass
 
             fake.state.health_delay = 0.2
-            watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            watcher = asyncio.create_task(watch_health(orch.pool, realign))
             for _ in range(8):  # 0.5 s of slow probes, a request finished every 0.06 s
                 await orch.pool.complete("1+1=", 1)
                 await asyncio.sleep(0.05)
@@ -469,7 +476,7 @@ def test_a_server_that_does_not_answer_on_connect_is_taken_out_and_realigned_whe
 
             await orch.weights.connect()
             assert not server.healthy and "ConnectError" in server.why_out and backend.loads == []
-            watcher = asyncio.create_task(orch.pool.watch_health(orch.weights.align))
+            watcher = asyncio.create_task(watch_health(orch.pool, orch.weights.align))
             backend.down = False
             await async_wait_for(back_in_rotation, "the server back in rotation", timeout=10, poll=0.02)
             assert (server.version, backend.loads) == (2, [2])
@@ -904,7 +911,7 @@ def test_the_no_healthy_server_clock_restarts_when_a_server_comes_back(tmp_path)
 
             orch.pool.take_out(server, "connection refused")
             orch.pool.check_some_healthy()  # the clock starts
-            watcher = asyncio.create_task(orch.pool.watch_health(realign))
+            watcher = asyncio.create_task(watch_health(orch.pool, realign))
             await asyncio.sleep(0.6)  # back, and up longer than the bound
             assert server.healthy
             await stop(watcher)

@@ -9,6 +9,7 @@ from shared.errors import TriadError
 
 class TriadAdmin:
     kind, updates = "triad", True
+    lists_prompts = True  # vLLM's completions API
 
     def __init__(self, client: InferenceClient, timeout: float) -> None:
         self.client, self.timeout = client, timeout

@@ -15,6 +15,9 @@ class DigestMismatch(TriadError):
 class WeightBackend(Protocol):
     kind: str
     updates: bool  # False: the server cannot load new weights
+    # the server answers a list of prompts in one completion request as vLLM does, numbering prompt
+    # k's sample i k * n + i (`pool.ServerPool.complete` then sends first requests together)
+    lists_prompts: bool
 
     async def current(self) -> WeightsInfo: ...
 

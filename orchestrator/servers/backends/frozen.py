@@ -8,6 +8,7 @@ from shared.errors import TriadError
 
 class Frozen:
     kind, updates = "none", False
+    lists_prompts = True  # a vLLM-compatible server's completions API, as triad needs
 
     async def current(self) -> WeightsInfo:
         return WeightsInfo(version=0, path="", base_path="")

@@ -20,6 +20,7 @@ class AdapterLoads:
     run directory, which holds this run's at `prefix`); version 0 is the base model."""
 
     kind, updates = "triad-lora", True
+    lists_prompts = True  # vLLM's completions API
 
     def __init__(self, client: InferenceClient, name: str, run_id: str, prefix: str, timeout: float) -> None:
         self.client, self.name, self.run_id, self.prefix, self.timeout = client, name, run_id, prefix, timeout

@@ -17,6 +17,7 @@ class SGLangUpdate:
     """SGLang reads the path on its own filesystem: `run_dir` must be mounted at the same place."""
 
     kind, updates = "sglang", True
+    lists_prompts = False  # its numbering of a list's samples is not vLLM's contract: one prompt a request
 
     def __init__(self, client: InferenceClient, run_dir: Path | str, timeout: float) -> None:
         if is_object_url(run_dir):

@@ -31,6 +31,7 @@ class VLLMRoutes:
     must be mounted at the same place. The routes are unauthenticated: loopback only."""
 
     kind, updates = "vllm", True
+    lists_prompts = True  # vLLM's completions API
 
     def __init__(self, client: InferenceClient, run_dir: Path | str, timeout: float) -> None:
         if is_object_url(run_dir):

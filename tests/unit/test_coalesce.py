@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 
@@ -14,6 +16,8 @@ from orchestrator.servers.coalesce import Coalescer
 from orchestrator.servers.pool import Server, ServerPool
 from shared.config import load_config
 from tests.fake_openai import FakeServer, encode
+
+T = TypeVar("T")
 
 
 class Recorder:
@@ -95,92 +99,66 @@ def test_a_cancelled_caller_leaves_the_others_and_a_list_nobody_waits_for_is_can
     assert started == [[1, 2], [3]] and finished == [[1, 2]]
 
 
-def pool_of(urls: list[str], *sets: str) -> tuple[ServerPool, list[InferenceClient]]:
+def on_pool(urls: list[str], body: Callable[[ServerPool], Awaitable[T]]) -> T:
+    """`body` run against a pool of the servers at `urls`, each ready (its /v1/models read)."""
     cfg = load_config(
-        None, ["orchestrator.sampling.max_tokens=4", "orchestrator.servers.retry_backoff_s=0.01", *sets]
+        None, ["orchestrator.sampling.max_tokens=4", "orchestrator.servers.retry_backoff_s=0.01"]
     )
-    clients = [InferenceClient(url, None, 10) for url in urls]
-    return ServerPool([Server(c, Frozen()) for c in clients], cfg.orchestrator), clients
 
+    async def run() -> T:
+        clients = [InferenceClient(url, None, 10) for url in urls]
+        try:
+            for client in clients:
+                await client.wait_ready(10, None)
+            return await body(ServerPool([Server(c, Frozen()) for c in clients], cfg.orchestrator))
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
 
-async def ready(clients: list[InferenceClient]) -> None:
-    for client in clients:
-        await client.wait_ready(10, None)
+    return asyncio.run(run())
 
 
 def test_a_batch_of_first_requests_is_one_request_and_each_prompt_gets_its_own_samples():
     prompts = ["1+1=", "2+2=", "3+3="]
     with FakeServer() as fake:
-
-        async def run() -> list:
-            pool, clients = pool_of([fake.url])
-            try:
-                await ready(clients)
-                return await asyncio.gather(*(pool.complete(p, 2) for p in prompts))
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        answers = asyncio.run(run())
+        answers = on_pool([fake.url], lambda pool: asyncio.gather(*(pool.complete(p, 2) for p in prompts)))
     assert fake.state.requests == 1 and fake.state.prompts == 3
     for prompt, (completions, _, version) in zip(prompts, answers, strict=True):
         assert [c.prompt_ids for c in completions] == [encode(prompt)] * 2 and version == 0
 
 
 def test_requests_that_differ_in_sampling_or_prefer_a_server_are_not_coalesced():
+    async def body(pool: ServerPool) -> None:
+        (server,) = pool.servers
+        await asyncio.gather(
+            pool.complete("1+1=", 2, seed=1),
+            pool.complete("2+2=", 2, seed=2),
+            pool.complete("3+3=", 2, max_tokens=3),
+            pool.complete("4+4=", 1),
+            pool.complete("5+5=", 2, prefer=server),
+        )
+
     with FakeServer() as fake:
-
-        async def run() -> None:
-            pool, clients = pool_of([fake.url])
-            try:
-                await ready(clients)
-                (server,) = pool.servers
-                await asyncio.gather(
-                    pool.complete("1+1=", 2, seed=1),
-                    pool.complete("2+2=", 2, seed=2),
-                    pool.complete("3+3=", 2, max_tokens=3),
-                    pool.complete("4+4=", 1),
-                    pool.complete("5+5=", 2, prefer=server),
-                )
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        asyncio.run(run())
+        on_pool([fake.url], body)
     assert fake.state.requests == 5 and sorted(fake.state.max_tokens_asked) == [3, 4, 4, 4, 4]
 
 
 def test_two_servers_each_get_one_request_with_half_the_prompts():
     with FakeServer() as a, FakeServer() as b:
-
-        async def run() -> None:
-            pool, clients = pool_of([a.url, b.url])
-            try:
-                await ready(clients)
-                await asyncio.gather(*(pool.complete(f"{i}+1=", 2) for i in range(6)))
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        asyncio.run(run())
+        on_pool([a.url, b.url], lambda pool: asyncio.gather(*(pool.complete(f"{i}+1=", 2) for i in range(6))))
     assert (a.state.requests, a.state.prompts, b.state.requests, b.state.prompts) == (1, 3, 1, 3)
 
 
 def test_a_refused_batch_is_asked_prompt_by_prompt_so_only_the_long_one_fails():
     """vLLM refuses a whole request for one prompt over its context; the fake does too."""
     prompts = ["1+1=", "x" * 40, "2+2="]
+
+    async def body(pool: ServerPool) -> tuple[list, dict]:
+        answers = await asyncio.gather(*(pool.complete(p, 2) for p in prompts), return_exceptions=True)
+        return answers, pool.take_requests()
+
     with FakeServer() as fake:
         fake.state.max_model_len = 24
-
-        async def run() -> tuple[list, dict]:
-            pool, clients = pool_of([fake.url])
-            try:
-                await ready(clients)
-                answers = await asyncio.gather(
-                    *(pool.complete(p, 2) for p in prompts), return_exceptions=True
-                )
-                return answers, pool.take_requests()
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        answers, counts = asyncio.run(run())
+        answers, counts = on_pool([fake.url], body)
     assert isinstance(answers[1], RequestRejected) and "maximum context length" in str(answers[1])
     assert [c.prompt_ids for c in answers[0][0]] == [encode("1+1=")] * 2
     assert [c.prompt_ids for c in answers[2][0]] == [encode("2+2=")] * 2
@@ -189,19 +167,13 @@ def test_a_refused_batch_is_asked_prompt_by_prompt_so_only_the_long_one_fails():
 
 
 def test_a_failed_batch_counts_once_and_is_retried_whole():
+    async def body(pool: ServerPool) -> tuple[list, dict]:
+        answers = await asyncio.gather(*(pool.complete(f"{i}+1=", 2) for i in range(4)))
+        return answers, pool.take_requests()
+
     with FakeServer() as fake:
         fake.state.spoiled_route, fake.state.busy = "/v1/completions", [(500, None)]  # the first answers 500
-
-        async def run() -> tuple[list, dict]:
-            pool, clients = pool_of([fake.url])
-            try:
-                await ready(clients)
-                answers = await asyncio.gather(*(pool.complete(f"{i}+1=", 2) for i in range(4)))
-                return answers, pool.take_requests()
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        answers, counts = asyncio.run(run())
+        answers, counts = on_pool([fake.url], body)
     assert all(len(completions) == 2 for completions, _, _ in answers) and len(answers) == 4
     assert counts["requests_failed"] == 1 and counts["requests_failed_http_500"] == 1
     assert fake.state.requests == 2 and fake.state.prompts == 4  # the 500 came before its prompts were read
@@ -210,14 +182,5 @@ def test_a_failed_batch_counts_once_and_is_retried_whole():
 @pytest.mark.parametrize("prompts", [[[49, 43, 49, 61]], [[49, 43], [50, 43]]])
 def test_token_id_prompts_coalesce_as_lists_of_lists(prompts):
     with FakeServer() as fake:
-
-        async def run() -> list:
-            pool, clients = pool_of([fake.url])
-            try:
-                await ready(clients)
-                return await asyncio.gather(*(pool.complete(p, 1) for p in prompts))
-            finally:
-                await asyncio.gather(*(c.close() for c in clients))
-
-        answers = asyncio.run(run())
+        answers = on_pool([fake.url], lambda pool: asyncio.gather(*(pool.complete(p, 1) for p in prompts)))
     assert fake.state.requests == 1 and [a[0][0].prompt_ids for a in answers] == prompts

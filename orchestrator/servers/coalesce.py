@@ -4,8 +4,7 @@ The producer starts every group the staleness guard frees in one go (a whole bat
 each group asks for its samples at once. vLLM's completions API takes a list of prompts, so the
 pool sends such first requests as one HTTP request per healthy server instead of one per group:
 the server's front end parses, schedules and answers once, not once per group. The embedded
-default's step: 243 ms against 280 ms, medians of seven runs A B
-(`bench/results/quick_profile.md`).
+default's step: 7-13% shorter, medians of two sittings of A B runs (`bench/results/quick_profile.md`).
 
 `Coalescer` is the waiting room alone: what a key means and how a list of items is sent are the
 caller's (`pool.ServerPool`).

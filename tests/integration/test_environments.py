@@ -191,3 +191,62 @@ def test_a_chat_environment_needs_a_chat_template(tmp_path, tiny_model, plain_se
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "chat template" in errors[0], result.stderr
     assert not RunDir(tmp_path / "run").rollouts.steps()
+
+
+def test_a_run_whose_prompts_are_sometimes_over_the_context_trains_every_step(
+    tmp_path, tiny_model, plain_server
+):
+    """A batch's first requests go to vLLM as one request (`orchestrator/servers/coalesce.py`), which
+    vLLM refuses whole for one prompt over its context (256 here): the run asks each prompt alone
+    again, drops only the long prompts' groups (counted), and trains every step."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    write_env_plugin(plugins, "long_env_pkg", "echo")
+    source = plugins / "long_env_pkg" / "__init__.py"
+    short = 'return Prompt(text=f"{digit}+0=", answer=str(digit))'
+    assert short in source.read_text()
+    long = 'return Prompt(text=("x" * 400 if digit % 3 == 0 else "") + f"{digit}+0=", answer=str(digit))'
+    source.write_text(source.read_text().replace(short, long))
+    run_dir = tmp_path / "run"
+    sets = [
+        f"run_dir={run_dir}",
+        f"model={tiny_model}",
+        "max_steps=3",
+        f'orchestrator.servers.urls=["{plain_server.url}"]',
+        'orchestrator.environment.name="echo"',
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.sampling.max_tokens=4",
+        "trainer.batch_stall_s=300",
+        "orchestrator.weights_stall_s=300",
+    ]
+    flags = [f"--set={s}" for s in sets]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}
+    log_path = tmp_path / "orchestrator.log"
+    with open(log_path, "w") as log, open(tmp_path / "trainer.log", "w") as trainer_log:
+        procs = [
+            subprocess.Popen(
+                triad_cmd("orchestrator", *flags), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            ),
+            subprocess.Popen(
+                trainer_cmd(*flags), cwd=REPO, env=env, stdout=trainer_log, stderr=subprocess.STDOUT
+            ),
+        ]
+        try:
+            codes = [p.wait(timeout=400) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    text = log_path.read_text()
+    assert codes == [0, 0], text
+    assert "Traceback" not in text
+    rundir = RunDir(run_dir)
+    assert [r["step"] for r in rundir.metrics.rows("trainer")] == [1, 2, 3]
+    rows = rundir.metrics.rows("orchestrator")
+    assert [r["samples"] for r in rows] == [16, 16, 16]  # every batch full, of short prompts only
+    dropped = sum(r["groups_failed"] for r in rows)  # the long prompts' groups
+    refusals = sum(r.get("requests_failed_http_400", 0) for r in rows)
+    # each dropped group's own refusal, and before them their batches': a batch refused whole would
+    # drop its short prompts' groups too, with one refusal for them all
+    assert 0 < dropped < refusals, (dropped, refusals)

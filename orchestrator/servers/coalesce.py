@@ -16,11 +16,12 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+K = TypeVar("K", bound=Hashable)
 P = TypeVar("P")
 R = TypeVar("R")
 
 
-class Coalescer(Generic[P, R]):
+class Coalescer(Generic[K, P, R]):
     """`ask(key, item)` waits until the event loop has run every task ready when it was called, so
     that the items asked for meanwhile under the same key go to `send` together, split into
     `parts()` lists (one per server). `send(key, items)` answers each item: its result, or the
@@ -30,14 +31,14 @@ class Coalescer(Generic[P, R]):
 
     def __init__(
         self,
-        send: Callable[[Hashable, list[P]], Awaitable[list[R | BaseException]]],
+        send: Callable[[K, list[P]], Awaitable[list[R | BaseException]]],
         parts: Callable[[], int],
     ) -> None:
         self.send, self.parts = send, parts
-        self.waiting: dict[Hashable, list[tuple[P, asyncio.Future[R]]]] = {}
+        self.waiting: dict[K, list[tuple[P, asyncio.Future[R]]]] = {}
         self.sending: set[asyncio.Task] = set()
 
-    async def ask(self, key: Hashable, item: P) -> R:
+    async def ask(self, key: K, item: P) -> R:
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[R] = loop.create_future()
         waiting = self.waiting.setdefault(key, [])
@@ -46,7 +47,7 @@ class Coalescer(Generic[P, R]):
             loop.call_soon(self._flush, key)
         return await answer
 
-    def _flush(self, key: Hashable) -> None:
+    def _flush(self, key: K) -> None:
         members = self.waiting.pop(key)
         parts = max(1, min(self.parts(), len(members)))
         for part in range(parts):
@@ -62,7 +63,7 @@ class Coalescer(Generic[P, R]):
         if all(answer.cancelled() for _, answer in chunk):
             task.cancel()
 
-    async def _send(self, key: Hashable, chunk: list[tuple[P, asyncio.Future[R]]]) -> None:
+    async def _send(self, key: K, chunk: list[tuple[P, asyncio.Future[R]]]) -> None:
         try:
             results = await self.send(key, [item for item, _ in chunk])
         except asyncio.CancelledError:

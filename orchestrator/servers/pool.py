@@ -19,9 +19,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from orchestrator.failures import RolloutFailed
 from orchestrator.servers.backends.base import WeightBackend
@@ -34,6 +34,15 @@ from shared.errors import TriadError
 T = TypeVar("T")
 log = logging.getLogger("triad.orchestrator")
 MAX_BACKOFF_S = 30.0
+
+
+class Sampling(NamedTuple):
+    """What first requests must share to share one HTTP request (`ServerPool.complete`)."""
+
+    n: int
+    max_tokens: int
+    seed: int | None
+    text: bool  # text prompts or token ids: one request takes a list of one kind
 
 
 @dataclass
@@ -161,22 +170,22 @@ class ServerPool:
         in the same turn of the event loop with the same sampling (`coalesce.py`)."""
         max_tokens = max_tokens or self.oc.sampling.max_tokens
         if prefer is None and self.may_share(prompt, max_tokens):
-            return await self.first_requests.ask((n, max_tokens, seed, isinstance(prompt, str)), prompt)
+            key = Sampling(n, max_tokens, seed, text=isinstance(prompt, str))
+            return await self.first_requests.ask(key, prompt)
         return (await self.complete_many([prompt], n, prefer, max_tokens, seed))[0]
 
     async def _send_first_requests(
-        self, key: Hashable, prompts: list
+        self, key: Sampling, prompts: list
     ) -> list[tuple[list[Completion], Server, int] | BaseException]:
         """The coalesced first requests of `key`, as one request; if it is refused (vLLM refuses
         the whole request for one prompt over its context, say), each prompt alone, so that a
         refusal ends its own episode only."""
-        n, max_tokens, seed, _ = key
         try:
-            return list(await self.complete_many(prompts, n, None, max_tokens, seed))
+            return list(await self.complete_many(prompts, key.n, None, key.max_tokens, key.seed))
         except RequestRejected:
             if len(prompts) == 1:
                 raise
-        alone = (self.complete_many([prompt], n, None, max_tokens, seed) for prompt in prompts)
+        alone = (self.complete_many([p], key.n, None, key.max_tokens, key.seed) for p in prompts)
         answers = await asyncio.gather(*alone, return_exceptions=True)
         return [a if isinstance(a, BaseException) else a[0] for a in answers]
 
@@ -194,9 +203,17 @@ class ServerPool:
         async def ask(server: Server) -> tuple[list[list[Completion]], int, float, float]:
             version, started, wall = server.version, time.monotonic(), time.time()
             model = server.backend.model(version)  # a LoRA run's adapter of that version
-            room = min(server.client.room(prompt, max_tokens) for prompt in prompts)  # shared: all fit
+            rooms = [server.client.room(prompt, max_tokens) for prompt in prompts]
             temperature = self.oc.sampling.temperature
-            out = await server.client.complete_many(prompts, n, room, temperature, model, seed)
+            if len(set(rooms)) == 1:
+                out = await server.client.complete_many(prompts, n, rooms[0], temperature, model, seed)
+            else:  # one request shares its max_tokens: on a server with less context (one that
+                # joined since `may_share` said yes, or took a retry) each prompt asks alone
+                alone = (
+                    server.client.complete(prompt, n, room, temperature, model, seed)
+                    for prompt, room in zip(prompts, rooms, strict=True)
+                )
+                out = list(await asyncio.gather(*alone))
             return out, version, time.monotonic() - started, wall
 
         (out, version, latency, wall), server = await self.request(ask, "a rollout", prefer)

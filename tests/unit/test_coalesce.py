@@ -26,7 +26,7 @@ class Recorder:
     def __init__(self, parts: int = 1) -> None:
         self.calls: list[tuple[object, list[int]]] = []
         self.parts = parts
-        self.coalescer: Coalescer[int, int] = Coalescer(self.send, lambda: self.parts)
+        self.coalescer: Coalescer[str, int, int] = Coalescer(self.send, lambda: self.parts)
 
     async def send(self, key: object, items: list[int]) -> list[int | BaseException]:
         self.calls.append((key, items))
@@ -66,7 +66,7 @@ def test_a_send_that_raises_fails_every_item_of_its_list():
         raise RuntimeError("server gone")
 
     async def run() -> list:
-        c: Coalescer[int, int] = Coalescer(send, lambda: 1)
+        c: Coalescer[str, int, int] = Coalescer(send, lambda: 1)
         return await asyncio.gather(c.ask("k", 1), c.ask("k", 2), return_exceptions=True)
 
     answers = asyncio.run(run())
@@ -83,7 +83,7 @@ def test_a_cancelled_caller_leaves_the_others_and_a_list_nobody_waits_for_is_can
         return list(items)
 
     async def run() -> int:
-        c: Coalescer[int, int] = Coalescer(send, lambda: 1)
+        c: Coalescer[str, int, int] = Coalescer(send, lambda: 1)
         one, two = asyncio.ensure_future(c.ask("k", 1)), asyncio.ensure_future(c.ask("k", 2))
         await asyncio.sleep(0.05)
         one.cancel()
@@ -184,3 +184,18 @@ def test_token_id_prompts_coalesce_as_lists_of_lists(prompts):
     with FakeServer() as fake:
         answers = on_pool([fake.url], lambda pool: asyncio.gather(*(pool.complete(p, 1) for p in prompts)))
     assert fake.state.requests == 1 and [a[0][0].prompt_ids for a in answers] == prompts
+
+
+def test_prompts_a_server_leaves_unequal_room_ask_alone_each_with_its_own_room():
+    """One request shares one max_tokens. A server with less context than when the prompts were
+    grouped (one that joined since, or took a retry) must not cut every prompt to the shortest room."""
+    short, long = [49, 43, 49, 61], [49] * 10  # room 4 and 2 in a context of 12
+
+    async def body(pool: ServerPool) -> list:
+        return await pool.complete_many([short, long], 1, None, 4, None)
+
+    with FakeServer() as fake:
+        fake.state.max_model_len = 12
+        answers = on_pool([fake.url], body)
+    assert fake.state.requests == 2 and sorted(fake.state.max_tokens_asked) == [2, 4]
+    assert [a[0][0].prompt_ids for a in answers] == [short, long]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from services.timeline import Bound
 from shared.config import TriadConfig
 from shared.errors import TriadError
 from shared.rundir import INFERENCE, TRAINER
@@ -55,6 +56,23 @@ def placement(cfg: TriadConfig, cores: list[int] | None = None, gpu: bool | None
             half = len(cores) // 2
             inference, trainer = format_cpus(cores[:half]), trainer or format_cpus(cores[half:])
     return {INFERENCE: inference, TRAINER: trainer}
+
+
+def trainer_cores_hint(
+    cfg: TriadConfig, cpus: dict, found: Bound | None, cores: list[int] | None = None
+) -> str | None:
+    """Where the trainer bounded a run that `inference.cpus = "auto"` split into cores of its own
+    and inference's: how to let it share inference's cores, and what that did here."""
+    if found is None or found.side != TRAINER or cfg.inference.cpus != "auto" or cfg.trainer.cpus:
+        return None
+    if not cpus[INFERENCE]:
+        return None
+    every = format_cpus(sorted(os.sched_getaffinity(0)) if cores is None else cores)
+    return (
+        f"the trainer had cores {cpus[TRAINER]} to itself (cpus auto); --set trainer.cpus={every} "
+        "shares inference's with it: faster where generation leaves them idle, slower where it "
+        "does not (bench/results/placement.md)"
+    )
 
 
 def pinned(cmd: list[str], cpus: str | None) -> list[str]:

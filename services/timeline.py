@@ -109,4 +109,44 @@ def breakdown(rundir: RunDir, last_n: int) -> list[str]:
     loads = last(INFERENCE, "load_s")
     if loads:
         lines.append(f"  inference    last {len(loads)} loads: {mean(r['load_s'] for r in loads):.3f} s each")
+    if found := bound(rundir, last_n):
+        lines.append(f"  {found.line}")
     return lines
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Which side held the other up over `steps` steps: `side` is TRAINER or "generation"."""
+
+    side: str
+    line: str
+    steps: int
+
+
+def bound(rundir: RunDir, last_n: int) -> Bound | None:
+    """Which side bounds the step over the last `last_n` steps: the one that waited the smaller
+    share of its time for the other. The trainer waits for batches (`wait_s`); generation is held
+    by the staleness guard while the weights are too old for another batch (`guard_wait_s`). None
+    until both have rows with those figures."""
+    trainer = [r for r in rundir.metrics.rows(TRAINER) if all(p in r for p in TRAINER_PHASES)]
+    orchestrator = [
+        r for r in rundir.metrics.rows(ORCHESTRATOR) if "guard_wait_s" in r and "step_time_s" in r
+    ]
+    trainer, orchestrator = trainer[-last_n:], orchestrator[-last_n:]
+    if not trainer or not orchestrator:
+        return None
+    waited = share(trainer, "wait_s", TRAINER_PHASES)
+    held = share(orchestrator, "guard_wait_s", ("step_time_s",))
+    both = (
+        f"the trainer waited {waited:.0%} of its time for batches, "
+        f"the staleness guard held generation {held:.0%} of its"
+    )
+    steps = min(len(trainer), len(orchestrator))
+    if waited < held:
+        return Bound(TRAINER, f"the trainer bounds the step: {both}", steps)
+    return Bound("generation", f"generation bounds the step: {both}", steps)
+
+
+def share(rows: list[dict], part: str, whole: tuple[str, ...]) -> float:
+    """`part`'s share of the sum of `whole` over `rows`."""
+    return sum(r[part] for r in rows) / max(sum(r[p] for r in rows for p in whole), 1e-9)

@@ -26,9 +26,10 @@ from pathlib import Path
 from services.disk_plan import room_warning
 from services.exporters import make_exporters
 from services.models import is_hub_id, resolve_model
-from services.placement import check_placement, has_gpu, parse_cpus, pinned, placement
+from services.placement import check_placement, has_gpu, parse_cpus, pinned, placement, trainer_cores_hint
 from services.progress import ProgressPrinter, StartTimes, log_text
 from services.report import plot_run
+from services.timeline import bound
 from services.tiny_model import cache_root
 from shared.config import TriadConfig
 from shared.errors import TriadError
@@ -40,6 +41,7 @@ from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 STOP_GRACE_S = 8.0
 TAIL_LINES = 25
 START_TIMES = "start_times.json"  # in the model cache: the last start's times on this machine
+BOUND_STEPS = 20  # the steps the end-of-run line on which side bounds the step looks at
 # what a service's CLI prints for a TriadError (services/cli.py), maybe behind a launcher's prefix
 SERVICE_ERROR = re.compile(r"triad (?:inference|orchestrator|trainer): error: (.+)")
 
@@ -231,4 +233,8 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         progress.close()
         stop_all(list(children.values()))
     progress.summary()
+    if found := bound(rundir, BOUND_STEPS):
+        print(f"triad up: {found.line} (its last {found.steps} steps)")
+        if hint := trainer_cores_hint(cfg, cpus, found):
+            print(f"triad up: {hint}")
     print(f"plot: {plot_run(rundir)}")

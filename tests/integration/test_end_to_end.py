@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -41,6 +42,11 @@ def triad_up(run_dir: Path, max_async_level: int, env: dict[str, str]) -> None:
     result = run_triad("up", *[f"--set={s}" for s in sets], timeout=900, cwd=run_dir.parent, env=env)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(RunDir(run_dir).logs_dir.glob("*.log")))
     assert result.returncode == 0, f"triad up failed:\n{result.stdout}\n{result.stderr}\n{logs}"
+    bound = (
+        r"^triad up: (the trainer|generation) bounds the step: the trainer waited \d+% of its time for "
+        rf"batches, the staleness guard held generation \d+% of its \(its last {STEPS} steps\)$"
+    )
+    assert re.search(bound, result.stdout, re.MULTILINE), result.stdout
 
 
 def batch_versions(rundir: RunDir, step: int) -> list[int]:

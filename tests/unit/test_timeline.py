@@ -146,3 +146,35 @@ def test_finer_phases_are_drawn_and_broken_down_where_rows_have_them(tmp_path):
     assert "mark 0.010 s (7%)" in lines[0]
     assert lines[1].endswith("= generate 0.150 s (75%), assemble 0.020 s (10%), write_batch 0.030 s (15%)")
     assert plot_timeline(rundir, 1, 2).is_file()
+
+
+def with_guard(rundir, guard_wait_s: float) -> RunDir:
+    """The fixture's orchestrator rows (4 s a step) with the staleness guard's wait in them."""
+    rows = [dict(r, guard_wait_s=guard_wait_s) for r in rundir.metrics.rows("orchestrator")]
+    write_rows(rundir.metrics_file("orchestrator"), rows)
+    return rundir
+
+
+@pytest.mark.parametrize(
+    ("guard_wait_s", "line"),
+    [
+        (  # the trainer waits 1 s of 6.5 (15%), generation is held 3 s of 4 (75%)
+            3.0,
+            "the trainer bounds the step: the trainer waited 15% of its time for batches, "
+            "the staleness guard held generation 75% of its",
+        ),
+        (
+            0.2,
+            "generation bounds the step: the trainer waited 15% of its time for batches, "
+            "the staleness guard held generation 5% of its",
+        ),
+    ],
+)
+def test_the_side_that_waited_the_smaller_share_bounds_the_step(run, guard_wait_s, line):
+    from services.timeline import bound
+
+    assert bound(run, last_n=2) is None  # no guard figures in the orchestrator's rows yet
+    found = bound(with_guard(run, guard_wait_s), last_n=2)
+    assert found is not None and found.line == line and found.steps == 2
+    assert found.side == ("trainer" if guard_wait_s == 3.0 else "generation")
+    assert breakdown(run, last_n=2)[-1] == f"  {line}"

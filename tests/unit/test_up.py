@@ -236,3 +236,21 @@ def test_cores_and_gpus_the_machine_lacks_are_refused_before_launch(sets, gpu, r
     with pytest.raises(TriadError) as e:
         check_placement(cfg, cores={0, 1}, gpu=gpu)
     assert str(e.value).startswith(refused), str(e.value)
+
+
+def test_a_trainer_bound_run_on_auto_cores_is_told_how_to_share_inference_s():
+    from services.placement import placement, trainer_cores_hint
+    from services.timeline import Bound
+
+    auto = load_config(None, ['inference.cpus="auto"', "trainer.nproc=1"])
+    trainer_bound, generation_bound = Bound(TRAINER, "the trainer bounds", 20), Bound("generation", "gen", 20)
+    split = placement(auto, cores=[0, 1, 2, 3], gpu=False)
+    hint = trainer_cores_hint(auto, split, trainer_bound, cores=[0, 1, 2, 3])
+    assert hint is not None and hint.startswith("the trainer had cores 2-3 to itself (cpus auto)")
+    assert "--set trainer.cpus=0-3 shares inference's" in hint
+    assert trainer_cores_hint(auto, split, generation_bound, cores=[0, 1, 2, 3]) is None
+    assert trainer_cores_hint(auto, split, None, cores=[0, 1, 2, 3]) is None
+    on_gpu = placement(auto, cores=[0, 1], gpu=True)  # nothing pinned: nothing to share
+    assert trainer_cores_hint(auto, on_gpu, trainer_bound, cores=[0, 1]) is None
+    given = load_config(None, ['inference.cpus="auto"', 'trainer.cpus="1"'])  # the user chose
+    assert trainer_cores_hint(given, placement(given, cores=[0, 1], gpu=False), trainer_bound) is None

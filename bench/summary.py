@@ -273,10 +273,25 @@ def first_up_entries(r: dict) -> list[Entry]:
     return out
 
 
+def placement_entries(r: dict) -> list[Entry]:
+    out = []
+    for name, variants in r["sizes"].items():
+        (own, own_r), (shared, shared_r) = variants.items()
+        row = (
+            f"triad up, {name}: the trainer sharing inference's cores against its own (bench.placement)",
+            f"{shared_r['median']:.1f} samples/s ({shared})",
+            f"{own_r['median']:.1f} samples/s ({own})",
+            f"{shared_r['median'] / own_r['median']:.2f}x",
+        )
+        out.append((row, r["date"], r["command"]))
+    return out
+
+
 READERS: dict[str, Callable[[dict], list[Entry]]] = {
     SUITE: suite_entries,
     "quick.json": quick_entries,
     "first_up.json": first_up_entries,
+    "placement.json": placement_entries,
     "soak.json": soak_entries,
     "real_size.json": real_size_entries,
     "real_size_ac.json": real_size_entries,

@@ -63,8 +63,9 @@ def run_trl(python: Path, model: str, steps: int, max_tokens: int, out: Path) ->
     }
 
 
-def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
-    # the embedded default's placement: a 1-rank trainer, inference and trainer on their own cores
+def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path, extra: tuple[str, ...] = ()) -> dict:
+    """`triad up` (the embedded default's placement: a 1-rank trainer, inference and trainer on
+    their own cores, unless `extra` settings say otherwise)."""
     sets = [
         f"run_dir={run_dir}",
         f"model={model}",
@@ -73,6 +74,7 @@ def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path) -> dict:
         f"orchestrator.sampling.max_tokens={max_tokens}",
         "trainer.checkpoint.every=0",
         "inference.port=8421",
+        *extra,
     ]
     launched = time.time()
     subprocess.run(

@@ -138,8 +138,8 @@ def bound(rundir: RunDir, last_n: int) -> Bound | None:
     waited = share(trainer, "wait_s", TRAINER_PHASES)
     held = share(orchestrator, "guard_wait_s", ("step_time_s",))
     both = (
-        f"the trainer waited {waited:.0%} of its time for batches, "
-        f"the staleness guard held generation {held:.0%} of its"
+        f"the trainer waited for batches {waited:.0%} of its time, "
+        f"the staleness guard held generation back {held:.0%} of its time"
     )
     steps = min(len(trainer), len(orchestrator))
     if waited < held:

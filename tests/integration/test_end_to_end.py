@@ -43,8 +43,8 @@ def triad_up(run_dir: Path, max_async_level: int, env: dict[str, str]) -> None:
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(RunDir(run_dir).logs_dir.glob("*.log")))
     assert result.returncode == 0, f"triad up failed:\n{result.stdout}\n{result.stderr}\n{logs}"
     bound = (
-        r"^triad up: (the trainer|generation) bounds the step: the trainer waited \d+% of its time for "
-        rf"batches, the staleness guard held generation \d+% of its \(its last {STEPS} steps\)$"
+        r"^triad up: (the trainer|generation) bounds the step: the trainer waited for batches \d+% of its "
+        rf"time, the staleness guard held generation back \d+% of its time \(its last {STEPS} steps\)$"
     )
     assert re.search(bound, result.stdout, re.MULTILINE), result.stdout
 

@@ -156,25 +156,26 @@ def with_guard(rundir, guard_wait_s: float) -> RunDir:
 
 
 @pytest.mark.parametrize(
-    ("guard_wait_s", "line"),
+    ("guard_wait_s", "side", "line"),
     [
         (  # the trainer waits 1 s of 6.5 (15%), generation is held 3 s of 4 (75%)
             3.0,
-            "the trainer bounds the step: the trainer waited 15% of its time for batches, "
-            "the staleness guard held generation 75% of its",
+            "trainer",
+            "the trainer bounds the step: the trainer waited for batches 15% of its time, "
+            "the staleness guard held generation back 75% of its time",
         ),
         (
             0.2,
-            "generation bounds the step: the trainer waited 15% of its time for batches, "
-            "the staleness guard held generation 5% of its",
+            "generation",
+            "generation bounds the step: the trainer waited for batches 15% of its time, "
+            "the staleness guard held generation back 5% of its time",
         ),
     ],
 )
-def test_the_side_that_waited_the_smaller_share_bounds_the_step(run, guard_wait_s, line):
+def test_the_side_that_waited_the_smaller_share_bounds_the_step(run, guard_wait_s, side, line):
     from services.timeline import bound
 
     assert bound(run, last_n=2) is None  # no guard figures in the orchestrator's rows yet
     found = bound(with_guard(run, guard_wait_s), last_n=2)
-    assert found is not None and found.line == line and found.steps == 2
-    assert found.side == ("trainer" if guard_wait_s == 3.0 else "generation")
+    assert found is not None and (found.side, found.line, found.steps) == (side, line, 2)
     assert breakdown(run, last_n=2)[-1] == f"  {line}"

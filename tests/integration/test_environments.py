@@ -126,6 +126,29 @@ def row_turns(row: dict) -> int:
     return json.loads(row["metrics"])["turns"]
 
 
+def run_services(tmp_path: Path, plugins: Path, sets: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """The orchestrator and a 1-rank trainer with `sets` (a plain vLLM server's url among them: the
+    policy stays frozen) and the environment packages under `plugins` importable, until both exit:
+    their exit codes and logs, by name. Each service stops itself on its peer's lack of progress
+    (`trainer.batch_stall_s`, `orchestrator.weights_stall_s`); the timeout is the test's backstop."""
+    flags = [f"--set={s}" for s in sets]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}
+    commands = {"orchestrator": triad_cmd("orchestrator", *flags), "trainer": trainer_cmd(*flags)}
+    procs = {}
+    try:
+        for name, command in commands.items():
+            with open(tmp_path / f"{name}.log", "w") as log:
+                procs[name] = subprocess.Popen(
+                    command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+        codes = {name: p.wait(timeout=400) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    return codes, {name: (tmp_path / f"{name}.log").read_text() for name in commands}
+
+
 def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model, plain_server):
     plugins = tmp_path / "plugins"
     plugins.mkdir()
@@ -144,29 +167,7 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
         "trainer.batch_stall_s=300",
         "orchestrator.weights_stall_s=300",
     ]
-    flags = [f"--set={s}" for s in sets]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}
-    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("orchestrator", "trainer")}  # noqa: SIM115
-    command = trainer_cmd(*flags)
-    procs = {
-        "orchestrator": subprocess.Popen(
-            triad_cmd("orchestrator", *flags),
-            cwd=REPO,
-            env=env,
-            stdout=logs["orchestrator"],
-            stderr=subprocess.STDOUT,
-        ),
-        "trainer": subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=logs["trainer"], stderr=subprocess.STDOUT
-        ),
-    }
-    try:
-        codes = {name: p.wait(timeout=400) for name, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-    text = {name: (tmp_path / f"{name}.log").read_text() for name in logs}
+    codes, text = run_services(tmp_path, plugins, sets)
     assert codes == {"orchestrator": 0, "trainer": 0}, text
     assert text["orchestrator"].count("the policy stays frozen") == 1
     rundir = RunDir(run_dir)
@@ -220,26 +221,9 @@ def test_a_run_whose_prompts_are_sometimes_over_the_context_trains_every_step(
         "trainer.batch_stall_s=300",
         "orchestrator.weights_stall_s=300",
     ]
-    flags = [f"--set={s}" for s in sets]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(REPO)])}
-    log_path = tmp_path / "orchestrator.log"
-    with open(log_path, "w") as log, open(tmp_path / "trainer.log", "w") as trainer_log:
-        procs = [
-            subprocess.Popen(
-                triad_cmd("orchestrator", *flags), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-            ),
-            subprocess.Popen(
-                trainer_cmd(*flags), cwd=REPO, env=env, stdout=trainer_log, stderr=subprocess.STDOUT
-            ),
-        ]
-        try:
-            codes = [p.wait(timeout=400) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-    text = log_path.read_text()
-    assert codes == [0, 0], text
+    codes, logs = run_services(tmp_path, plugins, sets)
+    text = logs["orchestrator"]
+    assert codes == {"orchestrator": 0, "trainer": 0}, text
     assert "Traceback" not in text
     rundir = RunDir(run_dir)
     assert [r["step"] for r in rundir.metrics.rows("trainer")] == [1, 2, 3]

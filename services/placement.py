@@ -63,9 +63,8 @@ def trainer_cores_hint(
 ) -> str | None:
     """Where the trainer bounded a run that `inference.cpus = "auto"` split into cores of its own
     and inference's: how to let it share inference's cores, and what that did here."""
-    if found is None or found.side != TRAINER or cfg.inference.cpus != "auto" or cfg.trainer.cpus:
-        return None
-    if not cpus[INFERENCE]:
+    split_by_auto = cfg.inference.cpus == "auto" and bool(cpus[INFERENCE]) and not cfg.trainer.cpus
+    if found is None or found.side != TRAINER or not split_by_auto:
         return None
     every = format_cpus(sorted(os.sched_getaffinity(0)) if cores is None else cores)
     return (

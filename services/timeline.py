@@ -90,8 +90,10 @@ def breakdown(rundir: RunDir, last_n: int) -> list[str]:
     """Mean seconds per step of each service's phases over its last `last_n` rows (the finer
     phases where every one of those rows has them)."""
 
+    rows = {service: rundir.metrics.rows(service) for service in (TRAINER, ORCHESTRATOR, INFERENCE)}
+
     def last(service: str, key: str) -> list[dict]:
-        return [r for r in rundir.metrics.rows(service) if key in r][-last_n:]
+        return [r for r in rows[service] if key in r][-last_n:]
 
     trainer, orchestrator = last(TRAINER, "train_s"), last(ORCHESTRATOR, "step_time_s")
     lines = []
@@ -109,7 +111,7 @@ def breakdown(rundir: RunDir, last_n: int) -> list[str]:
     loads = last(INFERENCE, "load_s")
     if loads:
         lines.append(f"  inference    last {len(loads)} loads: {mean(r['load_s'] for r in loads):.3f} s each")
-    if found := bound(rundir, last_n):
+    if found := bound_of(rows[TRAINER], rows[ORCHESTRATOR], last_n):
         lines.append(f"  {found.line}")
     return lines
 
@@ -124,14 +126,17 @@ class Bound:
 
 
 def bound(rundir: RunDir, last_n: int) -> Bound | None:
+    """`bound_of` the run's trainer and orchestrator metrics."""
+    return bound_of(rundir.metrics.rows(TRAINER), rundir.metrics.rows(ORCHESTRATOR), last_n)
+
+
+def bound_of(trainer_rows: list[dict], orchestrator_rows: list[dict], last_n: int) -> Bound | None:
     """Which side bounds the step over the last `last_n` steps: the one that waited the smaller
     share of its time for the other. The trainer waits for batches (`wait_s`); generation is held
     by the staleness guard while the weights are too old for another batch (`guard_wait_s`). None
     until both have rows with those figures."""
-    trainer = [r for r in rundir.metrics.rows(TRAINER) if all(p in r for p in TRAINER_PHASES)]
-    orchestrator = [
-        r for r in rundir.metrics.rows(ORCHESTRATOR) if "guard_wait_s" in r and "step_time_s" in r
-    ]
+    trainer = [r for r in trainer_rows if all(p in r for p in TRAINER_PHASES)]
+    orchestrator = [r for r in orchestrator_rows if "guard_wait_s" in r and "step_time_s" in r]
     trainer, orchestrator = trainer[-last_n:], orchestrator[-last_n:]
     if not trainer or not orchestrator:
         return None

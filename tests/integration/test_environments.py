@@ -126,6 +126,23 @@ def row_turns(row: dict) -> int:
     return json.loads(row["metrics"])["turns"]
 
 
+def echo_run_sets(run_dir: Path, model: str, url: str, *extra: str) -> list[str]:
+    """Three steps of the `echo` entry-point environment against a plain vLLM server."""
+    return [
+        f"run_dir={run_dir}",
+        f"model={model}",
+        "max_steps=3",
+        f'orchestrator.servers.urls=["{url}"]',
+        'orchestrator.environment.name="echo"',
+        "orchestrator.batch_size=4",
+        "orchestrator.group_size=4",
+        "orchestrator.sampling.max_tokens=4",
+        "trainer.batch_stall_s=300",
+        "orchestrator.weights_stall_s=300",
+        *extra,
+    ]
+
+
 def run_services(tmp_path: Path, plugins: Path, sets: list[str]) -> tuple[dict[str, int], dict[str, str]]:
     """The orchestrator and a 1-rank trainer with `sets` (a plain vLLM server's url among them: the
     policy stays frozen) and the environment packages under `plugins` importable, until both exit:
@@ -154,19 +171,7 @@ def test_frozen_policy_run_with_an_entry_point_environment(tmp_path, tiny_model,
     plugins.mkdir()
     write_env_plugin(plugins, "echo_env_pkg", "echo")
     run_dir = tmp_path / "run"
-    sets = [
-        f"run_dir={run_dir}",
-        f"model={tiny_model}",
-        "max_steps=3",
-        f'orchestrator.servers.urls=["{plain_server.url}"]',
-        'orchestrator.environment.name="echo"',
-        "orchestrator.batch_size=4",
-        "orchestrator.group_size=4",
-        "orchestrator.sampling.max_tokens=4",
-        "trainer.optim.lr=1e-4",
-        "trainer.batch_stall_s=300",
-        "orchestrator.weights_stall_s=300",
-    ]
+    sets = echo_run_sets(run_dir, tiny_model, plain_server.url, "trainer.optim.lr=1e-4")
     codes, text = run_services(tmp_path, plugins, sets)
     assert codes == {"orchestrator": 0, "trainer": 0}, text
     assert text["orchestrator"].count("the policy stays frozen") == 1
@@ -209,18 +214,7 @@ def test_a_run_whose_prompts_are_sometimes_over_the_context_trains_every_step(
     long = 'return Prompt(text=("x" * 400 if digit % 3 == 0 else "") + f"{digit}+0=", answer=str(digit))'
     source.write_text(source.read_text().replace(short, long))
     run_dir = tmp_path / "run"
-    sets = [
-        f"run_dir={run_dir}",
-        f"model={tiny_model}",
-        "max_steps=3",
-        f'orchestrator.servers.urls=["{plain_server.url}"]',
-        'orchestrator.environment.name="echo"',
-        "orchestrator.batch_size=4",
-        "orchestrator.group_size=4",
-        "orchestrator.sampling.max_tokens=4",
-        "trainer.batch_stall_s=300",
-        "orchestrator.weights_stall_s=300",
-    ]
+    sets = echo_run_sets(run_dir, tiny_model, plain_server.url)
     codes, logs = run_services(tmp_path, plugins, sets)
     text = logs["orchestrator"]
     assert codes == {"orchestrator": 0, "trainer": 0}, text

@@ -33,9 +33,10 @@ import pstats
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
+
+from bench.suite import extract_commit
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -195,15 +196,6 @@ def run_child(code: Path, workdir: Path, args: argparse.Namespace, env: dict[str
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def extract(commit: str, dest: Path) -> Path:
-    archive = dest.with_suffix(".tar")
-    with open(archive, "wb") as f:
-        subprocess.run(["git", "archive", commit], cwd=REPO, stdout=f, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="data")
-    return dest
-
-
 def medians(rows: list[dict]) -> dict:
     def med(key: str, phase: str | None = None) -> float:
         return statistics.median(r[key][phase] if phase else r[key] for r in rows)
@@ -255,7 +247,7 @@ def main() -> None:
     from tests.s3 import MotoServer
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    code = {"before": extract(args.base, args.workdir / "before-code"), "after": REPO}
+    code = {"before": extract_commit(args.base, args.workdir / "before-code"), "after": REPO}
     moto = MotoServer(args.workdir / "moto.log")
     rows: dict[str, list[dict]] = {"before": [], "after": []}
     try:

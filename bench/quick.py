@@ -13,6 +13,16 @@ two, so a machine that gets busier mid-run moves both; the load average is recor
 A change is judged by these ratios from one run against the same ratios from another run of the
 commit before it, never by an old absolute figure (one commit's step moves ±15% between runs here).
 Writes bench/results/quick.json and quick.md.
+
+    python -m bench.quick --base REV [--rounds 3] [--steps 40]
+
+measures a change instead: the embedded default's steady step and hand-off with this checkout's
+code and with commit REV's (`git archive`, run with this checkout's environment), one after the
+other in each round, the order swapped every round (A B, B A, ...), and the ratios change / REV
+pair by pair. A pair is two runs minutes apart, so it does not depend on a floor measured in
+another process; its median over the rounds, and in how many pairs the change was the shorter,
+say whether a change shows beyond this machine's spread. Writes bench/results/quick_vs.json and
+quick_vs.md.
 """
 
 from __future__ import annotations
@@ -23,10 +33,13 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.suite import (
+    REPO,
     RESULTS,
+    extract_commit,
     handoff_goal,
     machine,
     run_handoff,
@@ -39,6 +52,7 @@ from shared.rundir import ORCHESTRATOR, RunDir
 
 WARMUP_STEPS = 10  # the first steps include vLLM's and the trainer's first-call costs
 FLOOR_STEPS = 30
+COMPARED = {"step": ("step_ratio", "step_shorter"), "hand-off": ("handoff_ratio", "handoff_shorter")}
 
 
 def steady_step_s(run_dir: Path) -> float:
@@ -54,21 +68,14 @@ def steady_step_s(run_dir: Path) -> float:
 def one_round(workdir: Path, index: int, steps: int) -> dict:
     load_before = os.getloadavg()[0]
     floor = run_module("bench.floor", str(FLOOR_STEPS))
-    run_dir = workdir / f"round{index}"
-    launched = triad_up(run_dir, 1, steps)
-    step = steady_step_s(run_dir)
-    handoff = run_handoff(run_dir)
+    run = side_run(workdir, REPO, f"round{index}", steps)
     return {
+        **run,
         "load_before": round(load_before, 2),
         "floor_step_s": floor["step_s"],
         "floor_sample_s": floor["sample_s"],
         "floor_train_s": floor["train_s"],
-        "step_s": step,
-        "step_over_floor": step / floor["step_s"],
-        "handoff_s": handoff["handoff_s"]["median"],
-        "raw_write_read_s": handoff["raw_write_read_s"],
-        "handoff_over_goal": handoff_goal(handoff),
-        "up_wall_s": time.time() - launched,
+        "step_over_floor": run["step_s"] / floor["step_s"],
     }
 
 
@@ -113,19 +120,106 @@ def markdown(s: dict) -> str:
     return "\n".join(lines)
 
 
+def side_run(workdir: Path, code: Path, name: str, steps: int) -> dict:
+    """The embedded default's steady step and hand-off with the code in `code`."""
+    load_before = os.getloadavg()[0]
+    run_dir = workdir / name
+    launched = triad_up(run_dir, 1, steps, code)
+    handoff = run_handoff(run_dir)
+    return {
+        "load_before": round(load_before, 2),
+        "step_s": steady_step_s(run_dir),
+        "handoff_s": handoff["handoff_s"]["median"],
+        "raw_write_read_s": handoff["raw_write_read_s"],
+        "handoff_over_goal": handoff_goal(handoff),
+        "up_wall_s": time.time() - launched,
+    }
+
+
+def one_pair(workdir: Path, base_code: Path, index: int, steps: int) -> dict:
+    """Round `index` of a comparison: the base first in even rounds, the change first in odd ones."""
+    order = ("base", "change") if index % 2 == 0 else ("change", "base")
+    code = {"base": base_code, "change": REPO}
+    runs = {side: side_run(workdir, code[side], f"{side}{index}", steps) for side in order}
+    return {
+        "first": order[0],
+        **runs,
+        "step_ratio": runs["change"]["step_s"] / runs["base"]["step_s"],
+        "handoff_ratio": runs["change"]["handoff_s"] / runs["base"]["handoff_s"],
+    }
+
+
+def summary_vs(pairs: list[dict], steps: int, base: str) -> dict:
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": machine(),
+        "command": f"python -m bench.quick --base {base} --rounds {len(pairs)} --steps {steps}",
+        "base": base,
+        "steps": steps,
+        "pairs": pairs,
+        "step_ratio": spread([p["step_ratio"] for p in pairs]),
+        "handoff_ratio": spread([p["handoff_ratio"] for p in pairs]),
+        "step_shorter": sum(p["step_ratio"] < 1 for p in pairs),
+        "handoff_shorter": sum(p["handoff_ratio"] < 1 for p in pairs),
+    }
+
+
+def markdown_vs(s: dict) -> str:
+    lines = [
+        f"# bench.quick against {s['base']}, {s['date']} ({s['machine']})",
+        "",
+        f"`{s['command']}`: the embedded default at η = 1 ({s['steps']} steps, {WARMUP_STEPS} warm-up) "
+        f"with this checkout's code (change) and with {s['base']}'s (base), pair by pair.",
+        "",
+        "| pair | first | load before | base step | change step | change / base | base hand-off "
+        "| change hand-off | change / base |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, p in enumerate(s["pairs"], 1):
+        base, change = p["base"], p["change"]
+        lines.append(
+            f"| {i} | {p['first']} | {p[p['first']]['load_before']:.2f} | {base['step_s'] * 1e3:.0f} ms "
+            f"| {change['step_s'] * 1e3:.0f} ms | {p['step_ratio']:.2f} | {base['handoff_s'] * 1e3:.0f} ms "
+            f"| {change['handoff_s'] * 1e3:.0f} ms | {p['handoff_ratio']:.2f} |"
+        )
+    n = len(s["pairs"])
+    lines.append("")
+    for label, (key, shorter) in COMPARED.items():
+        r = s[key]
+        lines.append(
+            f"- {label}, change / base: median **{r['median']:.2f}** (spread {r['min']:.2f}-{r['max']:.2f}); "
+            f"the change's was the shorter in {s[shorter]} of {n} pairs"
+        )
+    return "\n".join([*lines, ""])
+
+
+def each_round(measure: Callable[[int], dict], rounds: int) -> list[dict]:
+    """`measure(i)` for each round, each printed as it comes."""
+    results = []
+    for i in range(rounds):
+        results.append(measure(i))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where quick.json and quick.md go")
+    parser.add_argument("--base", help="a commit: measure this checkout's change against it, pair by pair")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="triad-quick-") as tmp:
-        rounds = []
-        for i in range(args.rounds):
-            rounds.append(one_round(Path(tmp), i, args.steps))
-            print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
-    s = summary(rounds, args.steps)
-    write_rounds(args.out, "quick", s, markdown(s))
+        workdir = Path(tmp)
+        if args.base:
+            base_code = extract_commit(args.base, workdir / "base-code")
+            pairs = each_round(lambda i: one_pair(workdir, base_code, i, args.steps), args.rounds)
+            s = summary_vs(pairs, args.steps, args.base)
+            write_rounds(args.out, "quick_vs", s, markdown_vs(s))
+        else:
+            rounds = each_round(lambda i: one_round(workdir, i, args.steps), args.rounds)
+            s = summary(rounds, args.steps)
+            write_rounds(args.out, "quick", s, markdown(s))
 
 
 if __name__ == "__main__":

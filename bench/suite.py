@@ -40,6 +40,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -70,8 +71,25 @@ def quartiles(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "n": len(values)}
 
 
-def triad_up(run_dir: Path, eta: int, steps: int) -> float:
-    """Run `triad up` to the end; returns the wall time it was launched at."""
+def extract_commit(commit: str, dest: Path) -> Path:
+    """The code of `commit` (`git archive`) in `dest`, to run with this checkout's environment."""
+    archive = dest.with_suffix(".tar")
+    with open(archive, "wb") as f:
+        done = subprocess.run(
+            ["git", "archive", commit], cwd=REPO, stdout=f, stderr=subprocess.PIPE, text=True
+        )
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"{commit}: git archive failed in {REPO} ({why}); name a commit of this repository")
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def triad_up(run_dir: Path, eta: int, steps: int, code: Path = REPO) -> float:
+    """Run `triad up` to the end with the code in `code` (this checkout, or a commit's
+    `extract_commit`): its services are started from there and import it first; returns the wall
+    time it was launched at."""
     sets = [
         f"run_dir={run_dir}",
         f"max_steps={steps}",
@@ -82,7 +100,7 @@ def triad_up(run_dir: Path, eta: int, steps: int) -> float:
     ]
     cmd = [sys.executable, "-m", "services.cli", "up", *[f"--set={s}" for s in sets]]
     launched = time.time()
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, cwd=code, check=True, stdout=subprocess.DEVNULL)
     return launched
 
 

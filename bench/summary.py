@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.quick import COMPARED
 from bench.suite import RESULTS, Row, figure_rows, measured_at
 
 HISTORY = re.compile(r"(_round\d+|^simulate_prediction.*)\.json$")
@@ -258,6 +259,21 @@ def streaming_cost_entries(r: dict) -> list[Entry]:
     return out
 
 
+def quick_vs_entries(r: dict) -> list[Entry]:
+    n = len(r["pairs"])
+    out = []
+    for label, (key, shorter) in COMPARED.items():
+        ratio = r[key]
+        row = (
+            f"embedded default: a change's {label} / its base's, pairs in one run (bench.quick --base)",
+            f"shorter in {r[shorter]} of {n} pairs",
+            f"base {r['base']}",
+            f"{ratio['median']:.2f}x (spread {ratio['min']:.2f}-{ratio['max']:.2f})",
+        )
+        out.append((row, r["date"], r["command"]))
+    return out
+
+
 def first_up_entries(r: dict) -> list[Entry]:
     out = []
     for kind, what in (("first", "an empty model cache (its build included)"), ("again", "the model built")):
@@ -290,6 +306,7 @@ def placement_entries(r: dict) -> list[Entry]:
 READERS: dict[str, Callable[[dict], list[Entry]]] = {
     SUITE: suite_entries,
     "quick.json": quick_entries,
+    "quick_vs.json": quick_vs_entries,
     "first_up.json": first_up_entries,
     "placement.json": placement_entries,
     "soak.json": soak_entries,

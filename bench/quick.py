@@ -10,9 +10,9 @@ Each round measures, one after the other on this machine:
   publishes V -> inference serves V, `bench/suite.run_handoff`);
 and the ratios step / floor and hand-off / (3 x raw write and read + 10 ms). Rounds alternate the
 two, so a machine that gets busier mid-run moves both; the load average is recorded before each.
-A change is judged by these ratios from one run against the same ratios from another run of the
-commit before it, never by an old absolute figure (one commit's step moves ±15% between runs here).
-Writes bench/results/quick.json and quick.md.
+A change is judged against the commit before it in one sitting (`--base`, below), never by an old
+absolute figure (one commit's step moves ±15% between runs here). Writes bench/results/quick.json
+and quick.md.
 
     python -m bench.quick --base REV [--rounds 3] [--steps 40]
 

@@ -12,14 +12,13 @@ placement when a run on auto cores was bound by its trainer.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import time
 from pathlib import Path
 
-from bench.suite import RESULTS
+from bench.suite import RESULTS, write_rounds
 from bench.trl_compare import RUNS, run_triad
 from bench.weight_transport import SIZES, build_model
 from services.placement import format_cpus
@@ -30,10 +29,10 @@ from shared.rundir import RunDir
 def main() -> None:
     from services.models import resolve_model
 
-    args = argparse.ArgumentParser()
-    args.add_argument("workdir", type=Path)
-    args.add_argument("--pairs", type=int, default=3)
-    a = args.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--pairs", type=int, default=3)
+    a = parser.parse_args()
     every = format_cpus(sorted(os.sched_getaffinity(0)))
     models = {"tiny (0.5M)": resolve_model("builtin:tiny-addition"), "50M": str(a.workdir / "model-50M")}
     if not (a.workdir / "model-50M" / "config.json").exists():
@@ -55,9 +54,7 @@ def main() -> None:
             v: {"runs": rs, "median": statistics.median(x["samples_per_s"] for x in rs)}
             for v, rs in runs.items()
         }
-    (RESULTS / "placement.json").write_text(json.dumps(out, indent=1))
-    (RESULTS / "placement.md").write_text(markdown(out))
-    print(json.dumps(out))
+    write_rounds(RESULTS, "placement", out, markdown(out))
 
 
 def markdown(out: dict) -> str:

@@ -21,8 +21,8 @@ from pathlib import Path
 from bench.suite import RESULTS, write_rounds
 from bench.trl_compare import RUNS, run_triad
 from bench.weight_transport import SIZES, build_model
-from services.placement import format_cpus
 from services.timeline import bound
+from shared.cpus import format_cpus
 from shared.rundir import RunDir
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import uuid
@@ -34,6 +35,7 @@ from inference.parser_probe import auto_parsers
 from inference.server_children import mark_server
 from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
+from shared.cpus import move_threads
 from shared.errors import TriadError
 from shared.fleet import Registration, default_url
 from shared.logs import restore_root_levels, root_levels
@@ -42,6 +44,7 @@ from shared.rundir import INFERENCE, RunDir
 from shared.storage import machine_cache
 
 WORKER_EXTENSION = "inference.worker_extension.TriadWorkerExtension"
+log = logging.getLogger("triad.inference")
 STOCK_ENGINE = '{"backend": "triad_disk"}'  # inference/vllm_engine.py, registered by its entry point
 
 
@@ -211,6 +214,18 @@ def cpu_env(args: Namespace, cpu_build: Callable[[], bool] = on_cpu_build) -> di
     return env
 
 
+def move_frontend(spec: str) -> None:
+    """With `inference.frontend_cpus` set (`triad up` sets it on `inference.cpus = "auto"`), this
+    process, vLLM's API server, moves to those cores once it has started its engine core, which
+    keeps the cores the process started on. On one core the two took turns: the engine at ~80% of
+    it, the API server at ~40% (HTTP, output processing, /admin); apart, the step was 0.91x and the
+    hand-off 0.77x (15 A B pairs, `bench/results/quick_profile.md`)."""
+    if spec == "auto":
+        return
+    move_threads("inference.frontend_cpus", spec)
+    log.info("vLLM's API server moved to cores %s (its engine core stays where it started)", spec)
+
+
 def bind_host(args: Namespace) -> str:
     """The address vLLM binds: `--host`, or every IPv4 address without one."""
     return args.host or "0.0.0.0"
@@ -270,6 +285,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
     async with build_async_engine_client(args) as engine:
         check_engine(engine)
         await engine.collective_rpc("triad_check_worker")
+        move_frontend(cfg.inference.frontend_cpus)
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         restore_root_levels(saved_levels)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.timeline import Bound
 from shared.config import TriadConfig
+from shared.cpus import check_cpus, format_cpus
 from shared.errors import TriadError
 from shared.rundir import INFERENCE, TRAINER
 
@@ -15,31 +16,6 @@ from shared.rundir import INFERENCE, TRAINER
 def has_gpu() -> bool:
     """Whether this machine has an NVIDIA GPU (its control device), without importing torch."""
     return Path("/dev/nvidiactl").exists()
-
-
-def format_cpus(cores: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5', as taskset and VLLM_CPU_OMP_THREADS_BIND read it."""
-    runs: list[list[int]] = []
-    for core in sorted(cores):
-        if runs and core == runs[-1][1] + 1:
-            runs[-1][1] = core
-        else:
-            runs.append([core, core])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def cpu_ranges(spec: str) -> list[tuple[int, int]]:
-    """'0-3,8' -> [(0, 3), (8, 8)], as taskset and VLLM_CPU_OMP_THREADS_BIND write it."""
-    ranges = []
-    for part in spec.split(","):
-        low, _, high = part.strip().partition("-")
-        ranges.append((int(low), int(high or low)))
-    return ranges
-
-
-def parse_cpus(spec: str) -> set[int]:
-    """'0-3,8' -> {0, 1, 2, 3, 8}."""
-    return {core for low, high in cpu_ranges(spec) for core in range(low, high + 1)}
 
 
 def placement(cfg: TriadConfig, cores: list[int] | None = None, gpu: bool | None = None) -> dict:
@@ -56,6 +32,18 @@ def placement(cfg: TriadConfig, cores: list[int] | None = None, gpu: bool | None
             half = len(cores) // 2
             inference, trainer = format_cpus(cores[:half]), trainer or format_cpus(cores[half:])
     return {INFERENCE: inference, TRAINER: trainer}
+
+
+def frontend_cores(cfg: TriadConfig, cpus: dict) -> str | None:
+    """The cores `triad up` gives vLLM's API server (`inference.frontend_cpus = "auto"`): the
+    trainer's, where `inference.cpus = "auto"` split the machine, so that vLLM's engine core has
+    inference's cores to itself (on one core the two took turns); None where the config names
+    them itself (inference reads them) or nothing was split."""
+    launcher = cfg.inference.backend in ("auto", "triad")
+    split_by_auto = cfg.inference.cpus == "auto" and bool(cpus[INFERENCE])
+    if cfg.inference.frontend_cpus != "auto" or not (launcher and split_by_auto):
+        return None
+    return cpus[TRAINER]
 
 
 def trainer_cores_hint(
@@ -83,23 +71,13 @@ def check_placement(cfg: TriadConfig, cores: set[int] | None = None, gpu: bool |
     """The cores and GPUs the config gives the services exist here (`cores`: those this process
     may use; taskset and torchrun would otherwise fail among a launcher's lines)."""
     cores = os.sched_getaffinity(0) if cores is None else cores
-    for key, spec in (("inference.cpus", cfg.inference.cpus), ("trainer.cpus", cfg.trainer.cpus)):
-        if spec is None or spec == "auto":
-            continue
-        for low, high in cpu_ranges(spec):
-            if high < low:
-                raise TriadError(
-                    f"{key} = {spec!r}: the range {low}-{high} runs backwards; write {high}-{low}"
-                )
-        outside = parse_cpus(spec) - cores
-        if outside:
-            which = ("core {} is" if len(outside) == 1 else "cores {} are").format(
-                format_cpus(sorted(outside))
-            )
-            raise TriadError(
-                f"{key} = {spec!r}: {which} not among the cores this process may use here "
-                f"({format_cpus(sorted(cores))})"
-            )
+    for key, spec in (
+        ("inference.cpus", cfg.inference.cpus),
+        ("inference.frontend_cpus", cfg.inference.frontend_cpus),
+        ("trainer.cpus", cfg.trainer.cpus),
+    ):
+        if spec is not None and spec != "auto":
+            check_cpus(key, spec, cores)
     tc = cfg.trainer
     on_gpu = tc.device == "cuda" or (tc.device == "auto" and (has_gpu() if gpu is None else gpu))
     if not on_gpu:

@@ -26,12 +26,20 @@ from pathlib import Path
 from services.disk_plan import room_warning
 from services.exporters import make_exporters
 from services.models import is_hub_id, resolve_model
-from services.placement import check_placement, has_gpu, parse_cpus, pinned, placement, trainer_cores_hint
+from services.placement import (
+    check_placement,
+    frontend_cores,
+    has_gpu,
+    pinned,
+    placement,
+    trainer_cores_hint,
+)
 from services.progress import ProgressPrinter, StartTimes, log_text
 from services.report import plot_run
 from services.timeline import bound
 from services.tiny_model import cache_root
 from shared.config import TriadConfig
+from shared.cpus import parse_cpus
 from shared.errors import TriadError
 from shared.liveness import check_free
 from shared.net import check_can_listen
@@ -106,14 +114,18 @@ def model_sets(cfg: TriadConfig, model: str) -> list[str]:
     return [f"model={cfg.model}", f'model_revision="{Path(model).name}"']
 
 
-def child_commands(cfg: TriadConfig, config_path: Path | None, overrides: list[str], model: str) -> dict:
+def child_commands(
+    cfg: TriadConfig, config_path: Path | None, overrides: list[str], model: str, frontend: str | None = None
+) -> dict:
+    """Each child's command line (`frontend`: `frontend_cores`, given to inference)."""
     args = (["-c", str(config_path)] if config_path else []) + [
         f"--set={o}" for o in [*overrides, *model_sets(cfg, model)]
     ]
+    inference_args = [*args, f"--set=inference.frontend_cpus={frontend}"] if frontend else args
     py = [sys.executable, "-m"]
     torchrun = [*py, "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.trainer.nproc}"]
     return {
-        INFERENCE: [*py, "services.cli", INFERENCE, *args],
+        INFERENCE: [*py, "services.cli", INFERENCE, *inference_args],
         ORCHESTRATOR: [*py, "services.cli", ORCHESTRATOR, *args],
         TRAINER: [*torchrun, "-m", "services.cli", TRAINER, *args],
     }
@@ -210,10 +222,15 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
         discard_after_checkpoint(rundir, run.run_id, resume_from)
     if warning := room_warning(cfg, Path(model), rundir):
         print(f"triad up: warning: {warning}", file=sys.stderr)
-    commands = child_commands(cfg, config_path, overrides, model)
     cpus = placement(cfg)
+    frontend = frontend_cores(cfg, cpus)
+    commands = child_commands(cfg, config_path, overrides, model, frontend)
     if cfg.inference.cpus == "auto" and cpus[INFERENCE]:
-        print(f"triad up: inference on cores {cpus[INFERENCE]}, the trainer on {cpus[TRAINER]} (cpus auto)")
+        api_server = f" (vLLM's API server on {frontend} once started)" if frontend else ""
+        print(
+            f"triad up: inference on cores {cpus[INFERENCE]}{api_server}, the trainer on "
+            f"{cpus[TRAINER]} (cpus auto)"
+        )
     start_times = StartTimes(cache_root() / START_TIMES, f"{cfg.model} on {'GPU' if has_gpu() else 'CPU'}")
     # before the children: an exporter that cannot start stops nothing, and what the logs and
     # metrics hold by now is a previous start's

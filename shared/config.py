@@ -51,6 +51,14 @@ class InferenceConfig(Table):
         description="CPU cores for inference under `triad up`; `auto`: without a GPU, the first half "
         "of this machine's cores (and the rest for the trainer, unless `trainer.cpus` says otherwise)",
     )
+    frontend_cpus: str = Field(
+        "auto",
+        pattern=AUTO_OR_CPUS_PATTERN,
+        description="CPU cores vLLM's API server (HTTP, request and output processing, /admin) moves to "
+        "once its engine has started; the engine keeps the cores the process started on (triad's "
+        'launcher only); auto: under `triad up` with `inference.cpus = "auto"`, the trainer\'s, '
+        "else it stays",
+    )
     enforce_eager: bool | Literal["auto"] = Field(
         "auto",
         description="vLLM without torch.compile; auto: eager on a CPU build (its compile there "
@@ -444,6 +452,11 @@ class TriadConfig(BaseSettings):
             raise ValueError(
                 f"weights.transport = 'broadcast' needs triad's launcher, not inference.backend = "
                 f"{self.inference.backend!r}: use transport 'filesystem'"
+            )
+        if self.inference.backend in ("vllm", "sglang") and self.inference.frontend_cpus != "auto":
+            raise ValueError(
+                f"inference.frontend_cpus needs triad's launcher, not inference.backend = "
+                f"{self.inference.backend!r}: remove it, or pin the server with taskset"
             )
         environment = self.orchestrator.environment
         if environment.max_stuck_calls > environment.threads:

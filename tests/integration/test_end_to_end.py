@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -47,6 +48,25 @@ def triad_up(run_dir: Path, max_async_level: int, env: dict[str, str]) -> None:
         rf"time, the staleness guard held generation back \d+% of its time \(its last {STEPS} steps\)$"
     )
     assert re.search(bound, result.stdout, re.MULTILINE), result.stdout
+    check_api_server_moved(RunDir(run_dir), result.stdout)
+
+
+def check_api_server_moved(rundir: RunDir, stdout: str) -> None:
+    """On a machine `inference.cpus = "auto"` splits, vLLM's API server runs beside the trainer
+    once its engine has started; the engine keeps inference's cores."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return
+    placed = re.search(
+        r"^triad up: inference on cores (\S+) \(vLLM's API server on (\S+) once started\), the trainer "
+        r"on (\S+) \(cpus auto\)$",
+        stdout,
+        re.MULTILINE,
+    )
+    assert placed, stdout
+    engine, frontend, trainer = placed.groups()
+    assert frontend == trainer and frontend != engine
+    moved = f"vLLM's API server moved to cores {frontend} (its engine core stays where it started)"
+    assert moved in rundir.log_file("inference").read_text()
 
 
 def batch_versions(rundir: RunDir, step: int) -> list[int]:

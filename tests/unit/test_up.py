@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from services.placement import parse_cpus, pinned
+from services.placement import pinned
 from services.up import child_env
 from shared.config import load_config
+from shared.cpus import parse_cpus
 from shared.errors import TriadError
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
@@ -47,7 +48,8 @@ def test_bad_cpu_lists_are_refused():
 
 
 def test_auto_cpus_split_the_cores_between_inference_and_the_trainer():
-    from services.placement import format_cpus, placement
+    from services.placement import placement
+    from shared.cpus import format_cpus
 
     auto = load_config(None, ['inference.cpus="auto"', "trainer.nproc=1"])
     assert placement(auto, cores=[0, 1], gpu=False) == {INFERENCE: "0", TRAINER: "1"}
@@ -254,3 +256,34 @@ def test_a_trainer_bound_run_on_auto_cores_is_told_how_to_share_inference_s():
     assert trainer_cores_hint(auto, on_gpu, trainer_bound, cores=[0, 1]) is None
     given = load_config(None, ['inference.cpus="auto"', 'trainer.cpus="1"'])  # the user chose
     assert trainer_cores_hint(given, placement(given, cores=[0, 1], gpu=False), trainer_bound) is None
+
+
+def test_auto_cores_put_vllm_s_api_server_beside_the_trainer():
+    from services.placement import frontend_cores, placement
+    from services.up import child_commands
+
+    auto = load_config(None, ['inference.cpus="auto"', "trainer.nproc=1"])
+    split = placement(auto, cores=[0, 1, 2, 3], gpu=False)
+    assert frontend_cores(auto, split) == "2-3"
+    commands = child_commands(auto, None, [], "/models/m", frontend_cores(auto, split))
+    assert commands[INFERENCE][-1] == "--set=inference.frontend_cpus=2-3"
+    assert not any("frontend_cpus" in arg for arg in commands[TRAINER] + commands["orchestrator"])
+    assert frontend_cores(auto, placement(auto, cores=[0, 1], gpu=True)) is None  # nothing split
+    stock = load_config(None, ['inference.cpus="auto"', 'inference.backend="vllm"'])
+    assert frontend_cores(stock, placement(stock, cores=[0, 1], gpu=False)) is None  # not triad's launcher
+    given = load_config(None, ['inference.cpus="auto"', 'inference.frontend_cpus="0"'])
+    assert frontend_cores(given, placement(given, cores=[0, 1], gpu=False)) is None  # inference reads it
+    pinned_by_hand = load_config(None, ['inference.cpus="0"', 'trainer.cpus="1"'])
+    assert frontend_cores(pinned_by_hand, placement(pinned_by_hand, cores=[0, 1], gpu=False)) is None
+
+
+def test_frontend_cores_need_triad_s_launcher_and_cores_this_machine_has():
+    from services.placement import check_placement
+
+    with pytest.raises(TriadError, match="inference.frontend_cpus needs triad's launcher"):
+        load_config(None, ['inference.backend="vllm"', 'inference.frontend_cpus="1"'])
+    with pytest.raises(TriadError, match="inference.frontend_cpus"):
+        load_config(None, ['inference.frontend_cpus="all"'])
+    cfg = load_config(None, ['inference.frontend_cpus="5"'])
+    with pytest.raises(TriadError, match=r"^inference.frontend_cpus = '5': core 5 is not among"):
+        check_placement(cfg, cores={0, 1}, gpu=False)

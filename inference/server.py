@@ -219,7 +219,7 @@ def move_frontend(spec: str) -> None:
     process, vLLM's API server, moves to those cores once it has started its engine core, which
     keeps the cores the process started on. On one core the two took turns: the engine at ~80% of
     it, the API server at ~40% (HTTP, output processing, /admin); apart, the step was 0.91x and the
-    hand-off 0.77x (15 A B pairs, `bench/results/quick_profile.md`)."""
+    hand-off 0.77x (19 A B pairs, `bench/results/quick_profile.md`)."""
     if spec == "auto":
         return
     move_threads("inference.frontend_cpus", spec)

@@ -48,12 +48,12 @@ def check_cpus(key: str, spec: str, cores: set[int]) -> None:
         )
 
 
-def move_threads(key: str, spec: str, tasks: Path = Path("/proc/self/task")) -> None:
+def move_threads(key: str, spec: str) -> None:
     """Every thread of this process onto `spec`'s cores (threads it starts later inherit them);
     processes it started before stay where they are. A core this machine does not let it use is
     a TriadError naming `key`."""
     cores = parse_cpus(spec)
-    for task in tasks.iterdir():
+    for task in Path("/proc/self/task").iterdir():
         try:
             os.sched_setaffinity(int(task.name), cores)
         except ProcessLookupError:  # the thread ended since the listing

@@ -39,7 +39,7 @@ def frontend_cores(cfg: TriadConfig, cpus: dict) -> str | None:
     trainer's, where `inference.cpus = "auto"` split the machine, so that vLLM's engine core has
     inference's cores to itself (on one core the two took turns); None where the config names
     them itself (inference reads them) or nothing was split."""
-    launcher = cfg.inference.backend in ("auto", "triad")
+    launcher = cfg.inference.backend not in ("vllm", "sglang")  # triad's, as `triad inference` starts
     split_by_auto = cfg.inference.cpus == "auto" and bool(cpus[INFERENCE])
     if cfg.inference.frontend_cpus != "auto" or not (launcher and split_by_auto):
         return None
@@ -56,9 +56,9 @@ def trainer_cores_hint(
         return None
     every = format_cpus(sorted(os.sched_getaffinity(0)) if cores is None else cores)
     return (
-        f"the trainer had cores {cpus[TRAINER]} to itself (cpus auto); --set trainer.cpus={every} "
-        "shares inference's with it: faster where generation leaves them idle, slower where it "
-        "does not (bench/results/placement.md)"
+        f"the trainer had cores {cpus[TRAINER]} apart from vLLM's engine (cpus auto); "
+        f"--set trainer.cpus={every} shares inference's with it: faster where generation leaves "
+        "them idle, slower where it does not (bench/results/placement.md)"
     )
 
 

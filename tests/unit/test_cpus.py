@@ -31,6 +31,7 @@ def restore_affinity():
             os.sched_setaffinity(tid, cores)
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a move needs two cores to show")
 def test_every_thread_moves_and_one_started_later_inherits_the_cores(restore_affinity):
     cores = sorted(os.sched_getaffinity(0))
     target = cores[-1]
@@ -59,6 +60,18 @@ def test_a_core_the_machine_lacks_is_one_line_naming_the_option(restore_affinity
     assert "\n" not in message
     after = thread_cores()
     assert all(after[tid] == before[tid] for tid in before.keys() & after.keys())  # nothing moved
+
+
+def test_a_list_the_kernel_would_cut_short_is_refused_not_half_applied(restore_affinity):
+    """The kernel drops cores a process may not use and keeps the rest without an error."""
+    core = min(os.sched_getaffinity(0))
+    with pytest.raises(TriadError) as e:
+        move_threads("inference.frontend_cpus", f"{core},4000")
+    assert str(e.value).startswith(
+        f"inference.frontend_cpus = '{core},4000': core 4000 is not among the cores"
+    )
+    with pytest.raises(TriadError, match=r"^inference.frontend_cpus = '1-0': the range 1-0 runs backwards"):
+        move_threads("inference.frontend_cpus", "1-0")
 
 
 def test_check_cpus_names_what_is_outside_or_backwards():

@@ -248,7 +248,9 @@ def test_a_trainer_bound_run_on_auto_cores_is_told_how_to_share_inference_s():
     trainer_bound, generation_bound = Bound(TRAINER, "the trainer bounds", 20), Bound("generation", "gen", 20)
     split = placement(auto, cores=[0, 1, 2, 3], gpu=False)
     hint = trainer_cores_hint(auto, split, trainer_bound, cores=[0, 1, 2, 3])
-    assert hint is not None and hint.startswith("the trainer had cores 2-3 to itself (cpus auto)")
+    assert hint is not None and hint.startswith(
+        "the trainer had cores 2-3 apart from vLLM's engine (cpus auto)"
+    )
     assert "--set trainer.cpus=0-3 shares inference's" in hint
     assert trainer_cores_hint(auto, split, generation_bound, cores=[0, 1, 2, 3]) is None
     assert trainer_cores_hint(auto, split, None, cores=[0, 1, 2, 3]) is None
@@ -269,6 +271,10 @@ def test_auto_cores_put_vllm_s_api_server_beside_the_trainer():
     assert commands[INFERENCE][-1] == "--set=inference.frontend_cpus=2-3"
     assert not any("frontend_cpus" in arg for arg in commands[TRAINER] + commands["orchestrator"])
     assert frontend_cores(auto, placement(auto, cores=[0, 1], gpu=True)) is None  # nothing split
+    frozen = load_config(None, ['inference.cpus="auto"', 'inference.backend="none"'])  # triad's launcher
+    assert frontend_cores(frozen, placement(frozen, cores=[0, 1], gpu=False)) == "1"
+    shared = load_config(None, ['inference.cpus="auto"', 'trainer.cpus="0-1"'])  # the hint's setting
+    assert frontend_cores(shared, placement(shared, cores=[0, 1], gpu=False)) == "0-1"
     stock = load_config(None, ['inference.cpus="auto"', 'inference.backend="vllm"'])
     assert frontend_cores(stock, placement(stock, cores=[0, 1], gpu=False)) is None  # not triad's launcher
     given = load_config(None, ['inference.cpus="auto"', 'inference.frontend_cpus="0"'])

@@ -127,3 +127,11 @@ def test_cores_this_machine_lacks_are_one_line_before_any_service_starts(tmp_pat
         r, "trainer.cpus = '0-4095': cores ", "not among the cores this process may use here"
     )
     assert not RunDir(tmp_path / "run").logs_dir.exists(), "a service was started"
+
+
+def test_api_server_cores_this_machine_lacks_are_one_line_before_any_service_starts(tmp_path):
+    r = run_triad("up", f"--set=run_dir={tmp_path / 'run'}", '--set=inference.frontend_cpus="4095"')
+    assert_one_line_error(
+        r, "inference.frontend_cpus = '4095': core 4095 is", "not among the cores this process may use here"
+    )
+    assert not RunDir(tmp_path / "run").logs_dir.exists(), "a service was started"

@@ -9,6 +9,7 @@ import re
 import signal
 import threading
 import time
+import types
 
 import pyarrow.parquet as pq
 import pytest
@@ -511,6 +512,34 @@ def test_the_admin_client_tells_no_answer_from_an_error_answer(tmp_path):
                 await answering.close()
 
         asyncio.run(run())
+
+
+class AnsweringAdmin:
+    """The admin routes of a server whose POST /admin/weights answers `serves` once loaded; a
+    GET is a test failure (the POST's answer is the served version)."""
+
+    def __init__(self, serves: int) -> None:
+        self.serves, self.posts = serves, []
+
+    async def load_weights(self, version: int, path: str, timeout: float) -> WeightsInfo:
+        self.posts.append((version, path))
+        return WeightsInfo(version=self.serves, path=f"weights/step_{self.serves}", base_path="base")
+
+    async def weights(self) -> WeightsInfo:
+        raise AssertionError("a GET /admin/weights after the POST: a second round trip per version")
+
+
+@pytest.mark.parametrize("serves", [3, 2])
+def test_a_triad_load_is_checked_against_the_posts_answer_in_one_round_trip(serves: int):
+    client = types.SimpleNamespace(admin=AnsweringAdmin(serves), base_url="http://127.0.0.1:8000")
+    backend = TriadAdmin(client, 5)
+    if serves == 3:
+        assert asyncio.run(backend.load(3, "weights/step_3")).version == 3
+    else:
+        told = "was told to load version 3 but serves version 2 from 'weights/step_2'"
+        with pytest.raises(TriadError, match=told):
+            asyncio.run(backend.load(3, "weights/step_3"))
+    assert client.admin.posts == [(3, "weights/step_3")]
 
 
 def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):

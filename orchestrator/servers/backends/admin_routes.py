@@ -21,8 +21,8 @@ class TriadAdmin:
         return info
 
     async def load(self, version: int, path: str) -> WeightsInfo:
-        await self.client.admin.load_weights(version, path, self.timeout)
-        info = await self.current()
+        # the POST answers with what the server serves once the load is done (under its lock)
+        info = await self.client.admin.load_weights(version, path, self.timeout)
         if info.version != version:
             served = f"version {info.version} from {info.path!r}"
             raise TriadError(f"{self.client.base_url} was told to load version {version} but serves {served}")

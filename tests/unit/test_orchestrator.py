@@ -523,7 +523,7 @@ class AnsweringAdmin:
 
     async def load_weights(self, version: int, path: str, timeout: float) -> WeightsInfo:
         self.posts.append((version, path))
-        return WeightsInfo(version=self.serves, path=f"weights/step_{self.serves}", base_path="base")
+        return WeightsInfo(version=self.serves, path=f"published/v{self.serves}", base_path="base")
 
     async def weights(self) -> WeightsInfo:
         raise AssertionError("a GET /admin/weights after the POST: a second round trip per version")
@@ -534,12 +534,12 @@ def test_a_triad_load_is_checked_against_the_posts_answer_in_one_round_trip(serv
     client = types.SimpleNamespace(admin=AnsweringAdmin(serves), base_url="http://127.0.0.1:8000")
     backend = TriadAdmin(client, 5)
     if serves == 3:
-        assert asyncio.run(backend.load(3, "weights/step_3")).version == 3
+        assert asyncio.run(backend.load(3, "published/v3")).version == 3
     else:
-        told = "was told to load version 3 but serves version 2 from 'weights/step_2'"
+        told = "was told to load version 3 but serves version 2 from 'published/v2'"
         with pytest.raises(TriadError, match=told):
-            asyncio.run(backend.load(3, "weights/step_3"))
-    assert client.admin.posts == [(3, "weights/step_3")]
+            asyncio.run(backend.load(3, "published/v3"))
+    assert client.admin.posts == [(3, "published/v3")]
 
 
 def test_a_group_that_went_stale_in_the_queue_is_dropped_and_counted(tmp_path):

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.suite import REPO, RESULTS, machine, spread, write_rounds
+from bench.suite import REPO, RESULTS, machine, short_commit, spread, write_rounds
 from shared.rundir import ORCHESTRATOR, TRAINER, RunDir
 
 WARMUP_STEPS = 10
@@ -67,9 +67,7 @@ def summary(rounds: list[dict]) -> dict:
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": machine(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": short_commit(),
         "command": f"python -m bench.first_up --rounds {len(rounds)}",
         "rounds": rounds,
         **{kind: {key: spread([r[kind][key] for r in rounds]) for key in keys} for kind in KINDS},

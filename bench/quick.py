@@ -44,6 +44,7 @@ from bench.suite import (
     machine,
     run_handoff,
     run_module,
+    short_commit,
     spread,
     triad_up,
     write_rounds,
@@ -214,7 +215,7 @@ def main() -> None:
         if args.base:
             base_code = extract_commit(args.base, workdir / "base-code")
             pairs = each_round(lambda i: one_pair(workdir, base_code, i, args.steps), args.rounds)
-            s = summary_vs(pairs, args.steps, args.base)
+            s = summary_vs(pairs, args.steps, short_commit(args.base))
             write_rounds(args.out, "quick_vs", s, markdown_vs(s))
         else:
             rounds = each_round(lambda i: one_round(workdir, i, args.steps), args.rounds)

@@ -71,6 +71,12 @@ def quartiles(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "n": len(values)}
 
 
+def short_commit(rev: str = "HEAD") -> str:
+    """`rev` as its short hash, so a result names the code it ran (`HEAD` moves on)."""
+    done = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or rev
+
+
 def extract_commit(commit: str, dest: Path) -> Path:
     """The code of `commit` (`git archive`) in `dest`, to run with this checkout's environment."""
     archive = dest.with_suffix(".tar")

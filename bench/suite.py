@@ -74,7 +74,10 @@ def quartiles(values: list[float]) -> dict[str, float]:
 def short_commit(rev: str = "HEAD") -> str:
     """`rev` as its short hash, so a result names the code it ran (`HEAD` moves on)."""
     done = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip() or rev
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"{rev}: git rev-parse failed in {REPO} ({why}); run the bench from a git checkout")
+    return done.stdout.strip()
 
 
 def extract_commit(commit: str, dest: Path) -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from services.timeline import Bound
 from shared.config import TriadConfig
 from shared.cpus import check_cpus, format_cpus
 from shared.errors import TriadError
@@ -46,20 +45,16 @@ def frontend_cores(cfg: TriadConfig, cpus: dict) -> str | None:
     return cpus[TRAINER]
 
 
-def trainer_cores_hint(
-    cfg: TriadConfig, cpus: dict, found: Bound | None, cores: list[int] | None = None
-) -> str | None:
-    """Where the trainer bounded a run that `inference.cpus = "auto"` split into cores of its own
-    and inference's: how to let it share inference's cores, and what that did here."""
+def borrowed_cores(cfg: TriadConfig, cpus: dict) -> str | None:
+    """The cores `triad up` lets the trainer borrow (`trainer.borrow_cpus = "auto"`): inference's,
+    where `inference.cpus = "auto"` split the machine and `trainer.cpus` is unset; the trainer
+    runs on them as well only while it bounds the step, and keeps them only if its steps get
+    shorter (`trainer/cores.py`). None where the config names them itself (the trainer reads
+    them) or nothing was split."""
     split_by_auto = cfg.inference.cpus == "auto" and bool(cpus[INFERENCE]) and not cfg.trainer.cpus
-    if found is None or found.side != TRAINER or not split_by_auto:
+    if cfg.trainer.borrow_cpus != "auto" or not split_by_auto:
         return None
-    every = format_cpus(sorted(os.sched_getaffinity(0)) if cores is None else cores)
-    return (
-        f"the trainer had cores {cpus[TRAINER]} apart from vLLM's engine (cpus auto); "
-        f"--set trainer.cpus={every} shares inference's with it: faster where generation leaves "
-        "them idle, slower where it does not (bench/results/placement.md)"
-    )
+    return cpus[INFERENCE]
 
 
 def pinned(cmd: list[str], cpus: str | None) -> list[str]:
@@ -75,6 +70,7 @@ def check_placement(cfg: TriadConfig, cores: set[int] | None = None, gpu: bool |
         ("inference.cpus", cfg.inference.cpus),
         ("inference.frontend_cpus", cfg.inference.frontend_cpus),
         ("trainer.cpus", cfg.trainer.cpus),
+        ("trainer.borrow_cpus", cfg.trainer.borrow_cpus),
     ):
         if spec is not None and spec != "auto":
             check_cpus(key, spec, cores)

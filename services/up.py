@@ -26,14 +26,7 @@ from pathlib import Path
 from services.disk_plan import room_warning
 from services.exporters import make_exporters
 from services.models import is_hub_id, resolve_model
-from services.placement import (
-    check_placement,
-    frontend_cores,
-    has_gpu,
-    pinned,
-    placement,
-    trainer_cores_hint,
-)
+from services.placement import borrowed_cores, check_placement, frontend_cores, has_gpu, pinned, placement
 from services.progress import ProgressPrinter, StartTimes, log_text
 from services.report import plot_run
 from services.timeline import bound
@@ -115,19 +108,26 @@ def model_sets(cfg: TriadConfig, model: str) -> list[str]:
 
 
 def child_commands(
-    cfg: TriadConfig, config_path: Path | None, overrides: list[str], model: str, frontend: str | None = None
+    cfg: TriadConfig,
+    config_path: Path | None,
+    overrides: list[str],
+    model: str,
+    frontend: str | None = None,
+    borrowed: str | None = None,
 ) -> dict:
-    """Each child's command line (`frontend`: `frontend_cores`, given to inference)."""
+    """Each child's command line (`frontend`: `frontend_cores`, given to inference; `borrowed`:
+    `borrowed_cores`, given to the trainer)."""
     args = (["-c", str(config_path)] if config_path else []) + [
         f"--set={o}" for o in [*overrides, *model_sets(cfg, model)]
     ]
     inference_args = [*args, f"--set=inference.frontend_cpus={frontend}"] if frontend else args
+    trainer_args = [*args, f"--set=trainer.borrow_cpus={borrowed}"] if borrowed else args
     py = [sys.executable, "-m"]
     torchrun = [*py, "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.trainer.nproc}"]
     return {
         INFERENCE: [*py, "services.cli", INFERENCE, *inference_args],
         ORCHESTRATOR: [*py, "services.cli", ORCHESTRATOR, *args],
-        TRAINER: [*torchrun, "-m", "services.cli", TRAINER, *args],
+        TRAINER: [*torchrun, "-m", "services.cli", TRAINER, *trainer_args],
     }
 
 
@@ -223,13 +223,14 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     if warning := room_warning(cfg, Path(model), rundir):
         print(f"triad up: warning: {warning}", file=sys.stderr)
     cpus = placement(cfg)
-    frontend = frontend_cores(cfg, cpus)
-    commands = child_commands(cfg, config_path, overrides, model, frontend)
+    frontend, borrowed = frontend_cores(cfg, cpus), borrowed_cores(cfg, cpus)
+    commands = child_commands(cfg, config_path, overrides, model, frontend, borrowed)
     if cfg.inference.cpus == "auto" and cpus[INFERENCE]:
         api_server = f" (vLLM's API server on {frontend} once started)" if frontend else ""
+        borrowing = f", and on {borrowed} too while it bounds the step" if borrowed else ""
         print(
             f"triad up: inference on cores {cpus[INFERENCE]}{api_server}, the trainer on "
-            f"{cpus[TRAINER]} (cpus auto)"
+            f"{cpus[TRAINER]}{borrowing} (cpus auto)"
         )
     start_times = StartTimes(cache_root() / START_TIMES, f"{cfg.model} on {'GPU' if has_gpu() else 'CPU'}")
     # before the children: an exporter that cannot start stops nothing, and what the logs and
@@ -252,6 +253,4 @@ def run_up(cfg: TriadConfig, config_path: Path | None, overrides: list[str]) -> 
     progress.summary()
     if found := bound(rundir, BOUND_STEPS):
         print(f"triad up: {found.line} (its last {found.steps} steps)")
-        if hint := trainer_cores_hint(cfg, cpus, found):
-            print(f"triad up: {hint}")
     print(f"plot: {plot_run(rundir)}")

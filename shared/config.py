@@ -342,6 +342,13 @@ class TrainerConfig(Table):
     cpus: str | None = Field(
         None, pattern=CPUS_PATTERN, description="CPU cores for the trainer under `triad up`"
     )
+    borrow_cpus: str = Field(
+        "auto",
+        pattern=AUTO_OR_CPUS_PATTERN,
+        description="CPU cores the trainer also runs on while it bounds the step, kept only if its "
+        "steps get shorter (`trainer/cores.py`); auto: under `triad up` with `inference.cpus = "
+        '"auto"` and `trainer.cpus` unset, inference\'s, else none',
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     keep_freed_memory: bool = Field(
         True, description="glibc: freed host memory stays in the process instead of faulting in every step"

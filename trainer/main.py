@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 
@@ -37,6 +38,7 @@ from shared.resume import discard_after_checkpoint, newest_checkpoint
 from shared.rundir import ORCHESTRATOR, TRAINER, Marker, RunDir
 from shared.watch import DirWatch
 from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.cores import StepTimes, core_borrowing
 from trainer.data import balance, collate, even_slices, loss_token_count, micro_batches
 from trainer.drift import DriftAlarm, batch_servers
 from trainer.forward import PLAIN_HEAD_TYPES, Forward, base_of, has_plain_head, packed_forward, padded_forward
@@ -212,7 +214,7 @@ def report_step(
     metrics: MetricsWriter, step: int, stats: dict[str, float], phases: dict[str, float], digest_s: float
 ) -> None:
     """The update's row in the trainer's metrics and its line in the log."""
-    metrics.log(step, **stats, **phases, digest_s=digest_s)
+    metrics.log(step, **stats, **phases, digest_s=digest_s, cores=len(os.sched_getaffinity(0)))
     log.info(
         "step %d: loss %.4f, grad norm %.3f, mismatch KL %.2e, %.2fs train, %.2fs publish",
         step,
@@ -252,6 +254,9 @@ class Trainer:
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         dtype = published_dtype(cfg.weights.dtype, cfg.inference.dtype, config_dtype(hf_config))
         self.publisher = Publisher(cfg, self.rundir, self.model, tokenizer, tied, dtype)
+        self.borrower = core_borrowing(
+            self.tc.borrow_cpus, torch.get_num_threads(), self.tc.collective_timeout_s
+        )
 
     @property
     def forward(self) -> Forward:
@@ -418,6 +423,8 @@ class Trainer:
                         self.tc.checkpoint.keep,
                         trained_only=self.tc.lora.enabled,
                     )
+            if self.borrower is not None:
+                self.borrower.after_step(StepTimes(time.monotonic() - t0, t_read - t0))
 
 
 def warm_up() -> None:

@@ -20,6 +20,7 @@ PUBLISH_BARRIER = "barrier after writing weights"
 BROADCAST = "broadcast to inference"
 CHECKPOINT = "checkpoint save and barrier"
 RESUME = "checkpoint load at resume"
+BORROW_CORES = "all-reduce of the step times that decide on borrowing cores"
 
 
 COLLECTIVE_WORDS = ("gloo", "nccl", "timed out", "timeout", "connection", "store", "peer")

@@ -59,13 +59,13 @@ def check_api_server_moved(rundir: RunDir, stdout: str) -> None:
         return
     placed = re.search(
         r"^triad up: inference on cores (\S+) \(vLLM's API server on (\S+) once started\), the trainer "
-        r"on (\S+) \(cpus auto\)$",
+        r"on (\S+), and on (\S+) too while it bounds the step \(cpus auto\)$",
         stdout,
         re.MULTILINE,
     )
     assert placed, stdout
-    engine, frontend, trainer = placed.groups()
-    assert frontend == trainer and frontend != engine
+    engine, frontend, trainer, borrowed = placed.groups()
+    assert frontend == trainer and frontend != engine and borrowed == engine
     moved = f"vLLM's API server moved to cores {frontend} (its engine core stays where it started)"
     assert moved in rundir.log_file("inference").read_text()
 

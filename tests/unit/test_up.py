@@ -220,6 +220,11 @@ def test_an_unreadable_model_config_is_one_line(tmp_path):
         ),
         (['trainer.cpus="1-0"'], False, "trainer.cpus = '1-0': the range 1-0 runs backwards; write 0-1"),
         (
+            ['trainer.borrow_cpus="0,3"'],
+            False,
+            "trainer.borrow_cpus = '0,3': core 3 is not among the cores this process may use here (0-1)",
+        ),
+        (
             ["trainer.nproc=2", 'trainer.devices="0"'],
             True,
             "trainer.nproc = 2 ranks, one a GPU, but trainer.devices = '0' has 1",
@@ -240,24 +245,22 @@ def test_cores_and_gpus_the_machine_lacks_are_refused_before_launch(sets, gpu, r
     assert str(e.value).startswith(refused), str(e.value)
 
 
-def test_a_trainer_bound_run_on_auto_cores_is_told_how_to_share_inference_s():
-    from services.placement import placement, trainer_cores_hint
-    from services.timeline import Bound
+def test_auto_cores_let_the_trainer_borrow_inference_s_and_only_then():
+    from services.placement import borrowed_cores, placement
+    from services.up import child_commands
 
     auto = load_config(None, ['inference.cpus="auto"', "trainer.nproc=1"])
-    trainer_bound, generation_bound = Bound(TRAINER, "the trainer bounds", 20), Bound("generation", "gen", 20)
     split = placement(auto, cores=[0, 1, 2, 3], gpu=False)
-    hint = trainer_cores_hint(auto, split, trainer_bound, cores=[0, 1, 2, 3])
-    assert hint is not None and hint.startswith(
-        "the trainer had cores 2-3 apart from vLLM's engine (cpus auto)"
-    )
-    assert "--set trainer.cpus=0-3 shares inference's" in hint
-    assert trainer_cores_hint(auto, split, generation_bound, cores=[0, 1, 2, 3]) is None
-    assert trainer_cores_hint(auto, split, None, cores=[0, 1, 2, 3]) is None
-    on_gpu = placement(auto, cores=[0, 1], gpu=True)  # nothing pinned: nothing to share
-    assert trainer_cores_hint(auto, on_gpu, trainer_bound, cores=[0, 1]) is None
-    given = load_config(None, ['inference.cpus="auto"', 'trainer.cpus="1"'])  # the user chose
-    assert trainer_cores_hint(given, placement(given, cores=[0, 1], gpu=False), trainer_bound) is None
+    assert borrowed_cores(auto, split) == "0-1"
+    commands = child_commands(auto, None, [], "/models/m", None, borrowed_cores(auto, split))
+    assert commands[TRAINER][-1] == "--set=trainer.borrow_cpus=0-1"
+    assert not any("borrow_cpus" in arg for arg in commands[INFERENCE] + commands["orchestrator"])
+    assert borrowed_cores(auto, placement(auto, cores=[0, 1], gpu=True)) is None  # nothing split
+    given = load_config(None, ['inference.cpus="auto"', 'trainer.cpus="1"'])  # the user chose the trainer's
+    assert borrowed_cores(given, placement(given, cores=[0, 1], gpu=False)) is None
+    named = load_config(None, ['inference.cpus="auto"', 'trainer.borrow_cpus="0"'])  # the trainer reads it
+    assert borrowed_cores(named, placement(named, cores=[0, 1], gpu=False)) is None
+    assert borrowed_cores(load_config(None, []), placement(load_config(None, []), cores=[0, 1])) is None
 
 
 def test_auto_cores_put_vllm_s_api_server_beside_the_trainer():

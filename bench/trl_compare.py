@@ -12,7 +12,7 @@ steps; and a 50M-parameter model (random weights, so no learning: samples/s
 only; 32 completion tokens), where generation rather than process overhead
 dominates. triad runs as the suite's asynchrony figure does: inference and a
 1-rank trainer on separate cores.
-Samples/s is over the steps after WARMUP; wall time counts from each launch.
+Samples/s is over the steps after each run's warm-up (`RUNS`); wall time counts from each launch.
 """
 
 from __future__ import annotations
@@ -22,15 +22,30 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared.rundir import ORCHESTRATOR, RunDir
+from trainer.cores import WARMUP as CORES_WARMUP
+from trainer.cores import WINDOW as CORES_WINDOW
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / "bench" / ".trl-venv"
 PEER = REPO / "bench" / "peers" / "trl_grpo.py"
-THRESHOLD, WINDOW, WARMUP = 0.5, 10, 3
-RUNS = {"tiny (0.5M)": (100, 8), "50M": (8, 32)}  # model: (steps, completion tokens)
+THRESHOLD, WINDOW = 0.5, 10
+
+
+@dataclass(frozen=True)
+class Run:
+    steps: int
+    max_tokens: int  # completion tokens
+    warmup: int  # steps before samples/s is counted, on both sides
+
+
+# The 50M run's warm-up covers its trainer's choice of cores (`trainer/cores.py`: made after its
+# step DECIDED), so its samples/s is a long run's steady rate.
+DECIDED = CORES_WARMUP + 2 * CORES_WINDOW + 1
+RUNS = {"tiny (0.5M)": Run(100, 8, 3), "50M": Run(DECIDED + 6, 32, DECIDED + 1)}
 
 
 def ensure_trl_venv() -> Path:
@@ -49,13 +64,13 @@ def time_to_threshold(times: list[float], rewards: list[float], start: float) ->
     return None
 
 
-def run_trl(python: Path, model: str, steps: int, max_tokens: int, out: Path) -> dict:
+def run_trl(python: Path, model: str, run: Run, out: Path) -> dict:
     launched = time.time()
-    cmd = [str(python), str(PEER), model, str(steps), str(out), str(max_tokens)]
+    cmd = [str(python), str(PEER), model, str(run.steps), str(out), str(run.max_tokens)]
     subprocess.run(cmd, check=True, capture_output=True)
     r = json.loads(out.read_text())
     times = r["step_end_times"]
-    rate = r["samples_per_step"] * (len(times) - 1 - WARMUP) / (times[-1] - times[WARMUP])
+    rate = r["samples_per_step"] * (len(times) - 1 - run.warmup) / (times[-1] - times[run.warmup])
     return {
         "samples_per_s": rate,
         "to_threshold_s": time_to_threshold(times, r["rewards"], launched),
@@ -63,15 +78,16 @@ def run_trl(python: Path, model: str, steps: int, max_tokens: int, out: Path) ->
     }
 
 
-def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path, extra: tuple[str, ...] = ()) -> dict:
+def run_triad(model: str, run: Run, run_dir: Path, extra: tuple[str, ...] = ()) -> dict:
     """`triad up` (the embedded default's placement: a 1-rank trainer, inference and trainer on
-    their own cores, unless `extra` settings say otherwise)."""
+    their own cores, the trainer borrowing inference's while it bounds the step, unless `extra`
+    settings say otherwise)."""
     sets = [
         f"run_dir={run_dir}",
         f"model={model}",
-        f"max_steps={steps}",
+        f"max_steps={run.steps}",
         "orchestrator.eval.every=0",
-        f"orchestrator.sampling.max_tokens={max_tokens}",
+        f"orchestrator.sampling.max_tokens={run.max_tokens}",
         "trainer.checkpoint.every=0",
         "inference.port=8421",
         *extra,
@@ -85,7 +101,7 @@ def run_triad(model: str, steps: int, max_tokens: int, run_dir: Path, extra: tup
     )
     rows = RunDir(run_dir).metrics.rows(ORCHESTRATOR)
     times, rewards = [row["time"] for row in rows], [row["reward_mean"] for row in rows]
-    rate = sum(row["samples"] for row in rows[WARMUP + 1 :]) / (times[-1] - times[WARMUP])
+    rate = sum(row["samples"] for row in rows[run.warmup + 1 :]) / (times[-1] - times[run.warmup])
     return {
         "samples_per_s": rate,
         "to_threshold_s": time_to_threshold(times, rewards, launched),
@@ -104,12 +120,13 @@ def main() -> None:
     if not (workdir / "model-50M" / "config.json").exists():
         build_model(Path(models["50M"]), *SIZES["50M"])
     results = {}
-    for name, (steps, max_tokens) in RUNS.items():
-        triad = run_triad(models[name], steps, max_tokens, workdir / f"triad-{name.split()[0]}")
-        trl = run_trl(python, models[name], steps, max_tokens, workdir / f"trl-{name.split()[0]}.json")
+    for name, run in RUNS.items():
+        triad = run_triad(models[name], run, workdir / f"triad-{name.split()[0]}")
+        trl = run_trl(python, models[name], run, workdir / f"trl-{name.split()[0]}.json")
         results[name] = {
-            "steps": steps,
-            "completion_tokens": max_tokens,
+            "steps": run.steps,
+            "warmup": run.warmup,
+            "completion_tokens": run.max_tokens,
             "triad": triad,
             "trl": trl,
             "samples_per_s_ratio": triad["samples_per_s"] / trl["samples_per_s"],

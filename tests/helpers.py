@@ -158,6 +158,12 @@ def trainer_cmd(
     return [python, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}", *cli]
 
 
+# vLLM's own server as triad's launcher runs it on a CPU build (`inference/server.py` cpu_env):
+# its one worker inside the engine's process, not in a third that imports vLLM and torch again
+# (about 9 s of a core each start; its HTTP API is the same either way)
+PLAIN_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple[str, ...] = ()) -> list[str]:
     """vLLM's own OpenAI server, without triad's admin routes."""
     return [
@@ -237,7 +243,7 @@ class Server:
         self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             cmd,
-            env={**os.environ, **({"VLLM_CPU_KVCACHE_SPACE": "1"} if plain else {})},
+            env={**os.environ, **(PLAIN_ENV if plain else {})},
             cwd=REPO,
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -133,11 +133,13 @@ def bound(rundir: RunDir, last_n: int) -> Bound | None:
 def bound_of(trainer_rows: list[dict], orchestrator_rows: list[dict], last_n: int) -> Bound | None:
     """Which side bounds the step over the last `last_n` steps: the one that waited the smaller
     share of its time for the other. The trainer waits for batches (`wait_s`); generation is held
-    by the staleness guard while the weights are too old for another batch (`guard_wait_s`). None
-    until both have rows with those figures."""
+    by the staleness guard while the weights are too old for another batch (`guard_wait_s`). The
+    run's first step is left out where there are others: the trainer's wait then is the launch
+    (vLLM's start, the first batch), which decided a short run's line alone. None until both have
+    rows with those figures."""
     trainer = [r for r in trainer_rows if all(p in r for p in TRAINER_PHASES)]
     orchestrator = [r for r in orchestrator_rows if "guard_wait_s" in r and "step_time_s" in r]
-    trainer, orchestrator = trainer[-last_n:], orchestrator[-last_n:]
+    trainer, orchestrator = after_launch(trainer)[-last_n:], after_launch(orchestrator)[-last_n:]
     if not trainer or not orchestrator:
         return None
     waited = share(trainer, "wait_s", TRAINER_PHASES)
@@ -150,6 +152,12 @@ def bound_of(trainer_rows: list[dict], orchestrator_rows: list[dict], last_n: in
     if waited < held:
         return Bound(TRAINER, f"the trainer bounds the step: {both}", steps)
     return Bound("generation", f"generation bounds the step: {both}", steps)
+
+
+def after_launch(rows: list[dict]) -> list[dict]:
+    """`rows` less the run's first step's, unless that is all there is."""
+    later = [r for r in rows if r["step"] > 1]
+    return later or rows
 
 
 def share(rows: list[dict], part: str, whole: tuple[str, ...]) -> float:

@@ -179,3 +179,19 @@ def test_the_side_that_waited_the_smaller_share_bounds_the_step(run, guard_wait_
     found = bound(with_guard(run, guard_wait_s), last_n=2)
     assert found is not None and (found.side, found.line, found.steps) == (side, line, 2)
     assert breakdown(run, last_n=2)[-1] == f"  {line}"
+
+
+def test_the_launch_s_wait_does_not_decide_which_side_bounds_a_short_run(run):
+    """The trainer's first wait is vLLM's start and the first batch: 40 s of the fixture's first
+    step would make a run whose trainer never waited after it look bound by generation."""
+    from services.timeline import bound
+
+    rows = run.metrics.rows("trainer")
+    rows[0] = dict(rows[0], wait_s=40.0)
+    rows[1:] = [dict(r, wait_s=0.0) for r in rows[1:]]
+    write_rows(run.metrics_file("trainer"), rows)
+    found = bound(with_guard(run, 3.0), last_n=20)
+    assert found is not None and (found.side, found.steps) == ("trainer", 2)
+    assert found.line.startswith("the trainer bounds the step: the trainer waited for batches 0% of its time")
+    write_rows(run.metrics_file("trainer"), rows[:1])  # the trainer's only row is the first step's
+    assert bound(run, last_n=20).steps == 1

@@ -11,7 +11,8 @@ tokens), for samples/s and wall time to a mean reward of THRESHOLD over 10
 steps; and a 50M-parameter model (random weights, so no learning: samples/s
 only; 32 completion tokens), where generation rather than process overhead
 dominates. triad runs as the suite's asynchrony figure does: inference and a
-1-rank trainer on separate cores.
+1-rank trainer on separate cores, the trainer borrowing inference's while it
+bounds the step (`trainer.borrow_cpus`).
 Samples/s is over the steps after each run's warm-up (`RUNS`); wall time counts from each launch.
 """
 

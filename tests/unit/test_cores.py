@@ -36,12 +36,12 @@ def test_a_bound_trainer_borrows_and_keeps_the_cores_if_its_steps_get_shorter(ca
     decision = Borrowing()
     faster = StepTimes(cycle_s=0.7, wait_s=0.0)
     settling = StepTimes(cycle_s=9.0, wait_s=0.0)  # the first step on the new cores is not timed
-    moves = feed(
-        decision, [WAITING] * WARMUP + [BOUND] * WINDOW + [settling] + [faster] * WINDOW + [BOUND] * 9
-    )
+    moves = feed(decision, [WAITING] * WARMUP + [BOUND] * WINDOW)
     assert moves == [
         (WARMUP + WINDOW, Move("borrowed", "its steps took 1.00 s, 0.01 s of them waiting for batches"))
     ]
+    assert feed(decision, [settling] + [faster] * (WINDOW - 1)) == [] and decision.state == "borrowed"
+    assert feed(decision, [faster] + [BOUND] * 9) == []  # the window's last step decides: it stays
     assert decision.state == "decided"
     assert caplog.records[-1].getMessage() == (
         f"the trainer keeps the borrowed cores: 0.70 s a step against 1.00 s on its own (median of {WINDOW})"

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import sys
 import uuid
 from argparse import Namespace
@@ -33,6 +34,7 @@ from inference.families import chat_template_of
 from inference.model_output_log import write_stock_logging_config
 from inference.parser_probe import auto_parsers
 from inference.server_children import mark_server
+from inference.socket_dir import own_socket_dir
 from inference.worker_extension import on_cpu_build
 from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.cpus import move_threads
@@ -190,6 +192,7 @@ def run_stock_vllm(
     for name, value in cpu_env(args, cpu_build).items():
         env.setdefault(name, value)
     mark_server(env)  # the exec keeps this pid
+    own_socket_dir(env)  # left when vLLM ends; the next server here removes it (the same pid)
     os.execve(sys.executable, cmd, env)
 
 
@@ -339,4 +342,9 @@ def run_inference(cfg: TriadConfig, model_path: str, join: bool = False) -> None
 
     import uvloop
 
-    uvloop.run(serve(cfg, args, join_as))
+    sockets = own_socket_dir()
+    try:
+        uvloop.run(serve(cfg, args, join_as))
+    finally:
+        if sockets is not None:
+            shutil.rmtree(sockets, ignore_errors=True)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inference.socket_dir import PREFIX as SOCKET_DIR_PREFIX
+from inference.socket_dir import VAR as SOCKET_DIR_VAR
 from shared.errors import WaitTimeout
 from shared.net import free_port  # tests import it from here too
 from shared.waiting import wait_for
@@ -243,12 +246,17 @@ class Server:
         self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             cmd,
-            env={**os.environ, **(PLAIN_ENV if plain else {})},
+            env={**os.environ, **(self.plain_env() if plain else {})},
             cwd=REPO,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def plain_env(self) -> dict[str, str]:
+        """vLLM's own server leaves its sockets where it is told to: beside its log, in pytest's
+        temporary directories, not in /tmp."""
+        return {**PLAIN_ENV, SOCKET_DIR_VAR: str(self.log_path.parent)}
 
     def wait_healthy(self, timeout: float = 240) -> None:
         """Wait for /health to answer 200; RuntimeError if the server exits first, TimeoutError
@@ -269,6 +277,10 @@ class Server:
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def socket_dirs(self) -> list[Path]:
+        """The directories this server's vLLM sockets are in (`inference/socket_dir.py`)."""
+        return list(Path(tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}{self.proc.pid}-*"))
 
     def kill(self) -> None:
         """kill -9 the server and every process it started (vLLM's engine core)."""

@@ -184,15 +184,23 @@ def test_inference_killed_mid_generation_is_re_detected_and_realigned(run):
     run.start("orchestrator")
     run.start("trainer")
     run.wait_for_batch(3)
-    run.inference.kill_server_alone()  # generation for the next batches is in flight; vLLM's engine ends
+    killed = run.inference
+    [sockets] = killed.socket_dirs()
+    assert any(p.is_socket() for p in sockets.iterdir()), "vLLM's sockets are not in the server's directory"
+    killed.kill_server_alone()  # generation for the next batches is in flight; vLLM's engine ends
+    assert sockets.is_dir()  # a kill -9 leaves it
     served_before = max(r["version"] for r in RunDir(run.run_dir).metrics.rows("inference"))
     time.sleep(3)
     run.inference = Server(
         run.run_dir, run.model, run.root / "inference.log", *run.shared_sets(), port=run.inference.port
     )
     run.inference.wait_healthy()
+    assert not sockets.exists(), "the next server did not remove the killed one's sockets"
     run.finish()
     run.check()
+    [restarted] = run.inference.socket_dirs()
+    run.inference.stop()
+    assert not restarted.exists(), "a stopped server left its sockets"
     log = run.log("orchestrator")
     assert "out of rotation" in log and f"{run.url} is back, serving version" in log
     loads = [r["version"] for r in RunDir(run.run_dir).metrics.rows("inference")]

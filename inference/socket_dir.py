@@ -1,0 +1,57 @@
+"""A directory of its own for the sockets of each server's vLLM processes.
+
+vLLM's API server and engine core talk over ZMQ `ipc://` sockets, files it names under
+`VLLM_RPC_BASE_PATH` (the system's temporary directory unless set). A stopped server leaves them
+there, three a start (its engine core dies by SIGKILL with it: `inference/server_children.py`),
+so a machine that starts servers for days, or a test suite, fills `/tmp` with them. Each server
+gets `<tmp>/triad-vllm-<pid>-XXXXXXXX` instead: removed when it ends, and, where a `kill -9` left
+it, by the next server started on this machine. A user's own `VLLM_RPC_BASE_PATH` is kept.
+
+The name carries the pid alone, not `shared/tmpname.py`'s `<pid>@<host>`: a socket's path is at
+most 107 bytes, and the temporary directory is this machine's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from shared.objectcache import pid_alive
+
+VAR = "VLLM_RPC_BASE_PATH"
+PREFIX = "triad-vllm-"
+log = logging.getLogger("triad.inference")
+
+
+def owner(path: Path) -> int | None:
+    pid = path.name.removeprefix(PREFIX).split("-")[0]
+    return int(pid) if path.name.startswith(PREFIX) and pid.isdigit() else None
+
+
+def sweep_dead(base: Path) -> list[Path]:
+    """Remove the socket directories under `base` of servers that are gone."""
+    swept = []
+    for path in sorted(base.glob(f"{PREFIX}*")):
+        pid = owner(path)
+        if pid is not None and path.is_dir() and not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            swept.append(path)
+    if swept:
+        log.info("removed %d socket directories of stopped servers from %s", len(swept), base)
+    return swept
+
+
+def own_socket_dir(env: MutableMapping[str, str] = os.environ) -> Path | None:
+    """A new socket directory of this process's, named in `env` for vLLM, after the dead servers'
+    are swept; None (and `env` as it was) where `env` names one already."""
+    if VAR in env:
+        return None
+    base = Path(tempfile.gettempdir())
+    sweep_dead(base)
+    path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base))
+    env[VAR] = str(path)
+    return path

@@ -24,6 +24,8 @@ from shared.objectcache import pid_alive
 
 VAR = "VLLM_RPC_BASE_PATH"
 PREFIX = "triad-vllm-"
+SOCKET_PATH_MAX = 107  # bytes of a socket's path (sockaddr_un.sun_path), as ZMQ checks it
+SOCKET_NAME = 36  # vLLM names each socket by a uuid4
 log = logging.getLogger("triad.inference")
 
 
@@ -47,11 +49,21 @@ def sweep_dead(base: Path) -> list[Path]:
 
 def own_socket_dir(env: MutableMapping[str, str] = os.environ) -> Path | None:
     """A new socket directory of this process's, named in `env` for vLLM, after the dead servers'
-    are swept; None (and `env` as it was) where `env` names one already."""
+    are swept; None (and `env` as it was) where `env` names one already, or where a directory's
+    name would make the sockets' paths longer than a socket's path can be."""
     if VAR in env:
         return None
     base = Path(tempfile.gettempdir())
     sweep_dead(base)
-    path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base))
+    prefix = f"{PREFIX}{os.getpid()}-"
+    if len(f"{base}/{prefix}XXXXXXXX/") + SOCKET_NAME > SOCKET_PATH_MAX:
+        log.warning(
+            "the temporary directory %s is too long a path for vLLM's sockets in a directory of their "
+            "own: they go in it, and stay there when the server stops (set TMPDIR or %s to a shorter path)",
+            base,
+            VAR,
+        )
+        return None
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     env[VAR] = str(path)
     return path

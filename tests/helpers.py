@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from inference.socket_dir import PREFIX as SOCKET_DIR_PREFIX
-from inference.socket_dir import VAR as SOCKET_DIR_VAR
+from inference.socket_dir import own_socket_dir
 from shared.errors import WaitTimeout
 from shared.net import free_port  # tests import it from here too
 from shared.waiting import wait_for
@@ -244,6 +245,7 @@ class Server:
         if plain:
             cmd = plain_vllm_cmd(model, self.port, max_model_len, vllm_args)
         self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
+        self.sockets: Path | None = None
         self.proc = subprocess.Popen(
             cmd,
             env={**os.environ, **(self.plain_env() if plain else {})},
@@ -254,9 +256,11 @@ class Server:
         )
 
     def plain_env(self) -> dict[str, str]:
-        """vLLM's own server leaves its sockets where it is told to: beside its log, in pytest's
-        temporary directories, not in /tmp."""
-        return {**PLAIN_ENV, SOCKET_DIR_VAR: str(self.log_path.parent)}
+        """vLLM's own server leaves its sockets in /tmp: this one's go in a directory of this test
+        process's (`inference/socket_dir.py`), removed when the server stops."""
+        env = dict(PLAIN_ENV)
+        self.sockets = own_socket_dir(env)
+        return env
 
     def wait_healthy(self, timeout: float = 240) -> None:
         """Wait for /health to answer 200; RuntimeError if the server exits first, TimeoutError
@@ -286,7 +290,7 @@ class Server:
         """kill -9 the server and every process it started (vLLM's engine core)."""
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        self.log.close()
+        self.closed()
 
     def kill_server_alone(self, within_s: float = 10) -> None:
         """kill -9 the server's own process, as `kill -9 PID` does; AssertionError unless the
@@ -314,7 +318,12 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.closed()
+
+    def closed(self) -> None:
         self.log.close()
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 def write_env_plugin(root: Path, package: str, entry_name: str) -> None:

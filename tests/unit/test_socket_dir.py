@@ -4,9 +4,11 @@ for vLLM, and those of servers that are gone swept by the next start, on real pr
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +16,12 @@ from inference.socket_dir import PREFIX, VAR, own_socket_dir
 
 
 @pytest.fixture
-def tmp_base(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    return tmp_path
+def tmp_base(monkeypatch):
+    """A temporary directory as short as /tmp's children (pytest's own are too long for sockets)."""
+    base = Path(tempfile.mkdtemp(prefix="sd-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    yield base
+    shutil.rmtree(base)
 
 
 def dead_pid() -> int:
@@ -59,3 +64,14 @@ def test_a_users_own_directory_is_kept(tmp_base):
     assert own_socket_dir(env) is None
     assert env == {VAR: "/srv/sockets"}
     assert dead.is_dir() and list(tmp_base.iterdir()) == [dead]  # nothing made, nothing swept
+
+
+def test_a_temporary_directory_too_long_for_a_directory_of_sockets_is_used_as_it_is(tmp_base, caplog):
+    base = tmp_base / ("t" * (107 - 36 - len(str(tmp_base)) - 2))  # vLLM's sockets alone fit in it
+    base.mkdir()
+    tempfile.tempdir = str(base)  # restored by tmp_base's monkeypatch
+    assert len(f"{base}/{'0' * 36}") <= 107
+    env: dict[str, str] = {}
+    assert own_socket_dir(env) is None
+    assert env == {} and list(base.iterdir()) == []
+    assert "too long a path for vLLM's sockets" in caplog.text and "TMPDIR" in caplog.text

@@ -192,7 +192,7 @@ def run_stock_vllm(
     for name, value in cpu_env(args, cpu_build).items():
         env.setdefault(name, value)
     mark_server(env)  # the exec keeps this pid
-    own_socket_dir(env)  # left when vLLM ends; the next server here removes it (the same pid)
+    own_socket_dir(env)  # vLLM runs in this pid and leaves it; the next server here sweeps it
     os.execve(sys.executable, cmd, env)
 
 

@@ -2,8 +2,8 @@
 
 vLLM's API server and engine core talk over ZMQ `ipc://` sockets, files it names under
 `VLLM_RPC_BASE_PATH` (the system's temporary directory unless set). A stopped server leaves them
-there, three a start (its engine core dies by SIGKILL with it: `inference/server_children.py`),
-so a machine that starts servers for days, or a test suite, fills `/tmp` with them. Each server
+there, three a start (seen after `triad up` ended normally as much as after a `kill -9`), so a
+machine that starts servers for days, or a test suite, fills `/tmp` with them. Each server
 gets `<tmp>/triad-vllm-<pid>-XXXXXXXX` instead: removed when it ends, and, where a `kill -9` left
 it, by the next server started on this machine. A user's own `VLLM_RPC_BASE_PATH` is kept.
 

@@ -91,6 +91,10 @@ class Borrowing:
         self.state, self.own_cycle_s = "borrowed", cycle
         return Move("borrowed", f"its steps took {cycle:.2f} s, {wait:.2f} s of them waiting for batches")
 
+    def stop(self) -> None:
+        """No more moves this start (a move was refused)."""
+        self.state = "decided"
+
     def after_borrowed(self) -> Move | None:
         cycle, _ = self.agree(median_times(self.borrowed))
         self.state = "decided"
@@ -157,15 +161,23 @@ def rank_figures(timeout_s: float) -> Callable[[list[float]], list[float]]:
 
 
 class Borrower:
-    """A `Borrowing` decision made on a `CoreSet`."""
+    """A `Borrowing` decision made on a `CoreSet`. A move is made on every rank or on none: where
+    one rank's machine refuses it, the ranks that made it move back, and none decides again (each
+    rank reaches each of the decision's all-reduces, whatever its own cores allowed)."""
 
     def __init__(self, decision: Borrowing, cores: CoreSet) -> None:
         self.decision, self.cores = decision, cores
 
     def after_step(self, times: StepTimes) -> None:
         move = self.decision.observe(times)
-        if move is not None and not self.cores.apply(move):
-            self.decision.state = "decided"
+        if move is None:
+            return
+        made = self.cores.apply(move)
+        [refused] = self.decision.agree([0.0 if made else 1.0])
+        if refused:
+            if made and move.to == "borrowed":
+                self.cores.apply(Move("own", "another rank's machine refused the borrowed cores"))
+            self.decision.stop()
 
 
 def core_borrowing(spec: str, threads: int, timeout_s: float) -> Borrower | None:

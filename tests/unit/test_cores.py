@@ -116,6 +116,29 @@ def test_cores_the_machine_refuses_leave_the_trainer_where_it_is_in_one_line(on_
     assert "\n" not in warning
 
 
+def test_a_move_another_rank_could_not_make_is_undone_here(on_one_core, caplog):
+    """Every rank moves or none does: this rank's cores allowed the move, another rank's did not."""
+    caplog.set_level(logging.INFO, "triad.trainer")
+    own, cores = on_one_core
+    calls: list[list[float]] = []
+
+    def agree(figures: list[float]) -> list[float]:  # the all-reduce (MAX), the other rank refused
+        calls.append(figures)
+        return [1.0] if len(figures) == 1 else figures
+
+    core_set = CoreSet("trainer.borrow_cpus", {own}, {min(cores)}, ranks=1, threads=1)
+    borrower = Borrower(Borrowing(agree), core_set)
+    for _ in range(WARMUP + 2 * WINDOW + 3):
+        borrower.after_step(BOUND)
+    assert calls == [[1.0, 0.01], [0.0]]  # the figures after the own window, then the move's outcome
+    assert os.sched_getaffinity(0) == {own} and torch.get_num_threads() == 1
+    assert borrower.decision.state == "decided"
+    assert caplog.records[-1].getMessage() == (
+        f"the trainer moves to cores {own} with 1 thread(s) a rank: another rank's machine refused the "
+        "borrowed cores"
+    )
+
+
 def test_nothing_to_borrow_without_cores_given_apart_from_its_own():
     assert core_borrowing("auto", 1, 60) is None  # outside `triad up`: the trainer does not know inference's
     own = os.sched_getaffinity(0)

@@ -23,7 +23,9 @@ from pathlib import Path
 from bench.suite import RESULTS, write_rounds
 from bench.trl_compare import RUNS, run_triad
 from bench.weight_transport import SIZES, build_model
+from services.placement import placement
 from services.timeline import bound
+from shared.config import load_config
 from shared.cpus import format_cpus
 from shared.rundir import TRAINER, RunDir
 
@@ -37,7 +39,8 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=[n.split()[0] for n in RUNS], help="tiny, 50M")
     a = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
-    own, every = format_cpus(cores[len(cores) // 2 :]), format_cpus(cores)
+    split = placement(load_config(None, ['inference.cpus="auto"']), cores, gpu=False)
+    own, every = split[TRAINER], format_cpus(cores)
     models = {"tiny (0.5M)": resolve_model("builtin:tiny-addition"), "50M": str(a.workdir / "model-50M")}
     if "50M" in a.sizes and not (a.workdir / "model-50M" / "config.json").exists():
         build_model(Path(models["50M"]), *SIZES["50M"])

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from services.placement import has_gpu
-from shared.cpus import format_cpus
-from shared.rundir import RunDir
+from services.placement import has_gpu, placement
+from shared.config import load_config
+from shared.cpus import format_cpus, parse_cpus
+from shared.rundir import TRAINER, RunDir
 from tests.helpers import free_port, run_triad, server_tracebacks
 from trainer.cores import WARMUP, WINDOW
 
@@ -33,7 +34,8 @@ def test_a_trainer_that_bounds_the_step_borrows_inference_s_cores_and_decides_on
     tmp_path: Path, tiny_model
 ):
     cores = sorted(os.sched_getaffinity(0))
-    own = cores[len(cores) // 2 :]  # the trainer's, as `inference.cpus = "auto"` splits them
+    split = placement(load_config(None, ['inference.cpus="auto"']), cores, gpu=False)
+    own = sorted(parse_cpus(split[TRAINER]))  # the trainer's, as `inference.cpus = "auto"` splits them
     sets = [
         f"run_dir={tmp_path / 'run'}",
         f"max_steps={STEPS}",

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from shared.objectcache import pid_alive
+from shared.objectcache import sweep_dead_dirs
+from shared.tmpname import this_host
 
 VAR = "VLLM_RPC_BASE_PATH"
 PREFIX = "triad-vllm-"
@@ -29,19 +29,15 @@ SOCKET_NAME = 36  # vLLM names each socket by a uuid4
 log = logging.getLogger("triad.inference")
 
 
-def owner(path: Path) -> int | None:
-    pid = path.name.removeprefix(PREFIX).split("-")[0]
-    return int(pid) if path.name.startswith(PREFIX) and pid.isdigit() else None
+def owner(name: str) -> tuple[str, int] | None:
+    """(this machine, pid) of a name `<PREFIX><pid>-...`: the temporary directory is its own."""
+    pid = name.removeprefix(PREFIX).split("-")[0]
+    return (this_host(), int(pid)) if name.startswith(PREFIX) and pid.isdigit() else None
 
 
 def sweep_dead(base: Path) -> list[Path]:
     """Remove the socket directories under `base` of servers that are gone."""
-    swept = []
-    for path in sorted(base.glob(f"{PREFIX}*")):
-        pid = owner(path)
-        if pid is not None and path.is_dir() and not pid_alive(pid):
-            shutil.rmtree(path, ignore_errors=True)
-            swept.append(path)
+    swept = sweep_dead_dirs(base.glob(f"{PREFIX}*"), PREFIX, owner)
     if swept:
         log.info("removed %d socket directories of stopped servers from %s", len(swept), base)
     return swept

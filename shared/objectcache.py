@@ -46,14 +46,18 @@ def sweep_dead_tmp(cache: Path) -> list[Path]:
     return swept
 
 
-def sweep_dead_dirs(candidates: Iterable[Path], prefix: str) -> list[Path]:
+Owner = Callable[[str], tuple[str, int] | None]  # a name's (host, pid), None for nobody's
+
+
+def sweep_dead_dirs(candidates: Iterable[Path], prefix: str, owner: Owner | None = None) -> list[Path]:
     """Remove the directories among `candidates` named `<prefix><pid>@<host>-...` (`owner_tag`)
     whose process, on this machine, is gone; those of live processes, of other machines, and
-    anything else, stay. Returns what was removed."""
+    anything else, stay (`owner`: a name's (host, pid), where names say it otherwise).
+    Returns what was removed."""
     swept = []
     for path in sorted(candidates):
-        owner = owner_of(path.name, prefix)
-        if owner is not None and path.is_dir() and not owner_alive(*owner):
+        whose = owner(path.name) if owner else owner_of(path.name, prefix)
+        if whose is not None and path.is_dir() and not owner_alive(*whose):
             shutil.rmtree(path, ignore_errors=True)
             swept.append(path)
     return swept

@@ -245,22 +245,18 @@ class Server:
         if plain:
             cmd = plain_vllm_cmd(model, self.port, max_model_len, vllm_args)
         self.log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
-        self.sockets: Path | None = None
+        env = {**os.environ, **(PLAIN_ENV if plain else {})}
+        # vLLM's own server would leave its sockets in /tmp: a directory of this process's, removed
+        # when the server stops (`inference/socket_dir.py`); triad's servers make their own
+        self.sockets = own_socket_dir(env) if plain else None
         self.proc = subprocess.Popen(
             cmd,
-            env={**os.environ, **(self.plain_env() if plain else {})},
+            env=env,
             cwd=REPO,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-
-    def plain_env(self) -> dict[str, str]:
-        """vLLM's own server leaves its sockets in /tmp: this one's go in a directory of this test
-        process's (`inference/socket_dir.py`), removed when the server stops."""
-        env = dict(PLAIN_ENV)
-        self.sockets = own_socket_dir(env)
-        return env
 
     def wait_healthy(self, timeout: float = 240) -> None:
         """Wait for /health to answer 200; RuntimeError if the server exits first, TimeoutError
@@ -290,7 +286,7 @@ class Server:
         """kill -9 the server and every process it started (vLLM's engine core)."""
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        self.closed()
+        self.release()
 
     def kill_server_alone(self, within_s: float = 10) -> None:
         """kill -9 the server's own process, as `kill -9 PID` does; AssertionError unless the
@@ -318,9 +314,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        self.closed()
+        self.release()
 
-    def closed(self) -> None:
+    def release(self) -> None:
+        """Its log closed, and the directory of a plain server's sockets removed."""
         self.log.close()
         if self.sockets is not None:
             shutil.rmtree(self.sockets, ignore_errors=True)

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.rundir import ORCHESTRATOR, RunDir
-from trainer.cores import WARMUP as CORES_WARMUP
-from trainer.cores import WINDOW as CORES_WINDOW
+from trainer.cores import DECIDED
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / "bench" / ".trl-venv"
@@ -44,8 +43,7 @@ class Run:
 
 
 # The 50M run's warm-up covers its trainer's choice of cores (`trainer/cores.py`: made after its
-# step DECIDED), so its samples/s is a long run's steady rate.
-DECIDED = CORES_WARMUP + 2 * CORES_WINDOW + 1
+# step DECIDED at the latest), so its samples/s is a long run's steady rate.
 RUNS = {"tiny (0.5M)": Run(100, 8, 3), "50M": Run(DECIDED + 6, 32, DECIDED + 1)}
 
 

@@ -33,6 +33,7 @@ WARMUP = 2  # steps not timed: the first loads kernels, grows the allocator, wai
 WINDOW = 4  # steps timed on each set of cores
 WAIT_SHARE = 0.1  # waiting for batches less than this share of the step: the trainer bounds it
 GAIN = 0.05  # the least shortening of the step that keeps the borrowed cores
+DECIDED = WARMUP + 2 * WINDOW + 1  # the latest step after which the decision is made (a settling step)
 
 
 @dataclass(frozen=True)

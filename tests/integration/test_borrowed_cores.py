@@ -20,10 +20,9 @@ from shared.config import load_config
 from shared.cpus import format_cpus, parse_cpus
 from shared.rundir import TRAINER, RunDir
 from tests.helpers import free_port, run_triad, server_tracebacks
-from trainer.cores import WARMUP, WINDOW
+from trainer.cores import DECIDED, WARMUP, WINDOW
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-DECIDED = WARMUP + 2 * WINDOW + 1  # the step after which the trainer has decided
 STEPS = DECIDED + 3
 
 

@@ -42,7 +42,9 @@ class InferenceConfig(Table):
     admin_token_file: Path | None = Field(None, description="read the admin token from this file (a secret)")
     dtype: str = "auto"
     max_model_len: int | None = Field(None, ge=16, description="None: the model's own limit")
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on CPU")
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="KV cache size on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE, whole GiB, overrides it)"
+    )
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     devices: str | None = Field(None, description="CUDA_VISIBLE_DEVICES for inference under `triad up`")
     cpus: str | None = Field(

@@ -165,7 +165,10 @@ def trainer_cmd(
 # vLLM's own server as triad's launcher runs it on a CPU build (`inference/server.py` cpu_env):
 # its one worker inside the engine's process, not in a third that imports vLLM and torch again
 # (about 9 s of a core each start; its HTTP API is the same either way)
-PLAIN_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+PLAIN_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# the tests' models are tiny (2 KiB of KV a token): the embedded default's KV cache, 65,536 tokens,
+# not the 1 GiB that vLLM zeroes for 3-4 s at every start (a test that needs more sets its own)
+TINY_KV_CACHE_GIB = 0.125
 
 
 def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple[str, ...] = ()) -> list[str]:
@@ -188,6 +191,8 @@ def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple
         str(max_model_len),
         "--disable-uvicorn-access-log",
         "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(int(TINY_KV_CACHE_GIB * 2**30)),
         *extra,
     ]
 
@@ -240,7 +245,8 @@ class Server:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        sets = [f"run_dir={run_dir}", f"model={model}", f"inference.port={self.port}", *extra]
+        kv_cache = f"inference.kv_cache_gib={TINY_KV_CACHE_GIB}"
+        sets = [f"run_dir={run_dir}", f"model={model}", f"inference.port={self.port}", kv_cache, *extra]
         cmd = triad_cmd("inference", *[f"--set={s}" for s in sets], *(["--join"] if join else []))
         if plain:
             cmd = plain_vllm_cmd(model, self.port, max_model_len, vllm_args)

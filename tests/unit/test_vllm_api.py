@@ -152,6 +152,25 @@ def test_eager_is_the_cpu_builds_default_and_either_choice_can_be_forced():
         load_config(None, ["inference.enforce_eager=sometimes"])
 
 
+def test_the_kv_cache_on_a_cpu_build_is_given_in_bytes_so_a_fraction_of_a_gib_is_what_vllm_allocates():
+    from inference.server import parse_vllm_args, vllm_cli_args
+    from services.cli import EMBEDDED_DEFAULT
+    from shared.config import load_config
+
+    def parsed(cpu: bool, *sets: str):
+        cfg = load_config(EMBEDDED_DEFAULT, list(sets))
+        return parse_vllm_args(vllm_cli_args(cfg, "/m", cpu_build=lambda: cpu))
+
+    assert parsed(True).kv_cache_memory_bytes == 2**27  # the embedded default's 0.125 GiB
+    assert load_config(None).inference.kv_cache_gib == 1  # a config that names none
+    assert parsed(True, "inference.kv_cache_gib=1.5").kv_cache_memory_bytes == 3 * 2**29
+    assert parsed(False).kv_cache_memory_bytes is None  # GPUs size it by gpu_memory_utilization
+    mine = parsed(True, 'inference.vllm_args=["--kv-cache-memory-bytes", "1000000"]')
+    assert mine.kv_cache_memory_bytes == 1_000_000  # the user's own vLLM argument comes last and wins
+    with pytest.raises(TriadError, match="kv_cache_gib"):
+        load_config(None, ["inference.kv_cache_gib=0"])
+
+
 def test_the_stock_vllm_command_swaps_triads_extension_for_its_engine_and_stays_on_loopback(tmp_path):
     import json
     import sys

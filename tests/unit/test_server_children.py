@@ -63,3 +63,26 @@ def engine_after_server_killed(tmp_path: Path, marked: bool) -> bool:
 def test_the_engine_of_a_killed_server_dies_with_it_and_only_a_triad_servers(tmp_path):
     assert not engine_after_server_killed(tmp_path, marked=True)
     assert engine_after_server_killed(tmp_path, marked=False)  # vLLM used elsewhere: left alone
+
+
+FREEZE = """
+import gc, sys
+from importlib.metadata import entry_points
+
+[plugin] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "triad_freeze_imported_heap"]
+plugin.load()()  # as vLLM's plugin loading calls it
+print(gc.get_freeze_count())
+"""
+
+
+def test_a_triad_servers_vllm_processes_freeze_the_heap_their_imports_made_and_no_other_vllm(tmp_path):
+    def frozen(marked: bool) -> int:
+        env = {k: v for k, v in os.environ.items() if k != SERVER_PID_VAR}
+        env.update({SERVER_PID_VAR: "1"} if marked else {})
+        command = [sys.executable, "-c", FREEZE]
+        done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    assert frozen(marked=True) > 1000  # the interpreter's and importlib.metadata's objects at least
+    assert frozen(marked=False) == 0  # vLLM used elsewhere in this environment: left alone

@@ -66,7 +66,7 @@ def test_the_engine_of_a_killed_server_dies_with_it_and_only_a_triad_servers(tmp
 
 
 FREEZE = """
-import gc, sys
+import gc
 from importlib.metadata import entry_points
 
 [plugin] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "triad_freeze_imported_heap"]
@@ -75,7 +75,7 @@ print(gc.get_freeze_count())
 """
 
 
-def test_a_triad_servers_vllm_processes_freeze_the_heap_their_imports_made_and_no_other_vllm(tmp_path):
+def test_a_triad_servers_vllm_processes_freeze_the_heap_their_imports_made_and_no_other_vllm():
     def frozen(marked: bool) -> int:
         env = {k: v for k, v in os.environ.items() if k != SERVER_PID_VAR}
         env.update({SERVER_PID_VAR: "1"} if marked else {})

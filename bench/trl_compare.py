@@ -40,13 +40,13 @@ class Run:
     steps: int
     max_tokens: int  # completion tokens
     warmup: int  # steps before samples/s is counted, on both sides
-    kv_cache_gib: float  # inference's on the CPU build: the embedded default's is the tiny model's
+    kv_cache_gib: float | None  # inference's on the CPU build; None: the embedded default's, the tiny model's
 
 
 # The 50M run's warm-up covers its trainer's choice of cores (`trainer/cores.py`: made after its
 # step DECIDED at the latest), so its samples/s is a long run's steady rate. Its 40 KiB of KV a
 # token: a GiB holds its two batches of 128 samples (the embedded default's 0.125 GiB would not).
-RUNS = {"tiny (0.5M)": Run(100, 8, 3, 0.125), "50M": Run(DECIDED + 6, 32, DECIDED + 1, 1.0)}
+RUNS = {"tiny (0.5M)": Run(100, 8, 3, None), "50M": Run(DECIDED + 6, 32, DECIDED + 1, 1.0)}
 
 
 def ensure_trl_venv() -> Path:
@@ -91,7 +91,7 @@ def run_triad(model: str, run: Run, run_dir: Path, extra: tuple[str, ...] = ()) 
         f"orchestrator.sampling.max_tokens={run.max_tokens}",
         "trainer.checkpoint.every=0",
         "inference.port=8421",
-        f"inference.kv_cache_gib={run.kv_cache_gib}",
+        *([f"inference.kv_cache_gib={run.kv_cache_gib}"] if run.kv_cache_gib else []),
         *extra,
     ]
     launched = time.time()

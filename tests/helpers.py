@@ -20,6 +20,8 @@ import pytest
 
 from inference.socket_dir import PREFIX as SOCKET_DIR_PREFIX
 from inference.socket_dir import own_socket_dir
+from services.cli import EMBEDDED_DEFAULT
+from shared.config import load_config
 from shared.errors import WaitTimeout
 from shared.net import free_port  # tests import it from here too
 from shared.waiting import wait_for
@@ -168,7 +170,7 @@ def trainer_cmd(
 PLAIN_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # the tests' models are tiny (2 KiB of KV a token): the embedded default's KV cache, 65,536 tokens,
 # not the 1 GiB that vLLM zeroes for 3-4 s at every start (a test that needs more sets its own)
-TINY_KV_CACHE_GIB = 0.125
+TINY_KV_CACHE_GIB = load_config(EMBEDDED_DEFAULT).inference.kv_cache_gib
 
 
 def plain_vllm_cmd(model: str, port: int, max_model_len: int = 256, extra: tuple[str, ...] = ()) -> list[str]:

@@ -83,31 +83,41 @@ def _bytes(tensor: Any) -> Any:
 
 @functools.cache
 def _kernel() -> Any:
-    """The column sums `(A, B)` of a 1-D uint32 array in one pass (wrapping int64, so
-    mod 2^64), compiled once per machine by numba and cached beside this file."""
+    """P and Q of a 1-D uint32 array in one pass, all sums in wrapping uint64 (so mod 2^64),
+    compiled once per machine by numba and cached beside this file."""
     import numba
     import numpy as np
 
+    h = np.array(H, np.uint64)
+    k = np.array(K, np.uint64)
+
     @numba.njit(cache=True, nogil=True)
-    def column_sums(words):  # row r holds words[r * WIDTH : (r + 1) * WIDTH], the last maybe short
+    def p_and_q(words):  # row r holds words[r * WIDTH : (r + 1) * WIDTH], the last maybe short
         full = words.size // WIDTH
         grid = words[: full * WIDTH].reshape(full, WIDTH)
-        a = np.zeros(WIDTH, np.int64)
-        b = np.zeros(WIDTH, np.int64)
+        a = np.zeros(WIDTH, np.uint64)
+        b = np.zeros(WIDTH, np.uint64)
         for r in range(full):
             for col in range(WIDTH):
                 running = a[col] + grid[r, col]
                 a[col] = running
                 b[col] += running
+        rows = full
         if full * WIDTH < words.size:
-            last = np.zeros(WIDTH, np.int64)
+            rows += 1
+            last = np.zeros(WIDTH, np.uint64)
             last[: words.size - full * WIDTH] = words[full * WIDTH :]
             for col in range(WIDTH):
                 a[col] += last[col]
                 b[col] += a[col]
-        return a, b
+        p = np.uint64(0)
+        q = np.uint64(0)
+        for col in range(WIDTH):  # combine(), in the kernel: one call per tensor, not 64 big-int steps
+            p += np.uint64(2 * col + 1) * a[col] + np.uint64(2 * WIDTH) * (np.uint64(rows) * a[col] - b[col])
+            q += h[col] * b[col] + k[col] * a[col]
+        return p, q
 
-    return column_sums
+    return p_and_q
 
 
 def load_cpu_kernel() -> None:
@@ -127,8 +137,8 @@ def _cpu_sums(raw: Any) -> tuple[int, int]:
         padded = np.zeros(-(-data.size // 4) * 4, dtype=np.uint8)
         padded[: data.size] = data
         data = padded
-    a, b = _kernel()(data.view(np.uint32))
-    return combine(-(-data.size // (4 * WIDTH)), a.tolist(), b.tolist())
+    p, q = _kernel()(data.view(np.uint32))
+    return int(p), int(q)
 
 
 def _device_sums(raw: Any) -> tuple[int, int]:

@@ -40,6 +40,7 @@ from shared.config import LOOPBACK_HOSTS, TriadConfig
 from shared.cpus import move_threads
 from shared.errors import TriadError
 from shared.fleet import Registration, default_url
+from shared.heap import started
 from shared.logs import restore_root_levels, root_levels
 from shared.net import check_can_listen
 from shared.rundir import INFERENCE, RunDir
@@ -307,6 +308,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         adapters.models = app.state.openai_serving_models
         sweeper = asyncio.create_task(adapters.sweep_forever(cfg.inference.adapter_idle_s))
         metrics.log(0, version=0, path=args.model)
+        started()
         async with joined(cfg, join_as, server_id):  # serve_http returns once the server has stopped
             shutdown = await serve_http(
                 app,

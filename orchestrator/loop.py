@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import random
 import time
@@ -67,6 +66,7 @@ from orchestrator.weights.published import TrainerRewound
 from shared.batch import publish_batch
 from shared.config import TriadConfig
 from shared.errors import TriadError
+from shared.heap import started
 from shared.liveness import RENEW_S, Lease, Progress
 from shared.resume import discard_batches_after, newest_batch, newest_checkpoint
 from shared.rundir import EVAL, ORCHESTRATOR, RunDir
@@ -367,7 +367,7 @@ async def orchestrate_as_holder(cfg: TriadConfig, env: Environment, run_id: str,
         # The start-up's objects (imports, environment, clients: about 120,000) live as long as
         # the process: frozen, Python's full collections skip them. Swept, each held the event
         # loop for about 100 ms every few seconds, and a step in twenty took about twice as long.
-        gc.freeze()
+        started()
         progress.set(phase="rolling out")
         fleet = Fleet(cfg, rundir, pool)
         if cfg.orchestrator.servers.fleet_poll_s:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from shared.config import TriadConfig, load_config
 from shared.errors import TriadError
+from shared.heap import defer_full_collections
 from shared.logs import setup_logging
 from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
@@ -44,6 +45,7 @@ def run_up(cfg: TriadConfig, args: argparse.Namespace) -> None:
 
 
 def run_inference(cfg: TriadConfig, args: argparse.Namespace) -> None:
+    defer_full_collections()  # until the service has started (shared/heap.py)
     from services.models import resolve_model, served_as_hub_id
 
     model = resolve_model(cfg.model, cfg.model_revision)
@@ -53,12 +55,14 @@ def run_inference(cfg: TriadConfig, args: argparse.Namespace) -> None:
 
 
 def run_orchestrator(cfg: TriadConfig, _: argparse.Namespace) -> None:
+    defer_full_collections()  # until the service has started (shared/heap.py)
     from orchestrator.loop import run_orchestrator as orchestrate
 
     orchestrate(cfg)
 
 
 def run_trainer(cfg: TriadConfig, _: argparse.Namespace) -> None:
+    defer_full_collections()  # until the service has started (shared/heap.py)
     from services.models import resolve_model
     from trainer.host import die_with_launcher
 

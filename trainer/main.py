@@ -32,6 +32,7 @@ from shared.batch import batch_temperature, load_batch_reader, read_batch_rows, 
 from shared.config import TriadConfig
 from shared.digest import load_cpu_kernel
 from shared.faults import TRAINER_MID_STEP, failpoint
+from shared.heap import started
 from shared.liveness import Lease, PeerWatch, Progress
 from shared.metrics import MetricsWriter
 from shared.resume import discard_after_checkpoint, newest_checkpoint
@@ -453,7 +454,9 @@ def run_trainer(cfg: TriadConfig, model_path: str) -> None:
         orchestrator = PeerWatch(
             rundir.live, ORCHESTRATOR, cfg.trainer.batch_stall_s, "trainer.batch_stall_s"
         )
-        Trainer(cfg, model_path, device, mesh, progress).run(run_id, batches, orchestrator)
+        trainer = Trainer(cfg, model_path, device, mesh, progress)
+        started()
+        trainer.run(run_id, batches, orchestrator)
     finally:
         if batches is not None:
             batches.close()

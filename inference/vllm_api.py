@@ -36,6 +36,10 @@ CPU_REPACK = "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm"
 RELOAD = "vllm.model_executor.model_loader.reload.inplace:reload_weights"
 SKIPPED_LOGGER = "vllm.model_executor.model_loader.reload.inplace"
 SKIPPED_MESSAGE = "Following weights were not loaded from checkpoint"
+# The layerwise reload warns, with this message on this logger, of each layer that no loaded
+# tensor reached, and keeps its tensors: a tied `lm_head` and the rotary cache at every load.
+LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+LAYER_KEPT_MESSAGE = "%s: Failed to load weights"
 
 
 def missing(what: str) -> TriadError:

@@ -62,6 +62,29 @@ def every_parameter_loaded(what: str) -> Iterator[None]:
         )
 
 
+class KeptLayersAtDebug(logging.Filter):
+    """vLLM's layerwise reload warns of each layer no loaded tensor reached and keeps that
+    layer's tensors. A tied `lm_head` (the embedding's tensor) and the rotary embedding's cache
+    are such layers at every load: two warnings a version, thousands in a long run, each saying
+    a load failed that did not. A parameter a load really missed is the skipped-parameter
+    report's, which fails the load (`every_parameter_loaded`); these records go to DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from inference.vllm_api import LAYER_KEPT_MESSAGE
+
+        if record.msg == LAYER_KEPT_MESSAGE and record.levelno == logging.WARNING:
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+def kept_layers_at_debug() -> None:
+    from inference.vllm_api import LAYERWISE_LOGGER
+
+    logger = logging.getLogger(LAYERWISE_LOGGER)
+    if not any(isinstance(f, KeptLayersAtDebug) for f in logger.filters):
+        logger.addFilter(KeptLayersAtDebug())
+
+
 def iter_safetensors(weights_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
@@ -101,11 +124,12 @@ class TriadWorkerExtension:
 
     def triad_check_worker(self) -> None:
         """At start-up: every vLLM attribute the weight swap uses is there (`inference.vllm_api`);
-        the digest's kernel loaded."""
+        the reload's warnings of kept layers at DEBUG; the digest's kernel loaded."""
         from inference.vllm_api import check_reload_report, check_worker
 
         check_worker(self, on_cpu_build())
         check_reload_report()
+        kept_layers_at_debug()
         # The digest kernel is loaded now rather than in the first load, and the objects it
         # brings (numba's, about 78,000) are frozen with vLLM's start-up heap: unfrozen, the
         # engine's full collections swept them every few seconds, 50-70 ms each.

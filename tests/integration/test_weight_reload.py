@@ -95,6 +95,9 @@ def test_reloaded_weights_match_a_fresh_server(server: Server, run_dir: Path, ti
     }
     marker = rundir.weights.marker(1, "test-run")
     assert info["digest"] == marker.digest and info["tensor_digests"] == marker.tensor_digests
+    log = Path(server.log.name).read_text(errors="replace")
+    assert "Reloading and processing weights took" in log  # written after the layers' warnings
+    assert not [x for x in log.splitlines() if "Failed to load weights" in x]  # the tied head: DEBUG
     reloaded = greedy_logprobs(server.url, model_id(server.url))
 
     fresh = Server(run_dir, str(step_dir), tmp_path / "fresh.log")

@@ -254,3 +254,25 @@ def test_a_parameter_the_reload_skipped_is_an_error_at_any_log_level():
         assert logger.level == logging.ERROR and not logger.handlers
     finally:
         logger.setLevel(level)
+
+
+def test_a_layer_the_reload_kept_is_logged_at_debug_and_other_warnings_stay(caplog):
+    import logging
+
+    from inference.worker_extension import KeptLayersAtDebug, kept_layers_at_debug
+
+    logger = logging.getLogger(vllm_api.LAYERWISE_LOGGER)
+    try:
+        kept_layers_at_debug()
+        kept_layers_at_debug()  # once per logger
+        assert sum(isinstance(f, KeptLayersAtDebug) for f in logger.filters) == 1
+        with caplog.at_level(logging.DEBUG, logger=vllm_api.LAYERWISE_LOGGER):
+            logger.warning(vllm_api.LAYER_KEPT_MESSAGE, "ParallelLMHead")
+            logger.warning("%s: something else", "ParallelLMHead")
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("DEBUG", "ParallelLMHead: Failed to load weights"),
+            ("WARNING", "ParallelLMHead: something else"),
+        ]
+    finally:
+        for f in [f for f in logger.filters if isinstance(f, KeptLayersAtDebug)]:
+            logger.removeFilter(f)

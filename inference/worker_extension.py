@@ -132,7 +132,7 @@ class TriadWorkerExtension:
         kept_layers_at_debug()
         # The digest kernel is loaded now rather than in the first load, and the objects it
         # brings (numba's, about 78,000) are frozen with vLLM's start-up heap: unfrozen, the
-        # engine's full collections swept them every few seconds, 50-70 ms each.
+        # engine's full collections swept them every few seconds, 44-70 ms each.
         load_cpu_kernel()
         gc.freeze()
 

@@ -4,7 +4,7 @@ Importing torch, transformers and vLLM makes some 600,000 objects that live as l
 process. While they are made, CPython sweeps every one of them again whenever the oldest
 generation has grown by a quarter: about ten full collections, 2.4 s of the inference server's
 start and 1.3 s of the trainer's on a 2-core machine, each finding a few hundred objects of
-garbage at most (bench/README.md, "Start-up"). Young generations are still collected meanwhile,
+garbage at most (bench/results/gc_pauses.md). Young generations are still collected meanwhile,
 so cycles among short-lived objects go as before.
 
 Once started, `started()` freezes the heap (full collections skip it from then on, as vLLM does

@@ -7,7 +7,9 @@ from shared import heap
 
 @pytest.fixture
 def collector():
-    """The test process's collector as it was, afterwards."""
+    """Nothing frozen before the test (so a freeze count is the test's own), and the process's
+    threshold as it was, afterwards."""
+    gc.unfreeze()
     threshold = gc.get_threshold()
     yield
     gc.unfreeze()

@@ -14,7 +14,9 @@ In the same processes, and the server's own, `freeze_imported_heap` takes the ob
 made (torch's, transformers', vLLM's: about 635,000) out of the garbage collector's sweeps, as
 vLLM itself does once its engine has started (`freeze_gc_heap`): before that it sweeps them whole
 twice while it loads the model and three times more to freeze them, 1.1-1.3 s of each start on
-this project's 2-core machine.
+this project's 2-core machine. And while a process vLLM spawned imports vLLM, no full collection
+sweeps them at all (`defer_in_a_spawned_process`): about nine, 1.3-3.5 s of the engine core's
+import of vLLM here.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ import os
 import signal
 from collections.abc import MutableMapping
 
+from shared import heap
 from shared.libc import set_parent_death_signal
 
 SERVER_PID_VAR = "TRIAD_INFERENCE_PID"
+FREEZE_PLUGIN = "triad_freeze_imported_heap"  # pyproject's name of `freeze_imported_heap`
 log = logging.getLogger("triad.inference")
 
 
@@ -49,8 +53,28 @@ def die_with_server() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def started_for_server() -> bool:
+    """A process started by a triad server (vLLM's engine core or a worker), not the server's."""
+    marker = os.environ.get(SERVER_PID_VAR)
+    return bool(marker) and marker != str(os.getpid())
+
+
+def defer_in_a_spawned_process() -> None:
+    """Where a process vLLM spawns for a triad server first runs triad's code: the spawn imports
+    the server's main module (`services.cli`) before vLLM's. No full collection there until
+    `freeze_imported_heap`, which vLLM calls once it has imported, restores them; none deferred
+    where `VLLM_PLUGINS` leaves that plugin out, since nothing would restore them."""
+    plugins = os.environ.get("VLLM_PLUGINS")
+    if started_for_server() and (plugins is None or FREEZE_PLUGIN in plugins.split(",")):
+        heap.defer_full_collections()
+
+
 def freeze_imported_heap() -> None:
     """In a triad server's process or one vLLM started for it: what exists now is kept as it is
-    by the garbage collector (`gc.freeze`); only what is made later is swept."""
-    if os.environ.get(SERVER_PID_VAR):
+    by the garbage collector (`gc.freeze`); only what is made later is swept. In a started
+    process, full collections deferred while it imported are restored too (`shared/heap.py`;
+    the server restores its own once it serves)."""
+    if started_for_server():
+        heap.started()
+    elif os.environ.get(SERVER_PID_VAR):
         gc.freeze()

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from inference.server_children import defer_in_a_spawned_process
 from shared.config import TriadConfig, load_config
 from shared.errors import TriadError
 from shared.heap import defer_full_collections
@@ -36,6 +37,7 @@ from shared.rundir import INFERENCE, ORCHESTRATOR, TRAINER, RunDir
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.toml")
 PARENT_PID = os.getppid()  # a trainer worker's launcher (torchrun), read before anything slow
+defer_in_a_spawned_process()  # vLLM's spawned processes import this module before vLLM
 
 
 def run_up(cfg: TriadConfig, args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from inference.server_children import SERVER_PID_VAR
+from shared import heap
 from tests.helpers import REPO, running
 
 SERVER = """
@@ -86,3 +87,48 @@ def test_a_triad_servers_vllm_processes_freeze_the_heap_their_imports_made_and_n
 
     assert frozen(marked=True) > 1000  # the interpreter's and importlib.metadata's objects at least
     assert frozen(marked=False) == 0  # vLLM used elsewhere in this environment: left alone
+
+
+SPAWNING_SERVER = """
+import gc, multiprocessing, sys
+
+import services.cli  # as the `triad` script's first import; a spawned process imports it again
+from inference.server_children import freeze_imported_heap, mark_server
+
+
+def engine(answer):
+    deferred = gc.get_threshold()[2]  # while it imports vLLM
+    freeze_imported_heap()  # what vLLM's plugin loading calls once it has imported
+    answer.send((deferred, gc.get_threshold()[2], gc.get_freeze_count() > 0))
+
+
+if __name__ == "__main__":
+    own = gc.get_threshold()[2]
+    mark_server()
+    context = multiprocessing.get_context("spawn")  # as vLLM's CPU platform starts its engine
+    waiting, answer = context.Pipe(duplex=False)
+    process = context.Process(target=engine, args=(answer,))
+    process.start()
+    print(own, *waiting.recv(), flush=True)
+    process.join()
+"""
+
+
+@pytest.mark.parametrize(
+    ("plugins", "deferred"),
+    [(None, True), ("triad_die_with_server,triad_freeze_imported_heap", True), ("triad_disk", False)],
+)
+def test_a_process_vllm_spawns_for_a_server_imports_without_full_collections_until_the_plugin(
+    tmp_path, plugins, deferred
+):
+    script = tmp_path / "server.py"
+    script.write_text(SPAWNING_SERVER)
+    env = {k: v for k, v in os.environ.items() if k not in (SERVER_PID_VAR, "VLLM_PLUGINS")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update({"VLLM_PLUGINS": plugins} if plugins is not None else {})
+    done = subprocess.run([sys.executable, str(script)], env=env, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    own, while_importing, after_plugin, frozen = done.stdout.split()
+    assert own == "10"  # the server's own import of services.cli defers nothing (it is not spawned)
+    assert int(while_importing) == (heap.DEFERRED if deferred else 10)  # 10: CPython's default
+    assert after_plugin == "10" and frozen == "True"

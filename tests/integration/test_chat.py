@@ -179,7 +179,8 @@ class CalculatorAgent:
         return Prompt(text=f"{a}*{b}+{c}=?", answer=str(a * b + c), meta={"second": f"{d}*{e}+{f}=?"})
 
     async def run_agent(self, prompt: Prompt, base_url: str, model: str) -> list[str]:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+        # the client's own timeout, as a user's agent has: orchestrator.agents.timeout_s bounds the episode
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
         answers, tool_calls = [], 0
         try:
             for question in (prompt.text, prompt.meta["second"]):

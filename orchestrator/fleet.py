@@ -133,10 +133,10 @@ class Fleet:
         server.version = -1  # what it holds was loaded before we knew it
         await weights.align(server)
         for _ in range(BRING_UP_LOADS):
-            newer = weights.published.newest(after=server.version, loadable=True)
+            newer = weights.published.newest_marked(after=server.version, loadable=True)
             if newer is None:
                 return
-            await weights.load(server, newer)
+            await weights.load(server, *newer)
             if not server.healthy:
                 raise TriadError(server.why_out)
         newest = weights.published.newest(after=server.version, loadable=True)

@@ -42,12 +42,12 @@ class CheckedLoads:
         self.rundir, self.run_id = rundir, run_id
         self.unverified: set[str] = set()  # servers told of once: they report no digests
 
-    async def load(self, server: Server, version: int, path: str) -> None:
+    async def load(self, server: Server, version: int, path: str, marker: Marker | None = None) -> None:
         """Load, then compare what the server loaded with the trainer's digests; on a mismatch
-        load once more, then stop the run naming the server, the version and the tensor."""
-        marker = (
-            await asyncio.to_thread(self.rundir.weights.marker, version, self.run_id) if version else None
-        )
+        load once more, then stop the run naming the server, the version and the tensor.
+        `marker`: the version's, where the caller has read it already (else it is read here)."""
+        if marker is None and version:
+            marker = await asyncio.to_thread(self.rundir.weights.marker, version, self.run_id)
         required = self.verifiable(server)
         problem = mismatch(marker, await server.backend.load(version, path), required)
         if problem is None:
@@ -116,12 +116,14 @@ class WeightFollower:
         servers = self.pool.healthy() or self.pool.servers
         return min(s.version for s in servers)
 
-    async def load(self, server: Server, version: int) -> None:
+    async def load(self, server: Server, version: int, marker: Marker | None = None) -> None:
+        """Bring one server to `version` (`marker`: as in `CheckedLoads.load`); one that cannot
+        load it is taken out of rotation."""
         async with server.loading:
             if server.version >= version or server.client.closed:  # closed: it left the fleet
                 return
             try:
-                await self.checked.load(server, version, self.rundir.weights.relative(version))
+                await self.checked.load(server, version, self.rundir.weights.relative(version), marker)
             except DigestMismatch:
                 raise
             except TriadError as e:
@@ -156,7 +158,7 @@ class WeightFollower:
                 version,
                 problem,
             )
-            await self.checked.load(server, version, self.rundir.weights.relative(version))
+            await self.checked.load(server, version, self.rundir.weights.relative(version), marker)
 
     async def align(self, server: Server) -> None:
         """Make a server serve this run's newest published weights (or its base).
@@ -209,9 +211,7 @@ class WeightFollower:
         """The trainer's newest version after the followed one, with its marker (store reads, run
         in a thread); first, a rewound trainer is noticed."""
         self.published.check_lineage(self.trainer_version, self.trainer_version_created)
-        version = self.published.newest(after=self.trainer_version)
-        marker = None if version is None else self.rundir.weights.marker(version, self.run_id)
-        return None if version is None or marker is None else (version, marker)
+        return self.published.newest_marked(after=self.trainer_version)
 
     async def follow(self) -> None:
         """Forever: take each newly published version to the servers, then tell `on_version`.
@@ -240,7 +240,7 @@ class WeightFollower:
                     await self.broadcast.deliver(ready)
                     intervals.reset()  # its DONE comes once the trainer has sent it
             found = await asyncio.to_thread(self.newer_version)
-            if found is None:  # none yet (or pruned or discarded between the two reads)
+            if found is None:  # none yet (or pruned between the listing and the read)
                 await sleep(intervals.next())
                 continue
             intervals.reset()
@@ -250,7 +250,7 @@ class WeightFollower:
             if not self.frozen and self.broadcast is not None:  # what came by broadcast is checked first
                 await asyncio.gather(*(self.check_received(s, version, files) for s in self.pool.healthy()))
             if not self.frozen and files:
-                await asyncio.gather(*(self.load(s, version) for s in self.pool.healthy()))
+                await asyncio.gather(*(self.load(s, version, marker) for s in self.pool.healthy()))
                 log.info("inference now serves version %d", self.served_version)
             if self.on_version is not None:
                 await asyncio.to_thread(self.on_version, version)

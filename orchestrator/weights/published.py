@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared.admin_api import WeightsInfo
 from shared.errors import TriadError
-from shared.rundir import RunDir
+from shared.rundir import Marker, RunDir
 
 
 class TrainerRewound(TriadError):
@@ -18,12 +18,17 @@ class PublishedWeights:
     def newest(self, after: int, loadable: bool = False) -> int | None:
         """The newest version of this run with a valid marker, if newer than `after`;
         with `loadable`, only one written as files (not by broadcast only)."""
+        found = self.newest_marked(after, loadable)
+        return None if found is None else found[0]
+
+    def newest_marked(self, after: int, loadable: bool = False) -> tuple[int, Marker] | None:
+        """`newest`, with the marker it read (in an object store each read is a round trip)."""
         for v in reversed(self.rundir.weights.steps()):
             if v <= after:
                 return None
             marker = self.rundir.weights.marker(v, self.run_id)
             if marker is not None and (not loadable or getattr(marker, "files", True)):
-                return v
+                return v, marker
         return None
 
     def holds(self, info: WeightsInfo) -> bool:

@@ -798,6 +798,48 @@ def test_a_server_that_does_not_answer_the_broadcast_check_is_taken_out_unchecke
     asyncio.run(run())
 
 
+def test_the_follower_reads_a_new_versions_marker_once_on_its_way_to_the_servers(tmp_path):
+    """Finding a version and checking each server's load share one read of its marker: in an
+    object store each read is a round trip in the hand-off (there were three, one more for every
+    server), and the loaded bytes are still compared with the trainer's digests."""
+
+    async def run() -> None:
+        orch = make(tmp_path, ["http://127.0.0.1:9", "http://127.0.0.1:10"])
+        store = orch.rundir.store
+        reads: list[str] = []
+        read_bytes = store.read_bytes
+
+        def counted(key: str) -> bytes:
+            reads.append(key)
+            return read_bytes(key)
+
+        store.read_bytes = counted
+        done_2 = orch.rundir.weights.key(2, RunDir.marker_name())
+        reads_when_loaded: list[int] = []
+
+        class Counting(FakeBackend):
+            async def load(self, version: int, path: str) -> WeightsInfo:
+                reads_when_loaded.append(reads.count(done_2))
+                return await super().load(version, path)
+
+        for server in orch.pool.servers:
+            server.backend = Counting()
+            server.backend.digests = [FLIPPED, PUBLISHED]  # a bad read first: checked, loaded again
+        following = asyncio.create_task(orch.weights.follow())
+        try:
+            publish_with_digests(orch, 2)
+            async with asyncio.timeout(10):
+                while orch.weights.served_version < 2:
+                    await asyncio.sleep(0.01)
+        finally:
+            await stop(following)
+            await close(orch)
+        assert reads_when_loaded == [1, 1, 1, 1]  # two servers, each loaded twice
+        assert [s.backend.loads for s in orch.pool.servers] == [[2, 2], [2, 2]]
+
+    asyncio.run(run())
+
+
 STORE_CALL_S = 1.0
 
 

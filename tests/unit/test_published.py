@@ -20,7 +20,9 @@ def test_newest_loadable_and_this_runs(tmp_path):
     publish(rundir, run_id, 2, files=False)  # broadcast only
     rundir.weights.write_marker(3, "another-run")
     assert published.newest(after=0) == 2 and published.newest(after=0, loadable=True) == 1
-    assert published.newest(after=2) is None
+    assert published.newest(after=2) is None and published.newest_marked(after=2) is None
+    version, marker = published.newest_marked(after=0, loadable=True)  # the marker it read, for the load
+    assert (version, marker.step, marker.run_id) == (1, 1, run_id)
     assert published.holds(WeightsInfo(version=2, path=rundir.weights.relative(2), base_path="/m"))
     assert published.holds(WeightsInfo(version=0, path="/m", base_path="/m"))
     assert not published.holds(WeightsInfo(version=3, path=rundir.weights.relative(3), base_path="/m"))

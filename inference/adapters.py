@@ -81,7 +81,8 @@ class AdapterManager:
                     self.rundir.store.drop_local(served)
                 raise
         log.info("serving adapter %s of run %s from %s", info.served_as, request.run_id, served)
-        self.metrics.log(
+        await asyncio.to_thread(
+            self.metrics.log,
             request.version,
             version=request.version,
             path=served,

@@ -181,8 +181,13 @@ class WeightManager:
                 )
             )
         log.info("serving weights version %d (broadcast, generation %d)", request.version, spec["generation"])
-        self.metrics.log(
-            request.version, version=request.version, path=served, transport="broadcast", load_s=load_s
+        await asyncio.to_thread(
+            self.metrics.log,
+            request.version,
+            version=request.version,
+            path=served,
+            transport="broadcast",
+            load_s=load_s,
         )
         return self.info
 
@@ -216,7 +221,9 @@ class WeightManager:
                 await asyncio.to_thread(self._failed, request, served, e)
                 raise
         log.info("serving weights version %d from %s", request.version, self.info.path)
-        self.metrics.log(request.version, version=request.version, path=self.info.path, load_s=load_s)
+        await asyncio.to_thread(  # in an object store a row is a round trip: not on the loop
+            self.metrics.log, request.version, version=request.version, path=self.info.path, load_s=load_s
+        )
         return self.info
 
     async def _load_pulled(self, version: int, served: str, path: Path | None) -> float:

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 class MetricsWriter:
     """Appends rows to `key` (a local store), or with `part_rows` to the parts `part_key(n)`
     (an object store): a part that holds `part_rows` rows is left as it is and the next begins.
-    The part to continue is found at the first row (after a restart's `drop_after`)."""
+    The part to continue, and what it holds, are read at the first row (after a restart's
+    `drop_after`); later rows rewrite it from this writer's copy (one PUT a row, no GET: the
+    writer is its files' only one)."""
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class MetricsWriter:
         self.store, self.key, self.part_rows = store, key, part_rows
         self.part_key, self.last_part = part_key, last_part
         self.part: int | None = None
+        self.written = b""  # the current part as this writer last wrote it
         self.lock = threading.Lock()  # callers may log from threads (off an event loop)
 
     def log(self, step: int, **values: Any) -> dict[str, Any]:
@@ -50,11 +53,14 @@ class MetricsWriter:
             self.store.append(self.key, line)
             return
         if self.part is None:
-            self.part = self.last_part() if self.last_part else 0
-        current = self.store.read_bytes(self.part_key(self.part)) or b""
+            part = self.last_part() if self.last_part else 0
+            self.written = self.store.read_bytes(self.part_key(part)) or b""
+            self.part = part
+        part, current = self.part, self.written
         if current.count(b"\n") >= self.part_rows:
-            self.part, current = self.part + 1, b""
-        self.store.write_bytes(self.part_key(self.part), current + line)
+            part, current = part + 1, b""
+        self.store.write_bytes(self.part_key(part), current + line)
+        self.part, self.written = part, current + line
 
 
 def drop_rows_after(path: Path, step: int) -> int:

@@ -154,6 +154,24 @@ def test_metrics_live_in_the_store(store):
     assert json.loads(store.read_bytes(rundir.metrics.key("trainer")).splitlines()[0])["step"] == 1
 
 
+def test_a_metrics_writer_reads_its_part_at_its_first_row_only(store, monkeypatch):
+    """Each row rewrites the writer's part: from the writer's own copy after the first row (a
+    GET a row saved, ~30 ms each from moto here; the trainer's and a server's rows are on the
+    step's and the hand-off's path)."""
+    rundir = RunDir(f"s3://{BUCKET}/one-read", store)
+    monkeypatch.setattr(rundir.metrics, "PART_ROWS", 2)
+    rundir.metrics.writer("trainer").log(1, loss=0.1)  # an earlier process's row
+    reads: list[str] = []
+    read_bytes = store.read_bytes
+    monkeypatch.setattr(store, "read_bytes", lambda key: reads.append(key) or read_bytes(key))
+    writer = rundir.metrics.writer("trainer")
+    for step in (2, 3, 4, 5):
+        writer.log(step, loss=step / 10)
+    assert reads == [rundir.metrics.key("trainer")]  # its part, once
+    assert [r["step"] for r in rundir.metrics.rows("trainer")] == [1, 2, 3, 4, 5]
+    assert [part for _, part, _ in rundir.metrics.files("trainer")] == [0, 1, 2]
+
+
 def test_metrics_of_several_servers_rotate_into_parts_and_merge(store, monkeypatch):
     rundir = RunDir(f"s3://{BUCKET}/parts", store)
     monkeypatch.setattr(rundir.metrics, "PART_ROWS", 2)

@@ -91,8 +91,10 @@ class WeightFollower:
         trainer: PeerWatch | None = None,
     ) -> None:
         """`on_change` is awaited after each new version; `on_version(version)` runs in a thread
-        before it (store work of the follower's owner). `trainer`: the trainer's progress, which
-        bounds `wait_for_version` (default: a watch bounded by `orchestrator.weights_stall_s`)."""
+        after it (store work of the follower's owner, kept off the path from a version to its
+        rollouts: the orchestrator's pruning reads several markers, each a round trip in an object
+        store). `trainer`: the trainer's progress, which bounds `wait_for_version` (default: a
+        watch bounded by `orchestrator.weights_stall_s`)."""
         self.cfg, self.rundir, self.run_id, self.pool = cfg, rundir, run_id, pool
         self.trainer = trainer or PeerWatch(
             rundir.live, TRAINER, cfg.orchestrator.weights_stall_s, "orchestrator.weights_stall_s"
@@ -214,7 +216,8 @@ class WeightFollower:
         return self.published.newest_marked(after=self.trainer_version)
 
     async def follow(self) -> None:
-        """Forever: take each newly published version to the servers, then tell `on_version`.
+        """Forever: take each newly published version to the servers, then tell `on_change` and
+        `on_version`.
         Looks for a new version from the store's `poll_floor_s` up to `poll_cap` of it (`Backoff`),
         and at once when a marker is written where the store can tell (`shared/watch.py`): the
         next version usually comes one training step after the last. Store reads and writes run
@@ -252,9 +255,9 @@ class WeightFollower:
             if not self.frozen and files:
                 await asyncio.gather(*(self.load(s, version, marker) for s in self.pool.healthy()))
                 log.info("inference now serves version %d", self.served_version)
+            await self.on_change()  # rollouts of the new version may start now
             if self.on_version is not None:
                 await asyncio.to_thread(self.on_version, version)
-            await self.on_change()
 
     async def wait_for_version(self, version: int) -> None:
         """Until the servers serve `version` (the trainer's last), as long as the trainer makes

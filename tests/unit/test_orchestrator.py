@@ -840,6 +840,37 @@ def test_the_follower_reads_a_new_versions_marker_once_on_its_way_to_the_servers
     asyncio.run(run())
 
 
+def test_rollouts_of_a_new_version_may_start_before_the_pruning_it_allows(tmp_path):
+    """The producer is told of a version as soon as the servers serve it; the batches it lets go
+    are pruned after (in an object store the pruning's marker reads and removals took 0.5-1 s a
+    version from moto, all of it between the load and the next rollouts)."""
+    events: list[str] = []
+
+    async def run() -> None:
+        orch = make(tmp_path, ["http://127.0.0.1:9"])
+
+        async def changed() -> None:
+            events.append("producer told")
+
+        def prune(version: int) -> None:
+            time.sleep(0.2)
+            events.append(f"pruned up to {version}")
+
+        orch.weights.on_change, orch.weights.on_version = changed, prune
+        following = asyncio.create_task(orch.weights.follow())
+        try:
+            publish_with_digests(orch, 1)
+            async with asyncio.timeout(10):
+                while len(events) < 2:
+                    await asyncio.sleep(0.01)
+        finally:
+            await stop(following)
+            await close(orch)
+
+    asyncio.run(run())
+    assert events == ["producer told", "pruned up to 1"]
+
+
 STORE_CALL_S = 1.0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from statistics import mean
 
 from services.exporters import Exporter
+from shared.metrics import parse_metrics
 from shared.rundir import INFERENCE, ORCHESTRATOR, SERVICES, TRAINER, RunDir
 from shared.storage import LocalStore
 
@@ -63,18 +64,38 @@ class MetricsTail:
 
 
 class StoreTail:
-    """New rows of a service's metrics in an object store, where each row rewrites the (small,
-    single-writer) object: read whole, pass the rows newer than the last one returned."""
+    """New rows of a service's metrics in an object store, where each row rewrites its writer's
+    current part (`shared/metrics.py`). Each poll lists the parts and reads, of each writer (the
+    service, or each inference server), its last part and those after the last part read
+    before: a part before a writer's last is full and never written again, so a poll of a long
+    run stays a LIST and a GET or two a writer. A rewound writer continues an earlier part, which
+    is then the one read. Rows newer than the last one returned of that writer pass."""
 
     def __init__(self, rundir: RunDir, service: str) -> None:
         self.rundir, self.service = rundir, service
-        self.last_time = float("-inf")
+        self.from_part: dict[str, int] = {}  # per writer: the first part the next poll reads
+        self.last_time: dict[str, float] = {}
 
     def read(self) -> list[dict]:
-        rows = [r for r in self.rundir.metrics.rows(self.service) if r.get("time", 0.0) > self.last_time]
-        if rows:
-            self.last_time = rows[-1].get("time", self.last_time)
-        return rows
+        parts: dict[str, list[tuple[int, str]]] = {}
+        for writer, part, key in self.rundir.metrics.files(self.service):
+            parts.setdefault(writer, []).append((part, key))
+        rows: list[dict] = []
+        for writer, found in parts.items():
+            last = found[-1][0]
+            start, after = min(self.from_part.get(writer, 0), last), self.last_time.get(writer, float("-inf"))
+            new = [
+                row
+                for part, key in found
+                if part >= start
+                for row in parse_metrics(self.rundir.store.read_bytes(key))
+                if row.get("time", 0.0) > after
+            ]
+            self.from_part[writer] = last
+            if new:
+                self.last_time[writer] = max(row.get("time", 0.0) for row in new)
+            rows.extend({**row, "server": writer} if writer else row for row in new)
+        return sorted(rows, key=lambda r: r.get("time", 0.0)) if len(parts) > 1 else rows
 
 
 class LocalTail:

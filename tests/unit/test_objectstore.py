@@ -309,6 +309,43 @@ def test_triad_up_progress_follows_metrics_in_the_store(store):
     assert tail.read() == []
 
 
+def test_triad_up_progress_reads_each_writers_newest_parts_only(store, monkeypatch):
+    """A long run's metrics grow a part every 500 rows, and `triad up` polls them twice a second:
+    a poll reads each writer's last part and those begun since the poll before (a day of steps
+    is dozens of parts a service, each a GET), never a full part again; a rewound writer's
+    part is read again."""
+    from services.progress import tail_of
+
+    rundir = RunDir(f"s3://{BUCKET}/long-tail", store)
+    monkeypatch.setattr(rundir.metrics, "PART_ROWS", 2)
+    tail = tail_of(rundir, "inference")
+    a, b = rundir.metrics.writer("inference", "aaa1"), rundir.metrics.writer("inference", "bbb2")
+    for version in range(1, 8):  # aaa1's parts 0-3
+        a.log(version, version=version)
+    b.log(7, version=7)
+    assert [(r["server"], r["version"]) for r in tail.read()] == [("aaa1", v) for v in range(1, 8)] + [
+        ("bbb2", 7)
+    ]
+    reads: list[str] = []
+    read_bytes = store.read_bytes
+    monkeypatch.setattr(
+        store, "read_bytes", lambda key: reads.append(key.rsplit("/", 1)[-1]) or read_bytes(key)
+    )
+    a.log(8, version=8)  # fills part 3
+    a.log(9, version=9)  # begins part 4
+    assert [(r["server"], r["version"]) for r in tail.read()] == [("aaa1", 8), ("aaa1", 9)]
+    assert sorted(reads) == [
+        "inference-aaa1.00003.jsonl",
+        "inference-aaa1.00004.jsonl",
+        "inference-bbb2.jsonl",
+    ]
+    reads.clear()
+    assert tail.read() == [] and sorted(reads) == ["inference-aaa1.00004.jsonl", "inference-bbb2.jsonl"]
+    rundir.metrics.drop_after("inference", 3)  # rewound: aaa1 is left parts 0 and 1 (rows 1-3)
+    rundir.metrics.writer("inference", "aaa1").log(4, version=4, lineage="resumed")
+    assert [(r["version"], r.get("lineage")) for r in tail.read()] == [(4, "resumed")]
+
+
 def test_a_request_that_hangs_is_named_while_it_hangs(moto_env, tmp_path, caplog):
     """A stopped store may hold a request open without failing it: the wait is logged anyway."""
     moto = moto_env

@@ -81,8 +81,7 @@ class AdapterManager:
                     self.rundir.store.drop_local(served)
                 raise
         log.info("serving adapter %s of run %s from %s", info.served_as, request.run_id, served)
-        await asyncio.to_thread(
-            self.metrics.log,
+        await self.metrics.log_from_loop(
             request.version,
             version=request.version,
             path=served,

@@ -181,13 +181,8 @@ class WeightManager:
                 )
             )
         log.info("serving weights version %d (broadcast, generation %d)", request.version, spec["generation"])
-        await asyncio.to_thread(
-            self.metrics.log,
-            request.version,
-            version=request.version,
-            path=served,
-            transport="broadcast",
-            load_s=load_s,
+        await self.metrics.log_from_loop(
+            request.version, version=request.version, path=served, transport="broadcast", load_s=load_s
         )
         return self.info
 
@@ -221,8 +216,8 @@ class WeightManager:
                 await asyncio.to_thread(self._failed, request, served, e)
                 raise
         log.info("serving weights version %d from %s", request.version, self.info.path)
-        await asyncio.to_thread(  # in an object store a row is a round trip: not on the loop
-            self.metrics.log, request.version, version=request.version, path=self.info.path, load_s=load_s
+        await self.metrics.log_from_loop(
+            request.version, version=request.version, path=self.info.path, load_s=load_s
         )
         return self.info
 

@@ -307,7 +307,7 @@ async def serve(cfg: TriadConfig, args: Namespace, join_as: str | None = None) -
         await init_app_state(engine, app.state, args, tasks)
         adapters.models = app.state.openai_serving_models
         sweeper = asyncio.create_task(adapters.sweep_forever(cfg.inference.adapter_idle_s))
-        await asyncio.to_thread(metrics.log, 0, version=0, path=args.model)
+        await metrics.log_from_loop(0, version=0, path=args.model)
         started()
         async with joined(cfg, join_as, server_id):  # serve_http returns once the server has stopped
             shutdown = await serve_http(

@@ -18,8 +18,8 @@ from pathlib import Path
 from statistics import mean
 
 from services.exporters import Exporter
-from shared.metrics import parse_metrics
 from shared.rundir import INFERENCE, ORCHESTRATOR, SERVICES, TRAINER, RunDir
+from shared.rundir.metrics_files import merge_writers
 from shared.storage import LocalStore
 
 
@@ -80,22 +80,25 @@ class StoreTail:
         parts: dict[str, list[tuple[int, str]]] = {}
         for writer, part, key in self.rundir.metrics.files(self.service):
             parts.setdefault(writer, []).append((part, key))
-        rows: list[dict] = []
-        for writer, found in parts.items():
-            last = found[-1][0]
-            start, after = min(self.from_part.get(writer, 0), last), self.last_time.get(writer, float("-inf"))
-            new = [
-                row
-                for part, key in found
-                if part >= start
-                for row in parse_metrics(self.rundir.store.read_bytes(key))
-                if row.get("time", 0.0) > after
-            ]
-            self.from_part[writer] = last
-            if new:
-                self.last_time[writer] = max(row.get("time", 0.0) for row in new)
-            rows.extend({**row, "server": writer} if writer else row for row in new)
-        return sorted(rows, key=lambda r: r.get("time", 0.0)) if len(parts) > 1 else rows
+        rows = [row for writer, found in parts.items() for row in self.new_rows(writer, found)]
+        return merge_writers(rows, len(parts))
+
+    def new_rows(self, writer: str, found: list[tuple[int, str]]) -> list[dict]:
+        """A writer's rows newer than the last returned of it, from the last part read before on
+        (`found`: its (part, key)s in order)."""
+        last = found[-1][0]
+        start, after = min(self.from_part.get(writer, 0), last), self.last_time.get(writer, float("-inf"))
+        new = [
+            row
+            for part, key in found
+            if part >= start
+            for row in self.rundir.metrics.file_rows(writer, key)
+            if row.get("time", 0.0) > after
+        ]
+        self.from_part[writer] = last
+        if new:
+            self.last_time[writer] = max(row.get("time", 0.0) for row in new)
+        return new
 
 
 class LocalTail:

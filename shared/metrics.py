@@ -49,17 +49,22 @@ class MetricsWriter:
             self.write((json.dumps(row) + "\n").encode())
         return row
 
+    @property
+    def rewrites_parts(self) -> bool:
+        """Whether each row rewrites a part (an object store: a round trip), not an append."""
+        return bool(self.part_rows) and self.part_key is not None
+
     async def log_from_loop(self, step: int, **values: Any) -> None:
         """`log` from an event loop: on a local store the append is written in place (well under a
         millisecond; a thread hop cost a weight hand-off more, ~7 ms on a busy core); in an object
         store a row is a round trip, made in a thread so that the loop keeps answering."""
-        if self.part_rows and self.part_key is not None:
+        if self.rewrites_parts:
             await asyncio.to_thread(self.log, step, **values)
         else:
             self.log(step, **values)
 
     def write(self, line: bytes) -> None:
-        if not self.part_rows or self.part_key is None:
+        if not self.rewrites_parts:
             self.store.append(self.key, line)
             return
         if self.part is None:

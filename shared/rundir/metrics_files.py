@@ -56,13 +56,14 @@ class MetricsFiles:
         in the order written, several writers' merged by time; an inference server's rows
         carry its id as `server`."""
         files = self.files(service)
-        rows = []
-        for server, _, key in files:
-            for row in parse_metrics(self.store.read_bytes(key)):
-                rows.append({**row, "server": server} if server else row)
-        if len({server for server, _, _ in files}) > 1:
-            rows.sort(key=lambda r: r.get("time", 0.0))
-        return rows
+        rows = [row for server, _, key in files for row in self.file_rows(server, key)]
+        return merge_writers(rows, len({server for server, _, _ in files}))
+
+    def file_rows(self, server: str, key: str) -> list[dict[str, Any]]:
+        """The complete rows of one metrics file (`files`); a server's carry its id as `server`."""
+        return [
+            {**row, "server": server} if server else row for row in parse_metrics(self.store.read_bytes(key))
+        ]
 
     def drop_after(self, service: str, step: int) -> int:
         """Rewrite a service's metrics without rows of steps after `step`; returns how many.
@@ -79,3 +80,8 @@ class MetricsFiles:
             else:
                 self.store.write_bytes(key, "".join(json.dumps(r) + "\n" for r in kept).encode())
         return dropped
+
+
+def merge_writers(rows: list[dict[str, Any]], writers: int) -> list[dict[str, Any]]:
+    """One writer's rows as they are (in the order written); several writers' merged by time."""
+    return sorted(rows, key=lambda r: r.get("time", 0.0)) if writers > 1 else rows
